@@ -1,0 +1,137 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR MIT) */
+/* Maps of the sockmap shortcut, shared by the programs and their tests. */
+#pragma once
+
+#include "nsfast.h"
+#include "sockmap_key.h"
+
+#define NSF_MAX_SOCKETS 65536
+
+/* Port filter modes (nsf_config.port_mode bits). */
+#define NSF_PORTS_INCLUDE 1 /* only server ports marked NSF_PORT_INCLUDE */
+/* nsf_ports values */
+#define NSF_PORT_INCLUDE 1
+#define NSF_PORT_EXCLUDE 2
+
+/* Per-socket flags in nsf_sk_state.flags */
+#define NSF_SK_PAIRED  1
+#define NSF_SK_TAINTED 2 /* this direction used the kernel path once: never redirect again */
+
+/* Pending roles */
+#define NSF_ROLE_ACTIVE  1
+#define NSF_ROLE_PASSIVE 2
+#define NSF_POISON ((__u64)-1)
+
+/* Counters (per-CPU array indices); keep in sync with crates/sockmap/src/stats.rs. */
+enum nsf_stat {
+	NSF_STAT_SOCK_ADDED = 0,
+	NSF_STAT_SOCK_ADD_FAILED,
+	NSF_STAT_PAIRED,
+	NSF_STAT_PAIR_CONFLICT,
+	NSF_STAT_REDIRECT_MSGS,
+	NSF_STAT_REDIRECT_BYTES,
+	NSF_STAT_PASS_MSGS,
+	NSF_STAT_PASS_BYTES,
+	NSF_STAT_TAINTED,
+	NSF_STAT_REDIRECT_FAILED,
+	NSF_STAT_SKIPPED_PORT,
+	NSF_STAT_CLOSED,
+	NSF_STAT_MAX,
+};
+
+struct nsf_config {
+	__u64 cgroup_id;
+	__u32 loader_pid;
+	__u32 port_mode;
+	__u64 started_unix;
+};
+
+struct nsf_pending {
+	__u64 cookie;
+	__u32 role;
+	__u32 pad;
+};
+
+struct nsf_sk_state {
+	__u64 cookie;
+	__u32 flags;
+	__u32 pad;
+	struct nsf_pair_key key;
+};
+
+/* socket cookie -> socket */
+struct {
+	__uint(type, BPF_MAP_TYPE_SOCKHASH);
+	__uint(max_entries, NSF_MAX_SOCKETS);
+	__type(key, __u64);
+	__type(value, __u64);
+} nsf_sockhash SEC(".maps");
+
+/* pair key -> first socket of the pair to establish (until its peer claims it) */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, NSF_MAX_SOCKETS);
+	__type(key, struct nsf_pair_key);
+	__type(value, struct nsf_pending);
+} nsf_pending SEC(".maps");
+
+/* socket cookie -> peer socket cookie */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 2 * NSF_MAX_SOCKETS);
+	__type(key, __u64);
+	__type(value, __u64);
+} nsf_peers SEC(".maps");
+
+/* per-socket state, reachable from sk_msg through msg->sk */
+struct {
+	__uint(type, BPF_MAP_TYPE_SK_STORAGE);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, int);
+	__type(value, struct nsf_sk_state);
+} nsf_skstate SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, NSF_STAT_MAX);
+	__type(key, __u32);
+	__type(value, __u64);
+} nsf_stats SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct nsf_config);
+} nsf_config SEC(".maps");
+
+/* server port -> NSF_PORT_* bits */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 65536);
+	__type(key, __u16);
+	__type(value, __u8);
+} nsf_ports SEC(".maps");
+
+NSF_INLINE void nsf_count(__u32 idx, __u64 n)
+{
+	__u64 *v = bpf_map_lookup_elem(&nsf_stats, &idx);
+
+	if (v)
+		*v += n;
+}
+
+/* Whether connections to server port `port` take the shortcut. */
+NSF_INLINE int nsf_port_allowed(__u16 port)
+{
+	__u32 zero = 0;
+	struct nsf_config *cfg = bpf_map_lookup_elem(&nsf_config, &zero);
+	__u8 *bits = bpf_map_lookup_elem(&nsf_ports, &port);
+	__u8 b = bits ? *bits : 0;
+
+	if (b & NSF_PORT_EXCLUDE)
+		return 0;
+	if (cfg && (cfg->port_mode & NSF_PORTS_INCLUDE))
+		return (b & NSF_PORT_INCLUDE) != 0;
+	return 1;
+}

@@ -1,0 +1,36 @@
+// SPDX-License-Identifier: (GPL-2.0-only OR MIT)
+/*
+ * BPF_PROG_TEST_RUN harness for the sockmap helpers (sockops and sk_msg programs cannot be
+ * test-run, so their helpers are exercised through a tc classifier, as Cilium does).
+ *
+ * Input packet: 14 bytes of padding (a fake Ethernet header) then a struct nsf_conn_view.
+ * The program builds the pair key into nsf_test_out[0] and returns nsf_port_allowed() of the
+ * key's server port (1/0), or 255 when the view could not be read or keyed.
+ */
+#include "nsfast.h"
+#include "sockmap_key.h"
+#include "sockmap_maps.h"
+
+char LICENSE[] SEC("license") = "Dual MIT/GPL";
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct nsf_pair_key);
+} nsf_test_out SEC(".maps");
+
+SEC("classifier")
+int nsf_test_keys(struct __sk_buff *skb)
+{
+	struct nsf_conn_view v = {};
+	struct nsf_pair_key k = {};
+	__u32 zero = 0;
+
+	if (bpf_skb_load_bytes(skb, 14, &v, sizeof(v)) != 0)
+		return 255;
+	if (nsf_make_pair_key(&v, &k) != 0)
+		return 255;
+	bpf_map_update_elem(&nsf_test_out, &zero, &k, BPF_ANY);
+	return nsf_port_allowed(k.server_port);
+}

@@ -1,0 +1,75 @@
+//! Compiles every `bpf/*.bpf.c` and `bpf/tests/*.bpf.c` into `$OUT_DIR/<name>.bpf.o` with
+//! clang (`-target bpf -g -O2`, BTF-defined maps). A missing clang is one clear error.
+
+use std::env;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+fn find_clang() -> Option<String> {
+    if let Ok(c) = env::var("NSFAST_CLANG") {
+        return Some(c);
+    }
+    for c in ["clang-19", "clang-20", "clang-18", "clang"] {
+        if Command::new(c).arg("--version").output().is_ok_and(|o| o.status.success()) {
+            return Some(c.to_string());
+        }
+    }
+    None
+}
+
+fn main() {
+    let root = PathBuf::from(env::var("CARGO_MANIFEST_DIR").unwrap())
+        .join("../..")
+        .canonicalize()
+        .unwrap();
+    let bpf_dir = root.join("bpf");
+    let out = PathBuf::from(env::var("OUT_DIR").unwrap());
+    println!("cargo:rerun-if-env-changed=NSFAST_CLANG");
+    println!("cargo:rerun-if-changed={}", bpf_dir.display());
+    let Some(clang) = find_clang() else {
+        panic!(
+            "\n\nnsfast: no clang found to compile the BPF programs in {}.\n\
+             Install it with `apt-get install clang-19` (or run `make deps`), or point \
+             NSFAST_CLANG at a clang binary.\n\n",
+            bpf_dir.display()
+        );
+    };
+    let arch_inc = format!("/usr/include/{}-linux-gnu", env::var("CARGO_CFG_TARGET_ARCH").unwrap_or("x86_64".into()));
+    let mut sources = Vec::new();
+    for dir in [bpf_dir.clone(), bpf_dir.join("tests"), bpf_dir.join("lib")] {
+        for e in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
+            let p = e.path();
+            println!("cargo:rerun-if-changed={}", p.display());
+            if p.to_string_lossy().ends_with(".bpf.c") {
+                sources.push(p);
+            }
+        }
+    }
+    sources.sort();
+    for src in &sources {
+        let name = src.file_name().unwrap().to_string_lossy().replace(".bpf.c", ".bpf.o");
+        let obj = out.join(&name);
+        compile(&clang, src, &obj, &bpf_dir, &arch_inc);
+    }
+}
+
+fn compile(clang: &str, src: &Path, obj: &Path, bpf_dir: &Path, arch_inc: &str) {
+    let output = Command::new(clang)
+        .args(["-target", "bpf", "-g", "-O2", "-Wall", "-Werror", "-mcpu=v3"])
+        .arg(format!("-I{}", bpf_dir.display()))
+        .arg(format!("-I{}", bpf_dir.join("lib").display()))
+        .arg(format!("-I{arch_inc}"))
+        .arg("-c")
+        .arg(src)
+        .arg("-o")
+        .arg(obj)
+        .output()
+        .unwrap_or_else(|e| panic!("running {clang}: {e}"));
+    if !output.status.success() {
+        panic!(
+            "\n\nnsfast: {clang} failed on {}:\n{}\n",
+            src.display(),
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+}

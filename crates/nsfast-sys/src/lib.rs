@@ -1,0 +1,20 @@
+//! nsfast plumbing, written once and shared by every part of nsfast.
+//!
+//! Module map:
+//! - [`netns`]   — create, open, enter and delete network namespaces; run code or commands inside.
+//! - [`cgroup`]  — find the cgroup2 mount, create/remove cgroups, move processes, cgroup ids.
+//! - [`net`]     — rtnetlink helpers: veth pairs, links up, addresses, routes (sync wrappers).
+//! - [`ports`]   — parse and validate port lists such as `80,443,8000-8100`.
+//! - [`kernel`]  — running kernel version, cached.
+//! - [`bpf`]     — raw `bpf(2)` calls aya 0.14 does not expose (program query on a cgroup).
+//! - [`signals`] — block SIGINT/SIGTERM and wait for them synchronously.
+//!
+//! All `unsafe` in nsfast's plumbing lives in this crate, each block with a `// SAFETY:` note.
+
+pub mod bpf;
+pub mod cgroup;
+pub mod kernel;
+pub mod net;
+pub mod netns;
+pub mod ports;
+pub mod signals;

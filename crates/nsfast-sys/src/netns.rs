@@ -1,0 +1,349 @@
+//! Network namespaces: create named ones (bind-mounted at /run/netns/NAME, so `ip netns`
+//! sees them), open existing ones, enter one on the current thread, run a closure or a
+//! command inside one, and delete them.
+
+use std::ffi::CString;
+use std::fs::{self, File};
+use std::io;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use nix::mount::{mount, umount2, MntFlags, MsFlags};
+use nix::sched::{setns, unshare, CloneFlags};
+
+/// Where named namespaces live, as with iproute2.
+pub const NETNS_RUN_DIR: &str = "/run/netns";
+
+/// Network namespace errors; each names the namespace.
+#[derive(Debug, thiserror::Error)]
+pub enum NetnsError {
+    /// The name cannot be used as a file name under /run/netns.
+    #[error("invalid network namespace name {0:?}: use 1-64 characters from [A-Za-z0-9_.-]")]
+    BadName(String),
+    /// A namespace with that name already exists.
+    #[error("network namespace {0:?} already exists ({NETNS_RUN_DIR}/{0})")]
+    Exists(String),
+    /// No namespace with that name or path.
+    #[error("network namespace {0:?} not found: expected a name under {NETNS_RUN_DIR} or a path such as /proc/PID/ns/net")]
+    NotFound(String),
+    /// A system call failed.
+    #[error("{op} for network namespace {name:?}: {source}")]
+    Sys {
+        op: &'static str,
+        name: String,
+        #[source]
+        source: io::Error,
+    },
+    /// The worker thread panicked.
+    #[error("thread running inside network namespace {0:?} panicked")]
+    Panicked(String),
+}
+
+fn sys<'a>(op: &'static str, name: &'a str) -> impl FnOnce(nix::Error) -> NetnsError + 'a {
+    move |e| NetnsError::Sys {
+        op,
+        name: name.to_string(),
+        source: e.into(),
+    }
+}
+
+/// A handle to a network namespace. When `owned`, dropping it deletes the namespace's
+/// bind mount (the namespace itself dies with its last user).
+#[derive(Debug)]
+pub struct NetNs {
+    name: String,
+    path: PathBuf,
+    file: File,
+    owned: bool,
+}
+
+pub fn valid_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 64
+        && name != "."
+        && name != ".."
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-' || c == '.')
+}
+
+impl NetNs {
+    /// Creates a new named network namespace at /run/netns/NAME with loopback up.
+    /// The returned handle owns it: dropping it deletes it.
+    pub fn create(name: &str) -> Result<Self, NetnsError> {
+        if !valid_name(name) {
+            return Err(NetnsError::BadName(name.into()));
+        }
+        let dir = Path::new(NETNS_RUN_DIR);
+        fs::create_dir_all(dir).map_err(|e| NetnsError::Sys {
+            op: "mkdir /run/netns",
+            name: name.into(),
+            source: e,
+        })?;
+        let path = dir.join(name);
+        match fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&path)
+        {
+            Ok(_) => {}
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+                return Err(NetnsError::Exists(name.into()))
+            }
+            Err(e) => {
+                return Err(NetnsError::Sys {
+                    op: "create mount point",
+                    name: name.into(),
+                    source: e,
+                })
+            }
+        }
+        // unshare() on a short-lived thread so the caller's thread keeps its namespace.
+        let p = path.clone();
+        let n = name.to_string();
+        let res = std::thread::spawn(move || -> Result<(), NetnsError> {
+            unshare(CloneFlags::CLONE_NEWNET).map_err(sys("unshare(CLONE_NEWNET)", &n))?;
+            mount(
+                Some("/proc/thread-self/ns/net"),
+                &p,
+                None::<&str>,
+                MsFlags::MS_BIND,
+                None::<&str>,
+            )
+            .map_err(sys("bind mount", &n))
+        })
+        .join()
+        .map_err(|_| NetnsError::Panicked(name.into()))?;
+        if let Err(e) = res {
+            let _ = fs::remove_file(&path);
+            return Err(e);
+        }
+        let file = File::open(&path).map_err(|e| NetnsError::Sys {
+            op: "open",
+            name: name.into(),
+            source: e,
+        })?;
+        let ns = Self {
+            name: name.into(),
+            path,
+            file,
+            owned: true,
+        };
+        crate::net::link_up(Some(&ns), "lo").map_err(|e| NetnsError::Sys {
+            op: "set lo up",
+            name: name.into(),
+            source: io::Error::other(e.to_string()),
+        })?;
+        Ok(ns)
+    }
+
+    /// Opens an existing namespace by name (under /run/netns) or by path. Not owned.
+    pub fn open(name_or_path: &str) -> Result<Self, NetnsError> {
+        let path = if name_or_path.contains('/') {
+            PathBuf::from(name_or_path)
+        } else {
+            Path::new(NETNS_RUN_DIR).join(name_or_path)
+        };
+        let file = File::open(&path).map_err(|_| NetnsError::NotFound(name_or_path.into()))?;
+        Ok(Self {
+            name: name_or_path.into(),
+            path,
+            file,
+            owned: false,
+        })
+    }
+
+    /// The namespace of the calling thread. Not owned.
+    pub fn current() -> Result<Self, NetnsError> {
+        Self::open("/proc/thread-self/ns/net")
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The namespace's inode number, which identifies it.
+    pub fn inode(&self) -> u64 {
+        use std::os::unix::fs::MetadataExt;
+        self.file.metadata().map(|m| m.ino()).unwrap_or(0)
+    }
+
+    /// Moves the calling thread into this namespace until the guard is dropped.
+    pub fn enter(&self) -> Result<NetnsGuard, NetnsError> {
+        let prev = File::open("/proc/thread-self/ns/net").map_err(|e| NetnsError::Sys {
+            op: "open current netns",
+            name: self.name.clone(),
+            source: e,
+        })?;
+        setns(self.file.as_fd(), CloneFlags::CLONE_NEWNET).map_err(sys("setns", &self.name))?;
+        Ok(NetnsGuard { prev })
+    }
+
+    /// Runs `f` on a new thread inside this namespace and returns its result.
+    pub fn run<F, R>(&self, f: F) -> Result<R, NetnsError>
+    where
+        F: FnOnce() -> R + Send,
+        R: Send,
+    {
+        std::thread::scope(|s| {
+            s.spawn(|| -> Result<R, NetnsError> {
+                setns(self.file.as_fd(), CloneFlags::CLONE_NEWNET)
+                    .map_err(sys("setns", &self.name))?;
+                Ok(f())
+            })
+            .join()
+            .map_err(|_| NetnsError::Panicked(self.name.clone()))?
+        })
+    }
+
+    /// Spawns a long-lived thread inside this namespace.
+    pub fn spawn<F, R>(&self, f: F) -> Result<std::thread::JoinHandle<R>, NetnsError>
+    where
+        F: FnOnce() -> R + Send + 'static,
+        R: Send + 'static,
+    {
+        let file = self.file.try_clone().map_err(|e| NetnsError::Sys {
+            op: "dup",
+            name: self.name.clone(),
+            source: e,
+        })?;
+        let (tx, rx) = std::sync::mpsc::channel();
+        let name = self.name.clone();
+        let h = std::thread::spawn(move || {
+            let r = setns(file.as_fd(), CloneFlags::CLONE_NEWNET);
+            let ok = r.is_ok();
+            let _ = tx.send(r);
+            assert!(ok, "setns into {name} failed");
+            f()
+        });
+        rx.recv()
+            .map_err(|_| NetnsError::Panicked(self.name.clone()))?
+            .map_err(sys("setns", &self.name))?;
+        Ok(h)
+    }
+
+    /// Makes `cmd` start inside this namespace (and optionally inside a cgroup whose
+    /// `cgroup.procs` path is given). Both are applied in the child before exec.
+    pub fn configure_command(&self, cmd: &mut Command, cgroup_procs: Option<&Path>) {
+        configure_command(cmd, Some(self), cgroup_procs);
+    }
+
+    /// Keeps the namespace after this handle is dropped.
+    pub fn persist(mut self) -> Self {
+        self.owned = false;
+        self
+    }
+
+    /// Deletes the namespace's bind mount and file (like `ip netns del`).
+    pub fn delete(mut self) -> Result<(), NetnsError> {
+        self.owned = false;
+        delete_named(&self.name)
+    }
+}
+
+impl AsFd for NetNs {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.file.as_fd()
+    }
+}
+
+impl Drop for NetNs {
+    fn drop(&mut self) {
+        if self.owned {
+            if let Err(e) = delete_named(&self.name) {
+                tracing::warn!("cleanup of network namespace {}: {e}", self.name);
+            }
+        }
+    }
+}
+
+/// Deletes /run/netns/NAME (unmount, then unlink). Missing is not an error.
+pub fn delete_named(name: &str) -> Result<(), NetnsError> {
+    let path = Path::new(NETNS_RUN_DIR).join(name);
+    if !path.exists() {
+        return Ok(());
+    }
+    match umount2(&path, MntFlags::MNT_DETACH) {
+        Ok(()) | Err(nix::Error::EINVAL) | Err(nix::Error::ENOENT) => {}
+        Err(e) => return Err(sys("umount", name)(e)),
+    }
+    match fs::remove_file(&path) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(NetnsError::Sys {
+            op: "unlink",
+            name: name.into(),
+            source: e,
+        }),
+    }
+}
+
+/// Names under /run/netns.
+pub fn list_named() -> Vec<String> {
+    fs::read_dir(NETNS_RUN_DIR)
+        .map(|rd| {
+            rd.filter_map(|e| e.ok())
+                .filter_map(|e| e.file_name().into_string().ok())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Restores the thread's previous namespace when dropped.
+#[derive(Debug)]
+pub struct NetnsGuard {
+    prev: File,
+}
+
+impl Drop for NetnsGuard {
+    fn drop(&mut self) {
+        if let Err(e) = setns(self.prev.as_fd(), CloneFlags::CLONE_NEWNET) {
+            // Continuing in the wrong namespace would be worse than stopping.
+            panic!("cannot restore the thread's network namespace: {e}");
+        }
+    }
+}
+
+/// Makes `cmd` start inside `ns` (if given) and inside the cgroup whose `cgroup.procs` path is
+/// given (if given). Applied in the forked child before exec.
+pub fn configure_command(cmd: &mut Command, ns: Option<&NetNs>, cgroup_procs: Option<&Path>) {
+    let ns_fd = ns.map(|n| n.file.as_raw_fd());
+    let procs = cgroup_procs
+        .map(|p| CString::new(p.as_os_str().as_encoded_bytes()).expect("path without NUL"));
+    // SAFETY: the closure runs in the child between fork and exec and only makes
+    // async-signal-safe system calls (setns, open, write, close) on values prepared before
+    // the fork; it allocates nothing.
+    unsafe {
+        cmd.pre_exec(move || {
+            if let Some(procs) = &procs {
+                crate::cgroup::join_cgroup_raw(procs)?;
+            }
+            if let Some(fd) = ns_fd {
+                if libc::setns(fd, libc::CLONE_NEWNET) != 0 {
+                    return Err(io::Error::last_os_error());
+                }
+            }
+            Ok(())
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn validates_names() {
+        assert!(valid_name("nsft-123-a"));
+        assert!(!valid_name(""));
+        assert!(!valid_name("a/b"));
+        assert!(!valid_name(".."));
+        assert!(!valid_name(&"x".repeat(65)));
+    }
+}

@@ -1,0 +1,38 @@
+//! Synchronous signal handling: block SIGINT/SIGTERM (and SIGHUP) early in `main`, before any
+//! thread starts, then wait for one where it suits the program.
+
+use nix::sys::signal::{SigSet, SigmaskHow, Signal};
+
+/// The termination signals nsfast's long-running commands react to.
+pub fn termination_set() -> SigSet {
+    let mut set = SigSet::empty();
+    set.add(Signal::SIGINT);
+    set.add(Signal::SIGTERM);
+    set.add(Signal::SIGHUP);
+    set
+}
+
+/// Blocks the termination signals in the calling thread (and in threads it spawns later).
+pub fn block_termination() -> nix::Result<()> {
+    nix::sys::signal::pthread_sigmask(SigmaskHow::SIG_BLOCK, Some(&termination_set()), None)
+}
+
+/// Waits until a termination signal arrives (they must be blocked first).
+pub fn wait_termination() -> nix::Result<Signal> {
+    termination_set().wait()
+}
+
+/// Returns a termination signal if one is pending, without waiting.
+pub fn pending_termination() -> Option<Signal> {
+    let set = termination_set();
+    let ts = nix::sys::time::TimeSpec::new(0, 0);
+    let mut info = std::mem::MaybeUninit::<libc::siginfo_t>::uninit();
+    // SAFETY: `set` is a valid sigset_t, `info` is writable storage for one siginfo_t and
+    // `ts` is a valid timespec; sigtimedwait does not retain any of the pointers.
+    let r = unsafe { libc::sigtimedwait(set.as_ref(), info.as_mut_ptr(), ts.as_ref()) };
+    if r > 0 {
+        Signal::try_from(r).ok()
+    } else {
+        None
+    }
+}
