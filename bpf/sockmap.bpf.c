@@ -20,22 +20,23 @@ char LICENSE[] SEC("license") = "Dual MIT/GPL";
 
 NSF_INLINE void view_from_skops(struct bpf_sock_ops *skops, struct nsf_conn_view *v, __u32 active)
 {
-	v->family = skops->family;
+	v->family = NSF_CTX_U32(skops, family);
 	v->active = active;
-	v->local_ip4 = skops->local_ip4;
-	v->remote_ip4 = skops->remote_ip4;
-	v->local_ip6[0] = skops->local_ip6[0];
-	v->local_ip6[1] = skops->local_ip6[1];
-	v->local_ip6[2] = skops->local_ip6[2];
-	v->local_ip6[3] = skops->local_ip6[3];
-	v->remote_ip6[0] = skops->remote_ip6[0];
-	v->remote_ip6[1] = skops->remote_ip6[1];
-	v->remote_ip6[2] = skops->remote_ip6[2];
-	v->remote_ip6[3] = skops->remote_ip6[3];
-	v->local_port = skops->local_port;             /* host order */
-	v->remote_port = bpf_ntohl(skops->remote_port); /* network order in the upper half */
-	v->snd_nxt = skops->snd_nxt;
-	v->rcv_nxt = skops->rcv_nxt;
+	v->local_ip4 = NSF_CTX_U32(skops, local_ip4);
+	v->remote_ip4 = NSF_CTX_U32(skops, remote_ip4);
+	v->local_ip6[0] = NSF_CTX_U32(skops, local_ip6[0]);
+	v->local_ip6[1] = NSF_CTX_U32(skops, local_ip6[1]);
+	v->local_ip6[2] = NSF_CTX_U32(skops, local_ip6[2]);
+	v->local_ip6[3] = NSF_CTX_U32(skops, local_ip6[3]);
+	v->remote_ip6[0] = NSF_CTX_U32(skops, remote_ip6[0]);
+	v->remote_ip6[1] = NSF_CTX_U32(skops, remote_ip6[1]);
+	v->remote_ip6[2] = NSF_CTX_U32(skops, remote_ip6[2]);
+	v->remote_ip6[3] = NSF_CTX_U32(skops, remote_ip6[3]);
+	v->local_port = NSF_CTX_U32(skops, local_port); /* host order */
+	/* network order in the upper half on little endian: ntohl gives the port */
+	v->remote_port = bpf_ntohl(NSF_CTX_U32(skops, remote_port));
+	v->snd_nxt = NSF_CTX_U32(skops, snd_nxt);
+	v->rcv_nxt = NSF_CTX_U32(skops, rcv_nxt);
 }
 
 NSF_INLINE void pair(__u64 a, __u64 b, struct nsf_sk_state *st)
@@ -180,8 +181,11 @@ int nsf_sk_msg(struct sk_msg_md *msg)
 	__u64 *peer;
 	__u64 peer_cookie;
 	__u64 size = msg->size;
+	__u32 zero = 0;
 
-	if (!sk)
+	/* Referencing nsf_config keeps it reachable (for `status`) from this program, which
+	 * outlives the sockops program while redirected sockets drain. */
+	if (!sk || !bpf_map_lookup_elem(&nsf_config, &zero))
 		goto pass;
 	st = bpf_sk_storage_get(&nsf_skstate, sk, 0, 0);
 	if (!st || (st->flags & NSF_SK_TAINTED))

@@ -64,7 +64,7 @@ struct {
 	__uint(type, BPF_MAP_TYPE_SOCKHASH);
 	__uint(max_entries, NSF_MAX_SOCKETS);
 	__type(key, __u64);
-	__type(value, __u64);
+	__type(value, __u32);
 } nsf_sockhash SEC(".maps");
 
 /* pair key -> first socket of the pair to establish (until its peer claims it) */

@@ -20,7 +20,7 @@ pub enum CgroupError {
     #[error("{0} is not a cgroup2 directory (expected a directory under a cgroup2 mount such as {1})")]
     NotCgroup2(PathBuf, PathBuf),
     /// An I/O error on a cgroup file.
-    #[error("{op} {path}: {source}")]
+    #[error("{op} {path}")]
     Io {
         op: &'static str,
         path: PathBuf,

@@ -14,7 +14,7 @@ use crate::netns::{NetNs, NetnsError};
 /// rtnetlink errors; each names the object involved.
 #[derive(Debug, thiserror::Error)]
 pub enum NetError {
-    #[error("netlink: {what}: {source}")]
+    #[error("netlink: {what}")]
     Netlink {
         what: String,
         #[source]

@@ -29,7 +29,7 @@ pub enum NetnsError {
     #[error("network namespace {0:?} not found: expected a name under {NETNS_RUN_DIR} or a path such as /proc/PID/ns/net")]
     NotFound(String),
     /// A system call failed.
-    #[error("{op} for network namespace {name:?}: {source}")]
+    #[error("{op} for network namespace {name:?}")]
     Sys {
         op: &'static str,
         name: String,

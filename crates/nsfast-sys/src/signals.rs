@@ -24,15 +24,24 @@ pub fn wait_termination() -> nix::Result<Signal> {
 
 /// Returns a termination signal if one is pending, without waiting.
 pub fn pending_termination() -> Option<Signal> {
+    wait_termination_timeout(std::time::Duration::ZERO)
+}
+
+/// Waits up to `timeout` for a termination signal (they must be blocked first).
+pub fn wait_termination_timeout(timeout: std::time::Duration) -> Option<Signal> {
     let set = termination_set();
-    let ts = nix::sys::time::TimeSpec::new(0, 0);
-    let mut info = std::mem::MaybeUninit::<libc::siginfo_t>::uninit();
-    // SAFETY: `set` is a valid sigset_t, `info` is writable storage for one siginfo_t and
-    // `ts` is a valid timespec; sigtimedwait does not retain any of the pointers.
-    let r = unsafe { libc::sigtimedwait(set.as_ref(), info.as_mut_ptr(), ts.as_ref()) };
-    if r > 0 {
-        Signal::try_from(r).ok()
-    } else {
-        None
+    let ts = nix::sys::time::TimeSpec::from_duration(timeout);
+    loop {
+        let mut info = std::mem::MaybeUninit::<libc::siginfo_t>::uninit();
+        // SAFETY: `set` is a valid sigset_t, `info` is writable storage for one siginfo_t and
+        // `ts` is a valid timespec; sigtimedwait does not retain any of the pointers.
+        let r = unsafe { libc::sigtimedwait(set.as_ref(), info.as_mut_ptr(), ts.as_ref()) };
+        if r > 0 {
+            return Signal::try_from(r).ok();
+        }
+        if std::io::Error::last_os_error().raw_os_error() == Some(libc::EINTR) {
+            continue;
+        }
+        return None;
     }
 }

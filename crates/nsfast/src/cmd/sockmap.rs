@@ -1,15 +1,153 @@
-//! `nsfast sockmap ...`
+//! `nsfast sockmap run|status`
 
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::Context;
 use clap::Subcommand;
+use nsfast_sockmap::{Options, Shortcut};
+use nsfast_sys::ports::PortList;
+use tracing::info;
+
+fn parse_ports(s: &str) -> Result<PortList, String> {
+    PortList::parse("--ports", s).map_err(|e| e.to_string())
+}
+
+fn parse_exclude_ports(s: &str) -> Result<PortList, String> {
+    PortList::parse("--exclude-ports", s).map_err(|e| e.to_string())
+}
 
 #[derive(Subcommand, Debug)]
 pub enum SockmapCmd {
-    /// Attach the shortcut to a cgroup and run until SIGINT/SIGTERM.
-    Run {},
+    /// Attach the shortcut to a cgroup and run until SIGINT/SIGTERM, then detach.
+    ///
+    /// Sockets created by processes in the cgroup take the shortcut once both ends of a
+    /// connection are established inside it. Connections established before `run` starts keep
+    /// the normal path.
+    Run {
+        /// cgroup2 directory to attach to [default: <cgroup2 mount>/test.slice, created if
+        /// missing and removed again on exit].
+        #[arg(long, value_name = "PATH")]
+        cgroup: Option<PathBuf>,
+        /// Only connections to these server ports take the shortcut, e.g. 80,443,8000-8100
+        /// [default: all ports].
+        #[arg(long, value_name = "LIST", value_parser = parse_ports)]
+        ports: Option<PortList>,
+        /// Connections to these server ports never take the shortcut.
+        #[arg(long, value_name = "LIST", value_parser = parse_exclude_ports)]
+        exclude_ports: Option<PortList>,
+        /// Log the counters every SECS seconds while running (0: only at exit).
+        #[arg(long, value_name = "SECS", default_value_t = 0)]
+        stats_interval: u64,
+    },
+    /// Show the instances loaded in the kernel: sockets in the map, messages and bytes
+    /// redirected and passed, and where they are attached.
+    Status {
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 pub fn run(cmd: SockmapCmd) -> anyhow::Result<()> {
     match cmd {
-        SockmapCmd::Run {} => anyhow::bail!("not implemented yet"),
+        SockmapCmd::Run {
+            cgroup,
+            ports,
+            exclude_ports,
+            stats_interval,
+        } => run_shortcut(
+            Options {
+                cgroup,
+                ports,
+                exclude_ports,
+            },
+            stats_interval,
+        ),
+        SockmapCmd::Status { json } => status(json),
     }
+}
+
+fn run_shortcut(opts: Options, stats_interval: u64) -> anyhow::Result<()> {
+    // Block the termination signals before anything is attached, so a signal arriving at any
+    // point is seen by the wait below and the programs are always detached.
+    nsfast_sys::signals::block_termination().context("blocking SIGINT/SIGTERM")?;
+    let shortcut = Shortcut::attach(&opts)?;
+    info!(
+        "nsfast sockmap running on {} (pid {}); stop with Ctrl-C or SIGTERM",
+        shortcut.cgroup_path().display(),
+        std::process::id()
+    );
+    let signal = loop {
+        let wait = if stats_interval == 0 {
+            Duration::from_secs(3600)
+        } else {
+            Duration::from_secs(stats_interval)
+        };
+        if let Some(sig) = nsfast_sys::signals::wait_termination_timeout(wait) {
+            break sig;
+        }
+        if stats_interval != 0 {
+            if let Ok(s) = shortcut.stats() {
+                info!(
+                    "sockets {} pairs {} redirected {} msgs / {} bytes, passed {} msgs / {} bytes",
+                    s.sockets,
+                    s.pairs,
+                    s.redirected_msgs,
+                    s.redirected_bytes,
+                    s.passed_msgs,
+                    s.passed_bytes
+                );
+            }
+        }
+    };
+    info!("received {signal}, detaching");
+    if let Ok(s) = shortcut.stats() {
+        info!(
+            "final: pairs {} redirected {} msgs / {} bytes, passed {} msgs / {} bytes, {} sockets still redirected (they keep the shortcut until they close)",
+            s.pairs, s.redirected_msgs, s.redirected_bytes, s.passed_msgs, s.passed_bytes, s.sockets
+        );
+    }
+    shortcut.detach()?;
+    Ok(())
+}
+
+fn status(json: bool) -> anyhow::Result<()> {
+    let instances = nsfast_sockmap::instances().context("reading loaded BPF programs and maps (needs root)")?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&serde_json::json!({ "instances": instances }))?);
+        return Ok(());
+    }
+    if instances.is_empty() {
+        println!("no nsfast sockmap instance is loaded");
+        return Ok(());
+    }
+    for i in &instances {
+        let state = match (i.attached, i.loader_alive) {
+            (true, true) => "running",
+            (true, false) => "attached (loader gone)",
+            (false, _) => "draining (detached; redirected sockets keep the shortcut until they close)",
+        };
+        println!(
+            "cgroup {} (id {}): {state}, loader pid {}",
+            i.cgroup_path
+                .as_ref()
+                .map(|p| p.display().to_string())
+                .unwrap_or_else(|| "?".into()),
+            i.cgroup_id,
+            i.loader_pid
+        );
+        let s = &i.stats;
+        println!("  sockets in map      {}", s.sockets);
+        println!("  pairs               {} (conflicts {})", s.pairs, s.pair_conflicts);
+        println!("  redirected          {} msgs, {} bytes", s.redirected_msgs, s.redirected_bytes);
+        println!("  passed (kernel)     {} msgs, {} bytes", s.passed_msgs, s.passed_bytes);
+        println!(
+            "  kernel-path dirs    {} (redirect failed {}), skipped by port {}",
+            s.tainted, s.redirect_failed, s.skipped_port
+        );
+        println!("  programs            sk_msg id {}, sockops id {}", i.sk_msg_prog_id,
+            i.sockops_prog_id.map(|v| v.to_string()).unwrap_or_else(|| "-".into()));
+    }
+    Ok(())
 }

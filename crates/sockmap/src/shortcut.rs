@@ -1,0 +1,292 @@
+//! Load, configure and attach the shortcut; detach on drop.
+
+use std::fs::File;
+use std::path::{Path, PathBuf};
+
+use aya::maps::{Array, HashMap as BpfHashMap, MapData, SockHash};
+use aya::programs::{CgroupAttachMode, SkMsg, SockOps};
+use aya::{Ebpf, EbpfLoader};
+use nsfast_sys::cgroup::{cgroup2_mount, Cgroup};
+use nsfast_sys::ports::PortList;
+use tracing::{info, warn};
+
+use crate::abi::{self, Config};
+use crate::error::SockmapError;
+use crate::status::{self, Stats};
+
+/// Name of the cgroup created under the cgroup2 mount when none is given.
+pub const DEFAULT_CGROUP: &str = "test.slice";
+
+/// What to attach to.
+#[derive(Debug, Clone, Default)]
+pub struct Options {
+    /// cgroup2 directory; `None` means `<cgroup2 mount>/test.slice`, created if missing.
+    pub cgroup: Option<PathBuf>,
+    /// Only connections to these server ports take the shortcut (default: all).
+    pub ports: Option<PortList>,
+    /// Connections to these server ports never take the shortcut.
+    pub exclude_ports: Option<PortList>,
+}
+
+/// The attached shortcut. Dropping it detaches both programs; sockets already redirected keep
+/// their redirect until they close (the kernel keeps the maps alive while they hold them), so
+/// no queued byte is lost. A cgroup this instance created is removed if empty.
+pub struct Shortcut {
+    ebpf: Option<Ebpf>,
+    cgroup: Cgroup,
+    created_cgroup: bool,
+    cgroup_id: u64,
+}
+
+impl std::fmt::Debug for Shortcut {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Shortcut")
+            .field("cgroup", &self.cgroup.path())
+            .field("cgroup_id", &self.cgroup_id)
+            .finish()
+    }
+}
+
+/// Resolves the cgroup to use without changing anything: (path, exists).
+pub fn resolve_cgroup(opts: &Options) -> Result<(PathBuf, bool), SockmapError> {
+    match &opts.cgroup {
+        Some(p) => {
+            Cgroup::open(p)?;
+            Ok((p.clone(), true))
+        }
+        None => {
+            let p = cgroup2_mount()?.join(DEFAULT_CGROUP);
+            let exists = p.exists();
+            if exists {
+                Cgroup::open(&p)?;
+            }
+            Ok((p, exists))
+        }
+    }
+}
+
+/// Fails if an nsfast sockops program is already attached to the cgroup at `path`.
+pub fn check_not_attached(path: &Path) -> Result<(), SockmapError> {
+    let dir = File::open(path).map_err(|e| SockmapError::Io {
+        what: format!("open cgroup {}", path.display()),
+        source: e,
+    })?;
+    let ids = nsfast_sys::bpf::prog_query(
+        std::os::fd::AsFd::as_fd(&dir),
+        nsfast_sys::bpf::BPF_CGROUP_SOCK_OPS,
+    )
+    .map_err(|e| SockmapError::Io {
+        what: format!("query programs attached to {}", path.display()),
+        source: e,
+    })?;
+    for prog in aya::programs::loaded_programs().flatten() {
+        if ids.contains(&prog.id()) && prog.name_as_str() == Some(abi::PROG_SOCKOPS) {
+            let pid = status::instances()
+                .ok()
+                .and_then(|v| v.into_iter().find(|i| i.sockops_prog_id == Some(prog.id())))
+                .map(|i| i.loader_pid);
+            return Err(SockmapError::AlreadyAttached {
+                path: path.to_path_buf(),
+                prog_id: prog.id(),
+                pid,
+            });
+        }
+    }
+    Ok(())
+}
+
+impl Shortcut {
+    /// Loads the programs and attaches them. On any error nothing stays attached and a cgroup
+    /// created here is removed again.
+    pub fn attach(opts: &Options) -> Result<Self, SockmapError> {
+        let (path, existed) = resolve_cgroup(opts)?;
+        if existed {
+            check_not_attached(&path)?;
+        }
+        let cgroup = Cgroup::create(&path)?;
+        let created_cgroup = !existed;
+        match Self::attach_to(&cgroup, opts) {
+            Ok((ebpf, cgroup_id)) => Ok(Self {
+                ebpf: Some(ebpf),
+                cgroup,
+                created_cgroup,
+                cgroup_id,
+            }),
+            Err(e) => {
+                if created_cgroup {
+                    let _ = cgroup.remove();
+                }
+                Err(e)
+            }
+        }
+    }
+
+    fn attach_to(cgroup: &Cgroup, opts: &Options) -> Result<(Ebpf, u64), SockmapError> {
+        let cgroup_id = cgroup.id()?;
+        let mut ebpf = EbpfLoader::new()
+            .load(nsfast_bpf::SOCKMAP)
+            .map_err(|e| SockmapError::Load(Box::new(e)))?;
+
+        // Configuration before anything is attached.
+        let started_unix = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0);
+        let mut port_mode = 0;
+        {
+            let mut ports: BpfHashMap<&mut MapData, u16, u8> = BpfHashMap::try_from(
+                ebpf.map_mut(abi::MAP_PORTS)
+                    .ok_or(SockmapError::Missing(abi::MAP_PORTS))?,
+            )
+            .map_err(SockmapError::map("open nsf_ports"))?;
+            let mut bits: std::collections::BTreeMap<u16, u8> = Default::default();
+            if let Some(inc) = &opts.ports {
+                port_mode |= abi::PORTS_INCLUDE;
+                for p in inc.iter() {
+                    *bits.entry(p).or_default() |= abi::PORT_INCLUDE;
+                }
+            }
+            if let Some(exc) = &opts.exclude_ports {
+                for p in exc.iter() {
+                    *bits.entry(p).or_default() |= abi::PORT_EXCLUDE;
+                }
+            }
+            for (p, b) in bits {
+                ports
+                    .insert(p, b, 0)
+                    .map_err(SockmapError::map("fill nsf_ports"))?;
+            }
+        }
+        {
+            let mut cfg: Array<&mut MapData, Config> = Array::try_from(
+                ebpf.map_mut(abi::MAP_CONFIG)
+                    .ok_or(SockmapError::Missing(abi::MAP_CONFIG))?,
+            )
+            .map_err(SockmapError::map("open nsf_config"))?;
+            cfg.set(
+                0,
+                Config {
+                    cgroup_id,
+                    loader_pid: std::process::id(),
+                    port_mode,
+                    started_unix,
+                },
+                0,
+            )
+            .map_err(SockmapError::map("write nsf_config"))?;
+        }
+
+        // sk_msg on the sockhash first, so every socket sockops adds is covered at once.
+        let sockhash_fd = {
+            let map = ebpf
+                .map(abi::MAP_SOCKHASH)
+                .ok_or(SockmapError::Missing(abi::MAP_SOCKHASH))?;
+            let hash: SockHash<&MapData, u64> =
+                SockHash::try_from(map).map_err(SockmapError::map("open nsf_sockhash"))?;
+            hash.fd().try_clone().map_err(|e| SockmapError::Io {
+                what: "dup sockhash fd".into(),
+                source: e,
+            })?
+        };
+        let sk_msg: &mut SkMsg = ebpf
+            .program_mut(abi::PROG_SK_MSG)
+            .ok_or(SockmapError::Missing(abi::PROG_SK_MSG))?
+            .try_into()
+            .map_err(SockmapError::prog("sk_msg program type"))?;
+        sk_msg
+            .load()
+            .map_err(SockmapError::prog("load sk_msg program"))?;
+        sk_msg
+            .attach(&sockhash_fd)
+            .map_err(SockmapError::prog("attach sk_msg to nsf_sockhash"))?;
+        info!("attached sk_msg program {} to map {}", abi::PROG_SK_MSG, abi::MAP_SOCKHASH);
+
+        let sockops: &mut SockOps = ebpf
+            .program_mut(abi::PROG_SOCKOPS)
+            .ok_or(SockmapError::Missing(abi::PROG_SOCKOPS))?
+            .try_into()
+            .map_err(SockmapError::prog("sockops program type"))?;
+        sockops
+            .load()
+            .map_err(SockmapError::prog("load sockops program"))?;
+        let dir = File::open(cgroup.path()).map_err(|e| SockmapError::Io {
+            what: format!("open cgroup {}", cgroup.path().display()),
+            source: e,
+        })?;
+        sockops
+            // With a BPF link the attachment is always multi-program; flags must be 0 ("Single").
+            .attach(&dir, CgroupAttachMode::Single)
+            .map_err(SockmapError::prog("attach sockops to the cgroup"))?;
+        info!(
+            "attached sockops program {} to cgroup {} (id {cgroup_id}); ports: {}{}",
+            abi::PROG_SOCKOPS,
+            cgroup.path().display(),
+            opts.ports
+                .as_ref()
+                .map(|p| p.to_compact_string())
+                .unwrap_or_else(|| "all".into()),
+            opts.exclude_ports
+                .as_ref()
+                .map(|p| format!(" except {}", p.to_compact_string()))
+                .unwrap_or_default(),
+        );
+        Ok((ebpf, cgroup_id))
+    }
+
+    /// The cgroup the shortcut is attached to.
+    pub fn cgroup_path(&self) -> &Path {
+        self.cgroup.path()
+    }
+
+    /// The cgroup's id.
+    pub fn cgroup_id(&self) -> u64 {
+        self.cgroup_id
+    }
+
+    /// Current counters and the number of sockets in the map.
+    pub fn stats(&self) -> Result<Stats, SockmapError> {
+        let ebpf = self.ebpf.as_ref().ok_or(SockmapError::Missing("maps"))?;
+        let stats = ebpf
+            .map(abi::MAP_STATS)
+            .ok_or(SockmapError::Missing(abi::MAP_STATS))?;
+        let hash = ebpf
+            .map(abi::MAP_SOCKHASH)
+            .ok_or(SockmapError::Missing(abi::MAP_SOCKHASH))?;
+        status::read_stats(
+            aya::maps::PerCpuArray::try_from(stats).map_err(SockmapError::map("open nsf_stats"))?,
+            SockHash::try_from(hash).map_err(SockmapError::map("open nsf_sockhash"))?,
+        )
+    }
+
+    /// Detaches now (same as dropping, but reports errors).
+    pub fn detach(mut self) -> Result<(), SockmapError> {
+        self.detach_inner()
+    }
+
+    fn detach_inner(&mut self) -> Result<(), SockmapError> {
+        if let Some(ebpf) = self.ebpf.take() {
+            drop(ebpf);
+            info!(
+                "detached sockops from {} and sk_msg from its map",
+                self.cgroup.path().display()
+            );
+        }
+        if self.created_cgroup {
+            self.created_cgroup = false;
+            match self.cgroup.remove() {
+                Ok(()) => info!("removed cgroup {}", self.cgroup.path().display()),
+                Err(e) => warn!(
+                    "left cgroup {} in place (still has processes?): {e}",
+                    self.cgroup.path().display()
+                ),
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Shortcut {
+    fn drop(&mut self) {
+        let _ = self.detach_inner();
+    }
+}

@@ -1,0 +1,188 @@
+//! Find running shortcut instances (and ones still draining after their loader exited) from
+//! the kernel's own lists of programs and maps: no pins, no state files.
+
+use std::borrow::Borrow;
+use std::path::{Path, PathBuf};
+
+use aya::maps::{Array, Map, MapData, PerCpuArray, SockHash};
+use serde::Serialize;
+
+use crate::abi::{self, Config, Stat};
+use crate::error::SockmapError;
+
+/// Counters summed over CPUs, plus the sockets currently in the map.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct Stats {
+    /// Sockets currently in the SOCKHASH.
+    pub sockets: u64,
+    pub sockets_added: u64,
+    pub sockets_add_failed: u64,
+    /// Connections whose two ends were paired.
+    pub pairs: u64,
+    /// Ambiguous pair keys (two connections with the same key): neither was paired.
+    pub pair_conflicts: u64,
+    pub redirected_msgs: u64,
+    pub redirected_bytes: u64,
+    pub passed_msgs: u64,
+    pub passed_bytes: u64,
+    /// Directions that sent on the kernel path before pairing completed (stay on it).
+    pub tainted: u64,
+    /// Redirects that found the peer gone and fell back to the kernel path.
+    pub redirect_failed: u64,
+    /// Connections skipped by the port filter.
+    pub skipped_port: u64,
+    /// Tracked sockets that closed.
+    pub closed: u64,
+}
+
+/// Reads the counters and counts the sockets in the map.
+pub fn read_stats<S, H>(stats: PerCpuArray<S, u64>, hash: SockHash<H, u64>) -> Result<Stats, SockmapError>
+where
+    S: Borrow<MapData>,
+    H: Borrow<MapData>,
+{
+    let get = |s: Stat| -> Result<u64, SockmapError> {
+        let v = stats
+            .get(&(s as u32), 0)
+            .map_err(SockmapError::map("read nsf_stats"))?;
+        Ok(v.iter().sum())
+    };
+    Ok(Stats {
+        sockets: hash.keys().filter(|k| k.is_ok()).count() as u64,
+        sockets_added: get(Stat::SockAdded)?,
+        sockets_add_failed: get(Stat::SockAddFailed)?,
+        pairs: get(Stat::Paired)?,
+        pair_conflicts: get(Stat::PairConflict)?,
+        redirected_msgs: get(Stat::RedirectMsgs)?,
+        redirected_bytes: get(Stat::RedirectBytes)?,
+        passed_msgs: get(Stat::PassMsgs)?,
+        passed_bytes: get(Stat::PassBytes)?,
+        tainted: get(Stat::Tainted)?,
+        redirect_failed: get(Stat::RedirectFailed)?,
+        skipped_port: get(Stat::SkippedPort)?,
+        closed: get(Stat::Closed)?,
+    })
+}
+
+/// One shortcut instance found in the kernel.
+#[derive(Debug, Clone, Serialize)]
+pub struct Instance {
+    pub sk_msg_prog_id: u32,
+    pub sockops_prog_id: Option<u32>,
+    pub cgroup_id: u64,
+    pub cgroup_path: Option<PathBuf>,
+    pub loader_pid: u32,
+    pub loader_alive: bool,
+    /// Whether the sockops program is still attached to the cgroup. An instance that is not
+    /// attached any more is draining: its sockets keep the shortcut until they close.
+    pub attached: bool,
+    pub started_unix: u64,
+    pub stats: Stats,
+}
+
+fn open_map(id: u32) -> Option<(String, Map)> {
+    let data = MapData::from_id(id).ok()?;
+    let name = data.info().ok()?.name_as_str()?.to_string();
+    Some((name, Map::from_map_data(data).ok()?))
+}
+
+/// All instances of the shortcut currently loaded in the kernel.
+pub fn instances() -> Result<Vec<Instance>, SockmapError> {
+    let progs: Vec<_> = aya::programs::loaded_programs().flatten().collect();
+    let mut out = Vec::new();
+    for p in progs
+        .iter()
+        .filter(|p| p.name_as_str() == Some(abi::PROG_SK_MSG))
+    {
+        let Ok(Some(map_ids)) = p.map_ids() else {
+            continue;
+        };
+        let mut stats_map = None;
+        let mut hash_map = None;
+        let mut config = Config::default();
+        let mut hash_id = None;
+        for id in &map_ids {
+            let Some((name, map)) = open_map(*id) else {
+                continue;
+            };
+            match name.as_str() {
+                abi::MAP_STATS => stats_map = PerCpuArray::<MapData, u64>::try_from(map).ok(),
+                abi::MAP_SOCKHASH => {
+                    hash_id = Some(*id);
+                    hash_map = SockHash::<MapData, u64>::try_from(map).ok();
+                }
+                abi::MAP_CONFIG => {
+                    if let Ok(a) = Array::<MapData, Config>::try_from(map) {
+                        config = a.get(&0, 0).unwrap_or_default();
+                    }
+                }
+                _ => {}
+            }
+        }
+        let (Some(s), Some(h)) = (stats_map, hash_map) else {
+            continue;
+        };
+        let stats = read_stats(s, h)?;
+        // The sockops program of the same instance uses the same sockhash.
+        let sockops_prog_id = progs
+            .iter()
+            .filter(|q| q.name_as_str() == Some(abi::PROG_SOCKOPS))
+            .find(|q| {
+                q.map_ids()
+                    .ok()
+                    .flatten()
+                    .is_some_and(|ids| hash_id.is_some_and(|h| ids.contains(&h)))
+            })
+            .map(|q| q.id());
+        let cgroup_path = find_cgroup_by_id(config.cgroup_id);
+        let attached = match (&cgroup_path, sockops_prog_id) {
+            (Some(path), Some(id)) => std::fs::File::open(path)
+                .ok()
+                .and_then(|f| {
+                    nsfast_sys::bpf::prog_query(
+                        std::os::fd::AsFd::as_fd(&f),
+                        nsfast_sys::bpf::BPF_CGROUP_SOCK_OPS,
+                    )
+                    .ok()
+                })
+                .is_some_and(|ids| ids.contains(&id)),
+            _ => false,
+        };
+        out.push(Instance {
+            sk_msg_prog_id: p.id(),
+            sockops_prog_id,
+            cgroup_id: config.cgroup_id,
+            cgroup_path,
+            loader_pid: config.loader_pid,
+            loader_alive: config.loader_pid != 0
+                && Path::new(&format!("/proc/{}", config.loader_pid)).exists(),
+            attached,
+            started_unix: config.started_unix,
+            stats,
+        });
+    }
+    Ok(out)
+}
+
+/// Finds the cgroup2 directory whose inode is `id` (searching a few levels deep).
+pub fn find_cgroup_by_id(id: u64) -> Option<PathBuf> {
+    use std::os::unix::fs::MetadataExt;
+    let root = nsfast_sys::cgroup::cgroup2_mount().ok()?;
+    let mut stack = vec![(root, 0u32)];
+    while let Some((dir, depth)) = stack.pop() {
+        if std::fs::metadata(&dir).ok()?.ino() == id {
+            return Some(dir);
+        }
+        if depth >= 6 {
+            continue;
+        }
+        if let Ok(rd) = std::fs::read_dir(&dir) {
+            for e in rd.flatten() {
+                if e.file_type().is_ok_and(|t| t.is_dir()) {
+                    stack.push((e.path(), depth + 1));
+                }
+            }
+        }
+    }
+    None
+}
