@@ -133,7 +133,12 @@ pub fn delete_link(ns: Option<&NetNs>, name: &str) -> Result<(), NetError> {
 }
 
 /// Adds `addr/prefix` to link `name`.
-pub fn add_address(ns: Option<&NetNs>, name: &str, addr: IpAddr, prefix: u8) -> Result<(), NetError> {
+pub fn add_address(
+    ns: Option<&NetNs>,
+    name: &str,
+    addr: IpAddr,
+    prefix: u8,
+) -> Result<(), NetError> {
     with_handle(ns, |h| async move {
         let idx = index_of(&h, name).await?;
         h.address()
@@ -159,7 +164,8 @@ pub fn add_route(
         };
         let msg = match dst {
             IpAddr::V4(d) => {
-                let mut b = RouteMessageBuilder::<std::net::Ipv4Addr>::new().destination_prefix(d, prefix);
+                let mut b =
+                    RouteMessageBuilder::<std::net::Ipv4Addr>::new().destination_prefix(d, prefix);
                 if let Some(IpAddr::V4(g)) = gateway {
                     b = b.gateway(g);
                 }
@@ -169,7 +175,8 @@ pub fn add_route(
                 b.build()
             }
             IpAddr::V6(d) => {
-                let mut b = RouteMessageBuilder::<std::net::Ipv6Addr>::new().destination_prefix(d, prefix);
+                let mut b =
+                    RouteMessageBuilder::<std::net::Ipv6Addr>::new().destination_prefix(d, prefix);
                 if let Some(IpAddr::V6(g)) = gateway {
                     b = b.gateway(g);
                 }

@@ -95,7 +95,12 @@ impl ConnView {
         for w in self.local_ip6.iter().chain(self.remote_ip6.iter()) {
             v.extend_from_slice(&w.to_ne_bytes());
         }
-        for w in [self.local_port, self.remote_port, self.snd_nxt, self.rcv_nxt] {
+        for w in [
+            self.local_port,
+            self.remote_port,
+            self.snd_nxt,
+            self.rcv_nxt,
+        ] {
             v.extend_from_slice(&w.to_ne_bytes());
         }
         v

@@ -199,7 +199,11 @@ impl Shortcut {
         sk_msg
             .attach(&sockhash_fd)
             .map_err(SockmapError::prog("attach sk_msg to nsf_sockhash"))?;
-        info!("attached sk_msg program {} to map {}", abi::PROG_SK_MSG, abi::MAP_SOCKHASH);
+        info!(
+            "attached sk_msg program {} to map {}",
+            abi::PROG_SK_MSG,
+            abi::MAP_SOCKHASH
+        );
 
         let sockops: &mut SockOps = ebpf
             .program_mut(abi::PROG_SOCKOPS)

@@ -36,7 +36,10 @@ pub struct Stats {
 }
 
 /// Reads the counters and counts the sockets in the map.
-pub fn read_stats<S, H>(stats: PerCpuArray<S, u64>, hash: SockHash<H, u64>) -> Result<Stats, SockmapError>
+pub fn read_stats<S, H>(
+    stats: PerCpuArray<S, u64>,
+    hash: SockHash<H, u64>,
+) -> Result<Stats, SockmapError>
 where
     S: Borrow<MapData>,
     H: Borrow<MapData>,

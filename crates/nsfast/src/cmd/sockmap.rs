@@ -113,9 +113,13 @@ fn run_shortcut(opts: Options, stats_interval: u64) -> anyhow::Result<()> {
 }
 
 fn status(json: bool) -> anyhow::Result<()> {
-    let instances = nsfast_sockmap::instances().context("reading loaded BPF programs and maps (needs root)")?;
+    let instances =
+        nsfast_sockmap::instances().context("reading loaded BPF programs and maps (needs root)")?;
     if json {
-        println!("{}", serde_json::to_string_pretty(&serde_json::json!({ "instances": instances }))?);
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&serde_json::json!({ "instances": instances }))?
+        );
         return Ok(());
     }
     if instances.is_empty() {
@@ -126,7 +130,9 @@ fn status(json: bool) -> anyhow::Result<()> {
         let state = match (i.attached, i.loader_alive) {
             (true, true) => "running",
             (true, false) => "attached (loader gone)",
-            (false, _) => "draining (detached; redirected sockets keep the shortcut until they close)",
+            (false, _) => {
+                "draining (detached; redirected sockets keep the shortcut until they close)"
+            }
         };
         println!(
             "cgroup {} (id {}): {state}, loader pid {}",
@@ -139,15 +145,29 @@ fn status(json: bool) -> anyhow::Result<()> {
         );
         let s = &i.stats;
         println!("  sockets in map      {}", s.sockets);
-        println!("  pairs               {} (conflicts {})", s.pairs, s.pair_conflicts);
-        println!("  redirected          {} msgs, {} bytes", s.redirected_msgs, s.redirected_bytes);
-        println!("  passed (kernel)     {} msgs, {} bytes", s.passed_msgs, s.passed_bytes);
+        println!(
+            "  pairs               {} (conflicts {})",
+            s.pairs, s.pair_conflicts
+        );
+        println!(
+            "  redirected          {} msgs, {} bytes",
+            s.redirected_msgs, s.redirected_bytes
+        );
+        println!(
+            "  passed (kernel)     {} msgs, {} bytes",
+            s.passed_msgs, s.passed_bytes
+        );
         println!(
             "  kernel-path dirs    {} (redirect failed {}), skipped by port {}",
             s.tainted, s.redirect_failed, s.skipped_port
         );
-        println!("  programs            sk_msg id {}, sockops id {}", i.sk_msg_prog_id,
-            i.sockops_prog_id.map(|v| v.to_string()).unwrap_or_else(|| "-".into()));
+        println!(
+            "  programs            sk_msg id {}, sockops id {}",
+            i.sk_msg_prog_id,
+            i.sockops_prog_id
+                .map(|v| v.to_string())
+                .unwrap_or_else(|| "-".into())
+        );
     }
     Ok(())
 }

@@ -1,0 +1,712 @@
+//! Root integration tests of `nsfast sockmap`, each in its own throwaway namespaces and cgroup.
+//! Peers are separate processes (`nsfast-testpeer`) started inside a namespace and a cgroup,
+//! as real applications would be. Run as root (`make test`).
+
+use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use nsfast_sockmap::{Options, Shortcut, Stats};
+use nsfast_testsupport::peer::{self, BidirReport, KillOnDrop, Report};
+use nsfast_testsupport::require_root;
+use nsfast_testsupport::world::{TestCgroup, VethPair};
+
+const GIB: u64 = 1 << 30;
+
+fn peer_bin() -> PathBuf {
+    std::env::var_os("NSFAST_TESTPEER_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_nsfast-testpeer")))
+}
+
+fn nsfast_bin() -> PathBuf {
+    std::env::var_os("NSFAST_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_nsfast")))
+}
+
+/// Bulk volume for the big transfer; NSFAST_TEST_BULK_MIB lowers it for slow (TCG) guests.
+fn bulk_bytes() -> u64 {
+    std::env::var("NSFAST_TEST_BULK_MIB")
+        .ok()
+        .and_then(|v| v.parse::<u64>().ok())
+        .map(|m| m << 20)
+        .unwrap_or(GIB)
+}
+
+fn args(v: &[&str]) -> Vec<String> {
+    v.iter().map(|s| s.to_string()).collect()
+}
+
+fn server_addr(port: u16) -> SocketAddr {
+    SocketAddr::new(IpAddr::V4(VethPair::SERVER_V4), port)
+}
+
+fn attach(cg: &TestCgroup) -> Shortcut {
+    Shortcut::attach(&Options {
+        cgroup: Some(cg.path().to_path_buf()),
+        ..Default::default()
+    })
+    .expect("attach the shortcut")
+}
+
+/// Runs a bidirectional transfer between the pair's namespaces and checks it byte-exact.
+fn bidir_transfer(
+    w: &VethPair,
+    cg: Option<&TestCgroup>,
+    server: SocketAddr,
+    connect: SocketAddr,
+    bytes: u64,
+) {
+    let procs = cg.map(|c| c.procs());
+    let srv = peer::spawn(
+        &peer_bin(),
+        &w.server,
+        procs.as_deref(),
+        &args(&[
+            "bidir-server",
+            "--listen",
+            &server.to_string(),
+            "--bytes",
+            &bytes.to_string(),
+            "--seed",
+            "1",
+        ]),
+    );
+    peer::wait_listening(&w.server, server);
+    let cli = peer::spawn(
+        &peer_bin(),
+        &w.client,
+        procs.as_deref(),
+        &args(&[
+            "bidir-client",
+            "--connect",
+            &connect.to_string(),
+            "--bytes",
+            &bytes.to_string(),
+            "--seed",
+            "2",
+        ]),
+    );
+    let c: BidirReport = peer::finish(cli, "client");
+    let s: BidirReport = peer::finish(srv, "server");
+    assert_eq!(c.sent, bytes);
+    assert_eq!(s.sent, bytes);
+    assert_eq!(
+        c.received, bytes,
+        "client received {} of {bytes}",
+        c.received
+    );
+    assert_eq!(
+        s.received, bytes,
+        "server received {} of {bytes}",
+        s.received
+    );
+    assert_eq!(
+        c.received_sha256, s.sent_sha256,
+        "client got other bytes than the server sent"
+    );
+    assert_eq!(
+        s.received_sha256, c.sent_sha256,
+        "server got other bytes than the client sent"
+    );
+}
+
+#[test]
+fn bulk_both_directions_at_once_is_byte_exact_and_redirected() {
+    require_root();
+    let w = VethPair::new();
+    let cg = TestCgroup::new();
+    let sc = attach(&cg);
+    let bytes = bulk_bytes();
+    bidir_transfer(&w, Some(&cg), server_addr(5001), server_addr(5001), bytes);
+    let st = sc.stats().unwrap();
+    assert_eq!(st.pairs, 1, "{st:?}");
+    // Both directions went through the shortcut: every byte the peers sent was redirected.
+    assert_eq!(st.redirected_bytes, 2 * bytes, "{st:?}");
+    assert_eq!(st.passed_bytes, 0, "{st:?}");
+}
+
+#[test]
+fn ipv6_and_v4_mapped_sockets_take_the_shortcut() {
+    require_root();
+    let w = VethPair::new();
+    let cg = TestCgroup::new();
+    let sc = attach(&cg);
+    let bytes = 32 << 20;
+    let v6 = SocketAddr::new(IpAddr::V6(VethPair::SERVER_V6), 5002);
+    bidir_transfer(&w, Some(&cg), v6, v6, bytes);
+    // A v4-mapped IPv6 client against a plain IPv4 server.
+    let mapped: SocketAddr = format!("[::ffff:{}]:5003", VethPair::SERVER_V4)
+        .parse()
+        .unwrap();
+    bidir_transfer(&w, Some(&cg), server_addr(5003), mapped, bytes);
+    let st = sc.stats().unwrap();
+    assert_eq!(st.pairs, 2, "{st:?}");
+    assert_eq!(st.redirected_bytes, 4 * bytes, "{st:?}");
+}
+
+/// Two namespace pairs with identical addresses and ports at the same time, in one cgroup
+/// under one shortcut; connections are re-made from the same source port again and again
+/// (entries of one pair come and go while the other's remain). Each client must only ever
+/// receive its own server's bytes.
+#[test]
+fn identical_addresses_in_two_namespace_pairs_never_mix() {
+    require_root();
+    let pairs = [VethPair::new(), VethPair::new()];
+    let cg = TestCgroup::new();
+    let sc = attach(&cg);
+    let iterations = 300u64;
+    let procs = cg.procs();
+    let servers: Vec<_> = pairs
+        .iter()
+        .enumerate()
+        .map(|(i, w)| {
+            let s = peer::spawn(
+                &peer_bin(),
+                &w.server,
+                Some(&procs),
+                &args(&[
+                    "tag-server",
+                    "--listen",
+                    "10.99.0.2:6000",
+                    "--tag",
+                    &format!("server-of-pair-{i}:"),
+                    "--count",
+                    &iterations.to_string(),
+                ]),
+            );
+            peer::wait_listening(&w.server, server_addr(6000));
+            s
+        })
+        .collect();
+    let clients: Vec<_> = pairs
+        .iter()
+        .enumerate()
+        .map(|(i, w)| {
+            peer::spawn(
+                &peer_bin(),
+                &w.client,
+                Some(&procs),
+                &args(&[
+                    "tag-client",
+                    "--connect",
+                    "10.99.0.2:6000",
+                    "--bind",
+                    "10.99.0.1:40000",
+                    "--expect",
+                    &format!("server-of-pair-{i}:"),
+                    "--iterations",
+                    &iterations.to_string(),
+                ]),
+            )
+        })
+        .collect();
+    for (i, c) in clients.into_iter().enumerate() {
+        let r: Report = peer::finish(c, &format!("client of pair {i}"));
+        assert_eq!(r.failed, 0, "pair {i}: {}", r.detail);
+        assert_eq!(r.ok, iterations);
+    }
+    for (i, s) in servers.into_iter().enumerate() {
+        let r: Report = peer::finish(s, &format!("server of pair {i}"));
+        assert_eq!(r.ok, iterations);
+    }
+    let st = sc.stats().unwrap();
+    assert!(
+        st.pairs >= iterations,
+        "most connections should be paired: {st:?}"
+    );
+    assert!(st.redirected_msgs >= iterations, "{st:?}");
+    assert_eq!(st.pair_conflicts, 0, "{st:?}");
+}
+
+/// The same, with long bulk transfers running at once in both pairs.
+#[test]
+fn identical_addresses_concurrent_bulk_transfers_stay_apart() {
+    require_root();
+    let pairs = [VethPair::new(), VethPair::new()];
+    let cg = TestCgroup::new();
+    let sc = attach(&cg);
+    let procs = cg.procs();
+    let bytes: u64 = 64 << 20;
+    let mut running = Vec::new();
+    for (i, w) in pairs.iter().enumerate() {
+        let seed_s = (10 + i).to_string();
+        let seed_c = (20 + i).to_string();
+        let s = peer::spawn(
+            &peer_bin(),
+            &w.server,
+            Some(&procs),
+            &args(&[
+                "bidir-server",
+                "--listen",
+                "10.99.0.2:5001",
+                "--bytes",
+                &bytes.to_string(),
+                "--seed",
+                &seed_s,
+            ]),
+        );
+        peer::wait_listening(&w.server, server_addr(5001));
+        let c = peer::spawn(
+            &peer_bin(),
+            &w.client,
+            Some(&procs),
+            &args(&[
+                "bidir-client",
+                "--connect",
+                "10.99.0.2:5001",
+                "--bytes",
+                &bytes.to_string(),
+                "--seed",
+                &seed_c,
+            ]),
+        );
+        running.push((s, c));
+    }
+    let reports: Vec<(BidirReport, BidirReport)> = running
+        .into_iter()
+        .map(|(s, c)| (peer::finish(s, "server"), peer::finish(c, "client")))
+        .collect();
+    for (i, (s, c)) in reports.iter().enumerate() {
+        assert_eq!(
+            c.received_sha256, s.sent_sha256,
+            "pair {i}: client got foreign bytes"
+        );
+        assert_eq!(
+            s.received_sha256, c.sent_sha256,
+            "pair {i}: server got foreign bytes"
+        );
+    }
+    assert_ne!(reports[0].0.sent_sha256, reports[1].0.sent_sha256);
+    let st = sc.stats().unwrap();
+    assert_eq!(st.pairs, 2, "{st:?}");
+    assert_eq!(st.redirected_bytes, 4 * bytes, "{st:?}");
+}
+
+#[test]
+fn half_close_then_reply_does_not_hang() {
+    require_root();
+    let w = VethPair::new();
+    let cg = TestCgroup::new();
+    let sc = attach(&cg);
+    let a = server_addr(5004);
+    let s = peer::spawn(
+        &peer_bin(),
+        &w.server,
+        Some(&cg.procs()),
+        &args(&[
+            "--timeout",
+            "20",
+            "halfclose-server",
+            "--listen",
+            &a.to_string(),
+        ]),
+    );
+    peer::wait_listening(&w.server, a);
+    let c = peer::spawn(
+        &peer_bin(),
+        &w.client,
+        Some(&cg.procs()),
+        &args(&[
+            "--timeout",
+            "20",
+            "halfclose-client",
+            "--connect",
+            &a.to_string(),
+            "--bytes",
+            "3000000",
+        ]),
+    );
+    let r: Report = peer::finish(c, "half-close client");
+    assert_eq!(r.ok, 1);
+    let _: Report = peer::finish(s, "half-close server");
+    let st = sc.stats().unwrap();
+    assert_eq!(st.pairs, 1, "{st:?}");
+    assert!(st.redirected_bytes >= 3_000_000, "{st:?}");
+}
+
+#[test]
+fn a_thousand_concurrent_connections_echo_checksummed_messages() {
+    require_root();
+    let w = VethPair::new();
+    let cg = TestCgroup::new();
+    let sc = attach(&cg);
+    let a = server_addr(5005);
+    let s = peer::spawn(
+        &peer_bin(),
+        &w.server,
+        Some(&cg.procs()),
+        &args(&["echo-server", "--listen", &a.to_string(), "--count", "1000"]),
+    );
+    peer::wait_listening(&w.server, a);
+    let c = peer::spawn(
+        &peer_bin(),
+        &w.client,
+        Some(&cg.procs()),
+        &args(&[
+            "many",
+            "--connect",
+            &a.to_string(),
+            "--conns",
+            "1000",
+            "--size",
+            "8192",
+        ]),
+    );
+    let r: Report = peer::finish(c, "1000 connections");
+    assert_eq!((r.ok, r.failed), (1000, 0), "{}", r.detail);
+    let sr: Report = peer::finish(s, "echo server");
+    assert_eq!((sr.ok, sr.failed), (1000, 0));
+    let st = sc.stats().unwrap();
+    assert!(
+        st.pairs >= 990,
+        "nearly all connections should pair: {st:?}"
+    );
+    assert!(st.redirected_msgs >= 1000, "{st:?}");
+}
+
+#[test]
+fn tokio_echo_never_stalls_and_fionread_counts_redirected_bytes() {
+    require_root();
+    let w = VethPair::new();
+    let cg = TestCgroup::new();
+    let sc = attach(&cg);
+    let a = server_addr(5006);
+    let s = peer::spawn(
+        &peer_bin(),
+        &w.server,
+        Some(&cg.procs()),
+        &args(&["echo-server", "--listen", &a.to_string(), "--count", "1"]),
+    );
+    peer::wait_listening(&w.server, a);
+    let c = peer::spawn(
+        &peer_bin(),
+        &w.client,
+        Some(&cg.procs()),
+        &args(&[
+            "--timeout",
+            "60",
+            "pingpong",
+            "--connect",
+            &a.to_string(),
+            "--rounds",
+            "20000",
+            "--size",
+            "100",
+        ]),
+    );
+    let r: Report = peer::finish(c, "ping-pong");
+    assert_eq!(r.ok, 20000);
+    let _: Report = peer::finish(s, "echo server");
+    let before = sc.stats().unwrap();
+    assert!(before.redirected_msgs >= 40000, "{before:?}");
+
+    // FIONREAD on the receiving socket must report bytes that arrived through the redirect.
+    let b = server_addr(5007);
+    let s = peer::spawn(
+        &peer_bin(),
+        &w.server,
+        Some(&cg.procs()),
+        &args(&[
+            "--timeout",
+            "30",
+            "fionread-server",
+            "--listen",
+            &b.to_string(),
+            "--bytes",
+            "100000",
+        ]),
+    );
+    peer::wait_listening(&w.server, b);
+    let c = peer::spawn(
+        &peer_bin(),
+        &w.client,
+        Some(&cg.procs()),
+        &args(&[
+            "--timeout",
+            "30",
+            "send-client",
+            "--connect",
+            &b.to_string(),
+            "--bytes",
+            "100000",
+        ]),
+    );
+    let fr: Report = peer::finish(s, "fionread server");
+    let _: Report = peer::finish(c, "send client");
+    let after = sc.stats().unwrap();
+    assert!(
+        after.redirected_bytes >= before.redirected_bytes + 100_000,
+        "{after:?}"
+    );
+    assert_eq!(fr.value, 100_000, "FIONREAD: {}", fr.detail);
+    assert_eq!(fr.ok, 1, "FIONREAD after reading: {}", fr.detail);
+}
+
+#[test]
+fn processes_outside_the_cgroup_are_untouched() {
+    require_root();
+    let w = VethPair::new();
+    let attached = TestCgroup::new();
+    let other = TestCgroup::new();
+    let sc = attach(&attached);
+    bidir_transfer(
+        &w,
+        Some(&other),
+        server_addr(5008),
+        server_addr(5008),
+        16 << 20,
+    );
+    bidir_transfer(&w, None, server_addr(5009), server_addr(5009), 16 << 20);
+    assert_eq!(sc.stats().unwrap(), Stats::default());
+}
+
+#[test]
+fn connections_established_before_run_keep_the_normal_path() {
+    require_root();
+    let w = VethPair::new();
+    let cg = TestCgroup::new();
+    let a = server_addr(5010);
+    let bytes: u64 = 32 << 20;
+    let s = peer::spawn(
+        &peer_bin(),
+        &w.server,
+        Some(&cg.procs()),
+        &args(&[
+            "bidir-server",
+            "--listen",
+            &a.to_string(),
+            "--bytes",
+            &bytes.to_string(),
+            "--seed",
+            "1",
+        ]),
+    );
+    peer::wait_listening(&w.server, a);
+    // Connected now, sending slowly from 300 ms on; the shortcut is attached in between.
+    let c = peer::spawn(
+        &peer_bin(),
+        &w.client,
+        Some(&cg.procs()),
+        &args(&[
+            "bidir-client",
+            "--connect",
+            &a.to_string(),
+            "--bytes",
+            &bytes.to_string(),
+            "--seed",
+            "2",
+            "--start-delay-ms",
+            "300",
+            "--rate",
+            "64000000",
+        ]),
+    );
+    std::thread::sleep(Duration::from_millis(100));
+    let sc = attach(&cg);
+    let cr: BidirReport = peer::finish(c, "client");
+    let sr: BidirReport = peer::finish(s, "server");
+    assert_eq!(cr.received_sha256, sr.sent_sha256);
+    assert_eq!(sr.received_sha256, cr.sent_sha256);
+    let st = sc.stats().unwrap();
+    assert_eq!((st.pairs, st.redirected_msgs), (0, 0), "{st:?}");
+}
+
+fn wait_for_instance(pid: u32, attached: bool) -> nsfast_sockmap::Instance {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        if let Some(i) = nsfast_sockmap::instances()
+            .unwrap()
+            .into_iter()
+            .find(|i| i.loader_pid == pid && i.attached == attached)
+        {
+            return i;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no instance of loader {pid} with attached={attached}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn spawn_run(cg: &TestCgroup) -> KillOnDrop {
+    KillOnDrop::new(
+        Command::new(nsfast_bin())
+            .args(["sockmap", "run", "--cgroup"])
+            .arg(cg.path())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn nsfast sockmap run"),
+    )
+}
+
+/// SIGKILL the loader mid-transfer: the transfer finishes byte-exact, and a new `run` on the
+/// same cgroup starts cleanly and works.
+#[test]
+fn sigkill_of_the_loader_mid_transfer_loses_nothing() {
+    require_root();
+    let w = VethPair::new();
+    let cg = TestCgroup::new();
+    let mut loader = spawn_run(&cg);
+    let inst = wait_for_instance(loader.id(), true);
+    assert_eq!(inst.cgroup_path.as_deref(), Some(cg.path()));
+
+    let a = server_addr(5011);
+    let bytes: u64 = 256 << 20;
+    let s = peer::spawn(
+        &peer_bin(),
+        &w.server,
+        Some(&cg.procs()),
+        &args(&[
+            "bidir-server",
+            "--listen",
+            &a.to_string(),
+            "--bytes",
+            &bytes.to_string(),
+            "--seed",
+            "1",
+        ]),
+    );
+    peer::wait_listening(&w.server, a);
+    // ~2 s of transfer at 128 MB/s; the kill lands in the middle.
+    let c = peer::spawn(
+        &peer_bin(),
+        &w.client,
+        Some(&cg.procs()),
+        &args(&[
+            "bidir-client",
+            "--connect",
+            &a.to_string(),
+            "--bytes",
+            &bytes.to_string(),
+            "--seed",
+            "2",
+            "--rate",
+            "128000000",
+        ]),
+    );
+    std::thread::sleep(Duration::from_millis(700));
+    loader.child_mut().kill().expect("SIGKILL the loader");
+    let _ = loader.child_mut().wait();
+    let cr: BidirReport = peer::finish(c, "client");
+    let sr: BidirReport = peer::finish(s, "server");
+    assert_eq!(cr.received, bytes);
+    assert_eq!(sr.received, bytes);
+    assert_eq!(cr.received_sha256, sr.sent_sha256);
+    assert_eq!(sr.received_sha256, cr.sent_sha256);
+
+    // The next run attaches cleanly to the same cgroup and takes new connections.
+    let loader2 = spawn_run(&cg);
+    let pid2 = loader2.id();
+    wait_for_instance(pid2, true);
+    bidir_transfer(&w, Some(&cg), server_addr(5012), server_addr(5012), 8 << 20);
+    let inst = wait_for_instance(pid2, true);
+    assert_eq!(inst.stats.pairs, 1, "{:?}", inst.stats);
+    assert_eq!(
+        inst.stats.redirected_bytes,
+        2 * (8 << 20),
+        "{:?}",
+        inst.stats
+    );
+    // SIGTERM: detaches and exits 0.
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid2 as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    let out = loader2.take().wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(nsfast_sockmap::instances()
+        .unwrap()
+        .iter()
+        .all(|i| i.loader_pid != pid2 || !i.attached));
+}
+
+fn run_cli(args: &[&str]) -> (bool, String) {
+    let out = Command::new(nsfast_bin())
+        .args(args)
+        .output()
+        .expect("run nsfast");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn bad_input_gives_one_clear_error_and_attaches_nothing() {
+    require_root();
+    let count = || nsfast_sockmap::instances().unwrap().len();
+    let before = count();
+    let (ok, err) = run_cli(&["sockmap", "run", "--ports", "80,70000"]);
+    assert!(!ok);
+    assert!(
+        err.contains("invalid port \"70000\" in --ports: must be 1-65535"),
+        "{err}"
+    );
+    let (ok, err) = run_cli(&["sockmap", "run", "--exclude-ports", "http"]);
+    assert!(!ok);
+    assert!(
+        err.contains("\"http\"") && err.contains("--exclude-ports"),
+        "{err}"
+    );
+    let (ok, err) = run_cli(&["sockmap", "run", "--cgroup", "/tmp"]);
+    assert!(!ok);
+    assert!(err.contains("/tmp is not a cgroup2 directory"), "{err}");
+    let (ok, err) = run_cli(&[
+        "sockmap",
+        "run",
+        "--cgroup",
+        "/sys/fs/cgroup/unified/nsft-does-not-exist",
+    ]);
+    assert!(!ok);
+    assert!(err.contains("does not exist"), "{err}");
+    assert_eq!(count(), before);
+
+    // A second run on the same cgroup is refused while the first runs.
+    let cg = TestCgroup::new();
+    let mut first = spawn_run(&cg);
+    wait_for_instance(first.id(), true);
+    let (ok, err) = run_cli(&["sockmap", "run", "--cgroup", cg.path().to_str().unwrap()]);
+    assert!(!ok);
+    assert!(err.contains("already attached"), "{err}");
+    assert!(err.contains(&format!("loader pid {}", first.id())), "{err}");
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(first.id() as i32),
+        nix::sys::signal::Signal::SIGINT,
+    )
+    .unwrap();
+    assert!(first.child_mut().wait().unwrap().success());
+}
+
+#[test]
+fn port_filters_select_connections() {
+    require_root();
+    let w = VethPair::new();
+    let cg = TestCgroup::new();
+    let sc = Shortcut::attach(&Options {
+        cgroup: Some(cg.path().to_path_buf()),
+        ports: Some(nsfast_sys::ports::PortList::parse("--ports", "5100-5102").unwrap()),
+        exclude_ports: Some(nsfast_sys::ports::PortList::parse("--exclude-ports", "5101").unwrap()),
+    })
+    .unwrap();
+    let bytes = 1 << 20;
+    bidir_transfer(&w, Some(&cg), server_addr(5100), server_addr(5100), bytes); // included
+    bidir_transfer(&w, Some(&cg), server_addr(5101), server_addr(5101), bytes); // excluded
+    bidir_transfer(&w, Some(&cg), server_addr(5200), server_addr(5200), bytes); // not listed
+    let st = sc.stats().unwrap();
+    assert_eq!(st.pairs, 1, "{st:?}");
+    assert_eq!(st.redirected_bytes, 2 * bytes, "{st:?}");
+    assert_eq!(
+        st.skipped_port, 4,
+        "two ends of two skipped connections: {st:?}"
+    );
+}

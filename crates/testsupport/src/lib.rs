@@ -1,0 +1,19 @@
+//! Test support for nsfast's root integration tests.
+//!
+//! Module map:
+//! - [`world`] — throwaway network namespaces joined by veth, cgroups, unique per-run names,
+//!   all removed on drop (also when a test panics).
+//! - [`peer`]  — the `nsfast-testpeer` traffic program (bulk with hashes, echo, many
+//!   connections, ping-pong, half-close, FIONREAD, tagged servers) and helpers to run it.
+//! - [`stream`] — a deterministic byte stream for byte-exact checks.
+
+pub mod peer;
+pub mod stream;
+pub mod world;
+
+/// Panics with a clear message unless running as root (root tests must never pass silently).
+pub fn require_root() {
+    if !nix::unistd::Uid::effective().is_root() {
+        panic!("this test needs root (network namespaces, cgroups, BPF); run `make test` as root");
+    }
+}

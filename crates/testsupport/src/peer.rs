@@ -1,0 +1,694 @@
+//! `nsfast-testpeer`: the traffic program of nsfast's integration tests. Every mode prints one
+//! JSON object on stdout when it finishes and exits non-zero (with the reason on stderr) on any
+//! error or timeout, so a test can never hang or pass silently.
+
+use std::net::SocketAddr;
+use std::os::fd::AsRawFd;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use clap::{Parser, Subcommand};
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpSocket, TcpStream};
+
+use crate::stream::ByteStream;
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "nsfast-testpeer",
+    about = "Traffic peer for nsfast's integration tests"
+)]
+pub struct Args {
+    /// Give up (exit 1) after this many seconds.
+    #[arg(long, default_value_t = 120)]
+    pub timeout: u64,
+    #[command(subcommand)]
+    pub mode: Mode,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Mode {
+    /// Accept one connection; send BYTES of stream SEED while receiving until EOF.
+    BidirServer {
+        #[arg(long)]
+        listen: SocketAddr,
+        #[arg(long)]
+        bytes: u64,
+        #[arg(long)]
+        seed: u64,
+    },
+    /// Connect; send BYTES of stream SEED while receiving until EOF.
+    BidirClient {
+        #[arg(long)]
+        connect: SocketAddr,
+        #[arg(long)]
+        bytes: u64,
+        #[arg(long)]
+        seed: u64,
+        /// Pause this many ms after connecting (lets a test act mid-transfer).
+        #[arg(long, default_value_t = 0)]
+        start_delay_ms: u64,
+        /// Send at most this many bytes per second (0: unlimited).
+        #[arg(long, default_value_t = 0)]
+        rate: u64,
+    },
+    /// Echo every connection until COUNT connections have finished (0: forever).
+    EchoServer {
+        #[arg(long)]
+        listen: SocketAddr,
+        #[arg(long, default_value_t = 0)]
+        count: u64,
+    },
+    /// Open CONNS connections at once; each sends SIZE checksummed bytes and checks the echo.
+    Many {
+        #[arg(long)]
+        connect: SocketAddr,
+        #[arg(long)]
+        conns: u64,
+        #[arg(long)]
+        size: usize,
+    },
+    /// ROUNDS round trips of SIZE bytes against an echo server, checking every reply.
+    Pingpong {
+        #[arg(long)]
+        connect: SocketAddr,
+        #[arg(long)]
+        rounds: u64,
+        #[arg(long, default_value_t = 64)]
+        size: usize,
+    },
+    /// Accept one connection, read until EOF, reply with the SHA-256 of what was read, close.
+    HalfcloseServer {
+        #[arg(long)]
+        listen: SocketAddr,
+    },
+    /// Send BYTES, shutdown(SHUT_WR), read the reply until EOF and check it.
+    HalfcloseClient {
+        #[arg(long)]
+        connect: SocketAddr,
+        #[arg(long)]
+        bytes: u64,
+    },
+    /// Accept one connection; wait until BYTES are queued, report FIONREAD, then read them.
+    FionreadServer {
+        #[arg(long)]
+        listen: SocketAddr,
+        #[arg(long)]
+        bytes: usize,
+    },
+    /// Connect and send BYTES, then wait for the server to close.
+    SendClient {
+        #[arg(long)]
+        connect: SocketAddr,
+        #[arg(long)]
+        bytes: u64,
+    },
+    /// Serve COUNT connections (0: forever): send TAG, then BYTES of stream, then close.
+    TagServer {
+        #[arg(long)]
+        listen: SocketAddr,
+        #[arg(long)]
+        tag: String,
+        #[arg(long, default_value_t = 4096)]
+        bytes: u64,
+        #[arg(long, default_value_t = 0)]
+        count: u64,
+    },
+    /// ITERATIONS connections from the fixed source BIND; each must read exactly TAG + BYTES.
+    TagClient {
+        #[arg(long)]
+        connect: SocketAddr,
+        #[arg(long)]
+        bind: SocketAddr,
+        #[arg(long)]
+        expect: String,
+        #[arg(long, default_value_t = 4096)]
+        bytes: u64,
+        #[arg(long)]
+        iterations: u64,
+    },
+}
+
+/// Result of the bidirectional modes.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct BidirReport {
+    pub sent: u64,
+    pub sent_sha256: String,
+    pub received: u64,
+    pub received_sha256: String,
+}
+
+/// Generic result: counters by name.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct Report {
+    #[serde(default)]
+    pub ok: u64,
+    #[serde(default)]
+    pub failed: u64,
+    #[serde(default)]
+    pub value: u64,
+    #[serde(default)]
+    pub elapsed_ms: u64,
+    #[serde(default)]
+    pub detail: String,
+}
+
+pub fn main() -> std::process::ExitCode {
+    let args = Args::parse();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    let timeout = Duration::from_secs(args.timeout);
+    match rt.block_on(async { tokio::time::timeout(timeout, run(args.mode)).await }) {
+        Ok(Ok(json)) => {
+            println!("{json}");
+            std::process::ExitCode::SUCCESS
+        }
+        Ok(Err(e)) => {
+            eprintln!("nsfast-testpeer: error: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+        Err(_) => {
+            eprintln!(
+                "nsfast-testpeer: error: timed out after {} s",
+                timeout.as_secs()
+            );
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+async fn listen(addr: SocketAddr) -> Result<TcpListener> {
+    let s = if addr.is_ipv4() {
+        TcpSocket::new_v4()?
+    } else {
+        TcpSocket::new_v6()?
+    };
+    s.set_reuseaddr(true)?;
+    s.bind(addr).with_context(|| format!("bind {addr}"))?;
+    Ok(s.listen(4096)?)
+}
+
+async fn connect(addr: SocketAddr) -> Result<TcpStream> {
+    TcpStream::connect(addr)
+        .await
+        .with_context(|| format!("connect {addr}"))
+}
+
+async fn run(mode: Mode) -> Result<String> {
+    Ok(match mode {
+        Mode::BidirServer {
+            listen: a,
+            bytes,
+            seed,
+        } => {
+            let l = listen(a).await?;
+            let (s, _) = l.accept().await?;
+            serde_json::to_string(&bidir(s, bytes, seed, 0).await?)?
+        }
+        Mode::BidirClient {
+            connect: a,
+            bytes,
+            seed,
+            start_delay_ms,
+            rate,
+        } => {
+            let s = connect(a).await?;
+            tokio::time::sleep(Duration::from_millis(start_delay_ms)).await;
+            serde_json::to_string(&bidir(s, bytes, seed, rate).await?)?
+        }
+        Mode::EchoServer { listen: a, count } => {
+            let l = listen(a).await?;
+            let mut tasks = tokio::task::JoinSet::new();
+            let mut accepted = 0u64;
+            let mut done = 0u64;
+            let mut failed = 0u64;
+            loop {
+                if count != 0 && accepted == count {
+                    break;
+                }
+                tokio::select! {
+                    r = l.accept() => {
+                        let (s, _) = r?;
+                        accepted += 1;
+                        tasks.spawn(echo(s));
+                    }
+                    Some(r) = tasks.join_next(), if !tasks.is_empty() => {
+                        match r { Ok(Ok(())) => done += 1, _ => failed += 1 }
+                    }
+                }
+            }
+            while let Some(r) = tasks.join_next().await {
+                match r {
+                    Ok(Ok(())) => done += 1,
+                    _ => failed += 1,
+                }
+            }
+            serde_json::to_string(&Report {
+                ok: done,
+                failed,
+                ..Default::default()
+            })?
+        }
+        Mode::Many {
+            connect: a,
+            conns,
+            size,
+        } => {
+            let start = Instant::now();
+            let mut tasks = tokio::task::JoinSet::new();
+            for i in 0..conns {
+                tasks.spawn(async move { many_one(a, i, size).await });
+            }
+            let (mut ok, mut failed, mut detail) = (0, 0, String::new());
+            while let Some(r) = tasks.join_next().await {
+                match r {
+                    Ok(Ok(())) => ok += 1,
+                    Ok(Err(e)) => {
+                        failed += 1;
+                        if detail.is_empty() {
+                            detail = format!("{e:#}");
+                        }
+                    }
+                    Err(e) => {
+                        failed += 1;
+                        detail = e.to_string();
+                    }
+                }
+            }
+            serde_json::to_string(&Report {
+                ok,
+                failed,
+                elapsed_ms: start.elapsed().as_millis() as u64,
+                detail,
+                ..Default::default()
+            })?
+        }
+        Mode::Pingpong {
+            connect: a,
+            rounds,
+            size,
+        } => {
+            let mut s = connect(a).await?;
+            s.set_nodelay(true)?;
+            let mut out = vec![0u8; size];
+            let mut back = vec![0u8; size];
+            let mut stream = ByteStream::new(7);
+            let start = Instant::now();
+            for r in 0..rounds {
+                stream.fill(&mut out);
+                s.write_all(&out).await?;
+                tokio::time::timeout(Duration::from_secs(5), s.read_exact(&mut back))
+                    .await
+                    .with_context(|| format!("round {r}: no reply within 5 s (stall)"))??;
+                if back != out {
+                    bail!("round {r}: reply differs from request");
+                }
+            }
+            serde_json::to_string(&Report {
+                ok: rounds,
+                elapsed_ms: start.elapsed().as_millis() as u64,
+                ..Default::default()
+            })?
+        }
+        Mode::HalfcloseServer { listen: a } => {
+            let l = listen(a).await?;
+            let (mut s, _) = l.accept().await?;
+            let mut h = Sha256::new();
+            let mut buf = vec![0u8; 1 << 16];
+            let mut n = 0u64;
+            loop {
+                let r = s.read(&mut buf).await?;
+                if r == 0 {
+                    break;
+                }
+                n += r as u64;
+                h.update(&buf[..r]);
+            }
+            let reply = format!("{n} {}", hex(&h.finalize()));
+            s.write_all(reply.as_bytes()).await?;
+            s.shutdown().await?;
+            serde_json::to_string(&Report {
+                value: n,
+                detail: reply,
+                ..Default::default()
+            })?
+        }
+        Mode::HalfcloseClient { connect: a, bytes } => {
+            let mut s = connect(a).await?;
+            let mut stream = ByteStream::new(11);
+            let mut h = Sha256::new();
+            let mut buf = vec![0u8; 1 << 16];
+            let mut left = bytes;
+            while left > 0 {
+                let n = left.min(buf.len() as u64) as usize;
+                stream.fill(&mut buf[..n]);
+                h.update(&buf[..n]);
+                s.write_all(&buf[..n]).await?;
+                left -= n as u64;
+            }
+            s.shutdown().await?;
+            let mut reply = String::new();
+            s.read_to_string(&mut reply).await?;
+            let want = format!("{bytes} {}", hex(&h.finalize()));
+            if reply != want {
+                bail!("half-close reply {reply:?}, expected {want:?}");
+            }
+            serde_json::to_string(&Report {
+                ok: 1,
+                value: bytes,
+                detail: reply,
+                ..Default::default()
+            })?
+        }
+        Mode::FionreadServer { listen: a, bytes } => {
+            let l = listen(a).await?;
+            let (s, _) = l.accept().await?;
+            // Wait until all bytes are queued, then read FIONREAD before consuming anything.
+            let deadline = Instant::now() + Duration::from_secs(10);
+            let mut queued;
+            loop {
+                s.readable().await?;
+                queued = fionread(&s)?;
+                if queued >= bytes || Instant::now() > deadline {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            let mut s = s;
+            let mut buf = vec![0u8; bytes];
+            s.read_exact(&mut buf).await?;
+            let after = fionread(&s)?;
+            serde_json::to_string(&Report {
+                value: queued as u64,
+                ok: u64::from(after == 0),
+                detail: format!("fionread before read {queued}, after {after}"),
+                ..Default::default()
+            })?
+        }
+        Mode::SendClient { connect: a, bytes } => {
+            let mut s = connect(a).await?;
+            let mut buf = vec![0u8; bytes as usize];
+            ByteStream::new(3).fill(&mut buf);
+            s.write_all(&buf).await?;
+            let mut rest = Vec::new();
+            s.read_to_end(&mut rest).await?;
+            serde_json::to_string(&Report {
+                ok: 1,
+                value: bytes,
+                ..Default::default()
+            })?
+        }
+        Mode::TagServer {
+            listen: a,
+            tag,
+            bytes,
+            count,
+        } => {
+            let l = listen(a).await?;
+            let mut served = 0u64;
+            while count == 0 || served < count {
+                let (mut s, _) = l.accept().await?;
+                let tag = tag.clone();
+                // Serve inline: the client connects from one fixed port, one at a time.
+                let mut payload = tag.into_bytes();
+                let mut body = vec![0u8; bytes as usize];
+                ByteStream::new(served).fill(&mut body);
+                payload.extend_from_slice(&body);
+                s.write_all(&payload).await?;
+                s.shutdown().await?;
+                let mut sink = Vec::new();
+                let _ = s.read_to_end(&mut sink).await;
+                served += 1;
+            }
+            serde_json::to_string(&Report {
+                ok: served,
+                ..Default::default()
+            })?
+        }
+        Mode::TagClient {
+            connect: a,
+            bind,
+            expect,
+            bytes,
+            iterations,
+        } => {
+            let mut wrong = 0u64;
+            let mut detail = String::new();
+            for i in 0..iterations {
+                let sock = socket2::Socket::new(
+                    socket2::Domain::for_address(a),
+                    socket2::Type::STREAM,
+                    None,
+                )?;
+                sock.set_reuse_address(true)?;
+                sock.bind(&bind.into())
+                    .with_context(|| format!("bind {bind}"))?;
+                sock.set_nonblocking(true)?;
+                let std_sock: std::net::TcpStream = sock.into();
+                let s = TcpSocket::from_std_stream(std_sock);
+                let mut s = s
+                    .connect(a)
+                    .await
+                    .with_context(|| format!("iteration {i}: connect {a}"))?;
+                let mut got = Vec::new();
+                s.read_to_end(&mut got).await?;
+                let want_len = expect.len() + bytes as usize;
+                if !got.starts_with(expect.as_bytes()) || got.len() != want_len {
+                    wrong += 1;
+                    if detail.is_empty() {
+                        detail = format!(
+                            "iteration {i}: got {} bytes starting {:?}, expected {want_len} starting {expect:?}",
+                            got.len(),
+                            String::from_utf8_lossy(&got[..got.len().min(expect.len())])
+                        );
+                    }
+                }
+                // Close with RST (linger 0) so the same 4-tuple can be used again at once.
+                let std_s = s.into_std()?;
+                socket2::SockRef::from(&std_s).set_linger(Some(Duration::ZERO))?;
+                drop(std_s);
+            }
+            serde_json::to_string(&Report {
+                ok: iterations - wrong,
+                failed: wrong,
+                detail,
+                ..Default::default()
+            })?
+        }
+    })
+}
+
+async fn bidir(s: TcpStream, bytes: u64, seed: u64, rate: u64) -> Result<BidirReport> {
+    let (mut r, mut w) = s.into_split();
+    let sender = tokio::spawn(async move {
+        let mut stream = ByteStream::new(seed);
+        let mut h = Sha256::new();
+        let mut buf = vec![0u8; 1 << 16];
+        let mut left = bytes;
+        let start = Instant::now();
+        let mut sent = 0u64;
+        while left > 0 {
+            let n = left.min(buf.len() as u64) as usize;
+            stream.fill(&mut buf[..n]);
+            h.update(&buf[..n]);
+            w.write_all(&buf[..n]).await.context("send")?;
+            left -= n as u64;
+            sent += n as u64;
+            if rate > 0 {
+                let due = Duration::from_secs_f64(sent as f64 / rate as f64);
+                if let Some(wait) = due.checked_sub(start.elapsed()) {
+                    tokio::time::sleep(wait).await;
+                }
+            }
+        }
+        w.shutdown().await.context("shutdown(SHUT_WR)")?;
+        anyhow::Ok((bytes, hex(&h.finalize())))
+    });
+    let mut h = Sha256::new();
+    let mut buf = vec![0u8; 1 << 16];
+    let mut received = 0u64;
+    loop {
+        let n = r.read(&mut buf).await.context("receive")?;
+        if n == 0 {
+            break;
+        }
+        received += n as u64;
+        h.update(&buf[..n]);
+    }
+    let (sent, sent_sha256) = sender.await??;
+    Ok(BidirReport {
+        sent,
+        sent_sha256,
+        received,
+        received_sha256: hex(&h.finalize()),
+    })
+}
+
+async fn echo(mut s: TcpStream) -> Result<()> {
+    s.set_nodelay(true)?;
+    let mut buf = vec![0u8; 1 << 16];
+    loop {
+        let n = s.read(&mut buf).await?;
+        if n == 0 {
+            s.shutdown().await?;
+            return Ok(());
+        }
+        s.write_all(&buf[..n]).await?;
+    }
+}
+
+async fn many_one(a: SocketAddr, i: u64, size: usize) -> Result<()> {
+    let mut s = connect(a).await?;
+    // A message that carries its own checksum: [len u64][payload][sha256(payload)].
+    let mut payload = vec![0u8; size];
+    ByteStream::new(1000 + i).fill(&mut payload);
+    let sum = Sha256::digest(&payload);
+    let mut msg = (size as u64).to_le_bytes().to_vec();
+    msg.extend_from_slice(&payload);
+    msg.extend_from_slice(&sum);
+    s.write_all(&msg).await?;
+    let mut back = vec![0u8; msg.len()];
+    s.read_exact(&mut back)
+        .await
+        .with_context(|| format!("connection {i}: echo"))?;
+    let n = u64::from_le_bytes(back[..8].try_into().unwrap()) as usize;
+    if n != size || Sha256::digest(&back[8..8 + n])[..] != back[8 + n..] || back != msg {
+        bail!("connection {i}: echoed message fails its checksum");
+    }
+    s.shutdown().await?;
+    Ok(())
+}
+
+fn fionread(s: &TcpStream) -> Result<usize> {
+    let mut n: libc::c_int = 0;
+    // SAFETY: FIONREAD writes one c_int through the pointer, which refers to `n`; the fd is
+    // a live socket owned by `s`.
+    let r = unsafe { libc::ioctl(s.as_raw_fd(), libc::FIONREAD, &mut n) };
+    if r != 0 {
+        return Err(std::io::Error::last_os_error()).context("ioctl(FIONREAD)");
+    }
+    Ok(n as usize)
+}
+
+fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+/// A child process that is killed (SIGKILL) and reaped if still running when dropped, so a
+/// failing test never leaves processes behind.
+#[derive(Debug)]
+pub struct KillOnDrop(Option<Child>);
+
+impl KillOnDrop {
+    pub fn new(child: Child) -> Self {
+        Self(Some(child))
+    }
+
+    pub fn id(&self) -> u32 {
+        self.0.as_ref().map(|c| c.id()).unwrap_or(0)
+    }
+
+    /// Takes the child out; the caller is now responsible for it.
+    pub fn take(mut self) -> Child {
+        self.0.take().expect("child present")
+    }
+
+    pub fn child_mut(&mut self) -> &mut Child {
+        self.0.as_mut().expect("child present")
+    }
+}
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        if let Some(c) = &mut self.0 {
+            if c.try_wait().ok().flatten().is_none() {
+                let _ = c.kill();
+            }
+            let _ = c.wait();
+        }
+    }
+}
+
+/// Starts the peer binary at `bin` with `args` inside `ns` and (optionally) a cgroup.
+pub fn spawn(
+    bin: &Path,
+    ns: &nsfast_sys::netns::NetNs,
+    cgroup_procs: Option<&Path>,
+    args: &[String],
+) -> KillOnDrop {
+    let mut cmd = Command::new(bin);
+    cmd.args(args).stdout(Stdio::piped()).stderr(Stdio::piped());
+    ns.configure_command(&mut cmd, cgroup_procs);
+    KillOnDrop::new(
+        cmd.spawn()
+            .unwrap_or_else(|e| panic!("spawn {}: {e}", bin.display())),
+    )
+}
+
+/// Waits for a peer and parses its JSON report; panics with its stderr if it failed.
+pub fn finish<T: for<'de> Deserialize<'de>>(peer: KillOnDrop, what: &str) -> T {
+    let out = peer.take().wait_with_output().expect("wait for peer");
+    if !out.status.success() {
+        panic!(
+            "{what} failed ({}): {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "{what}: bad report {:?}: {e}",
+            String::from_utf8_lossy(&out.stdout)
+        )
+    })
+}
+
+/// Waits for a peer and returns (success, stdout, stderr).
+pub fn finish_raw(peer: KillOnDrop) -> (bool, String, String) {
+    let out = peer.take().wait_with_output().expect("wait for peer");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// Waits until something listens on `addr` inside `ns` (connect succeeds), up to 10 s.
+pub fn wait_listening(ns: &nsfast_sys::netns::NetNs, addr: SocketAddr) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let ok = ns
+            .run(|| {
+                // Probe via /proc/net/tcp{,6}: a LISTEN socket on the port (no connection, so
+                // the server's accept count is not disturbed).
+                let port = format!(":{:04X} ", addr.port());
+                ["/proc/thread-self/net/tcp", "/proc/thread-self/net/tcp6"]
+                    .iter()
+                    .any(|f| {
+                        std::fs::read_to_string(f).is_ok_and(|t| {
+                            t.lines().skip(1).any(|l| {
+                                let cols: Vec<&str> = l.split_whitespace().collect();
+                                cols.len() > 3
+                                    && format!("{} ", cols[1]).ends_with(&port)
+                                    && cols[3] == "0A"
+                            })
+                        })
+                    })
+            })
+            .unwrap_or(false);
+        if ok {
+            return;
+        }
+        if Instant::now() > deadline {
+            panic!("nothing listens on {addr} after 10 s");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}

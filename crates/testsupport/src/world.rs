@@ -1,0 +1,128 @@
+//! Throwaway topologies for root tests. Everything is named with a per-process prefix and
+//! removed on drop, which also runs when a test panics.
+
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use nsfast_sys::cgroup::{cgroup2_mount, Cgroup};
+use nsfast_sys::net;
+use nsfast_sys::netns::NetNs;
+
+static COUNTER: AtomicU32 = AtomicU32::new(0);
+
+/// A unique short name: `<tag><pid mod 100000>x<counter>` (fits interface names).
+pub fn unique(tag: &str) -> String {
+    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+    format!("{tag}{}x{n}", std::process::id() % 100_000)
+}
+
+/// A cgroup under the cgroup2 mount, removed on drop (processes in it must have exited).
+#[derive(Debug)]
+pub struct TestCgroup {
+    cg: Cgroup,
+}
+
+impl TestCgroup {
+    pub fn new() -> Self {
+        let root = cgroup2_mount().expect("cgroup2 mount");
+        let cg = Cgroup::create(root.join(unique("nsft-cg"))).expect("create test cgroup");
+        Self { cg }
+    }
+
+    pub fn path(&self) -> &Path {
+        self.cg.path()
+    }
+
+    pub fn procs(&self) -> PathBuf {
+        self.cg.path().join("cgroup.procs")
+    }
+}
+
+impl Default for TestCgroup {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Drop for TestCgroup {
+    fn drop(&mut self) {
+        // Processes may take a moment to leave after exiting.
+        for _ in 0..50 {
+            if self.cg.remove().is_ok() {
+                return;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        eprintln!(
+            "warning: could not remove test cgroup {}",
+            self.cg.path().display()
+        );
+    }
+}
+
+/// Two namespaces, `client` and `server`, joined by a veth pair:
+/// client 10.99.0.1/24 + fd99::1/64, server 10.99.0.2/24 + fd99::2/64 (in every instance:
+/// namespaces are separate, so instances can coexist with identical addresses).
+#[derive(Debug)]
+pub struct VethPair {
+    pub client: NetNs,
+    pub server: NetNs,
+}
+
+impl VethPair {
+    pub const CLIENT_V4: Ipv4Addr = Ipv4Addr::new(10, 99, 0, 1);
+    pub const SERVER_V4: Ipv4Addr = Ipv4Addr::new(10, 99, 0, 2);
+    pub const CLIENT_V6: Ipv6Addr = Ipv6Addr::new(0xfd99, 0, 0, 0, 0, 0, 0, 1);
+    pub const SERVER_V6: Ipv6Addr = Ipv6Addr::new(0xfd99, 0, 0, 0, 0, 0, 0, 2);
+
+    pub const CLIENT_IF: &'static str = "nsc0";
+    pub const SERVER_IF: &'static str = "nss0";
+
+    pub fn new() -> Self {
+        let client = NetNs::create(&unique("nsft-c")).expect("create client netns");
+        let server = NetNs::create(&unique("nsft-s")).expect("create server netns");
+        for ns in [&client, &server] {
+            // No DAD, so IPv6 addresses are usable at once.
+            net::set_sysctl(Some(ns), "net.ipv6.conf.all.accept_dad", "0").expect("sysctl");
+            net::set_sysctl(Some(ns), "net.ipv6.conf.default.accept_dad", "0").expect("sysctl");
+        }
+        net::create_veth(&client, Self::CLIENT_IF, &server, Self::SERVER_IF)
+            .expect("create veth pair");
+        net::add_address(
+            Some(&client),
+            Self::CLIENT_IF,
+            IpAddr::V4(Self::CLIENT_V4),
+            24,
+        )
+        .expect("addr");
+        net::add_address(
+            Some(&server),
+            Self::SERVER_IF,
+            IpAddr::V4(Self::SERVER_V4),
+            24,
+        )
+        .expect("addr");
+        net::add_address(
+            Some(&client),
+            Self::CLIENT_IF,
+            IpAddr::V6(Self::CLIENT_V6),
+            64,
+        )
+        .expect("addr6");
+        net::add_address(
+            Some(&server),
+            Self::SERVER_IF,
+            IpAddr::V6(Self::SERVER_V6),
+            64,
+        )
+        .expect("addr6");
+        Self { client, server }
+    }
+}
+
+impl Default for VethPair {
+    fn default() -> Self {
+        Self::new()
+    }
+}
