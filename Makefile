@@ -1,0 +1,59 @@
+# nsfast — every target installs what it needs (Debian packages via apt-get) and works as root
+# on a fresh Debian 12 machine.
+#
+#   make demo   install, build, run the main job (nsfast bench --quick) in throwaway namespaces
+#   make test   install, then every test: format, lints, unit + root integration tests, VM matrix
+#   make bench  the full benchmark
+
+SHELL := /bin/bash
+CARGO ?= cargo
+RELEASE_BIN := target/release/nsfast
+
+# Debian packages the build and the tests need.
+DEB_BUILD := clang-19 llvm-19 libbpf-dev linux-libc-dev pkg-config make gcc
+DEB_TEST  := iproute2 bpftool sockperf iperf3 procps python3
+DEB_VM    := qemu-system-x86 busybox-static cpio zstd kmod
+DEB_ALL   := $(DEB_BUILD) $(DEB_TEST) $(DEB_VM)
+
+.PHONY: all deps build demo test test-unit test-root test-vm lint bench clean
+
+all: build
+
+# Installs only what is missing; runs `apt-get update` only when something must be installed.
+deps:
+	@command -v $(CARGO) >/dev/null || { echo "nsfast: cargo not found: install Rust (rustup, stable >= 1.95) first" >&2; exit 1; }
+	@missing=$$(for p in $(DEB_ALL); do dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q '^install ok installed' || echo $$p; done); \
+	if [ -n "$$missing" ]; then \
+		echo "nsfast: installing Debian packages:" $$missing; \
+		if [ "$$(id -u)" != 0 ]; then echo "nsfast: need root to install packages" >&2; exit 1; fi; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing; \
+	fi
+
+build: deps
+	$(CARGO) build --release --workspace --bins
+
+demo: build
+	./scripts/demo.sh
+
+lint: deps
+	$(CARGO) fmt --all -- --check
+	$(CARGO) clippy --workspace --all-targets -- -D warnings
+
+test-unit: deps
+	$(CARGO) test --workspace --lib --bins
+
+# Root integration tests: throwaway namespaces, cgroups, BPF (all removed afterwards).
+test-root: deps
+	$(CARGO) test --workspace --tests
+
+test-vm: deps
+	@if [ -x tests/vm/run.sh ]; then tests/vm/run.sh; else echo "test-vm: VM harness not present yet"; fi
+
+test: lint test-root test-vm
+
+bench: build
+	$(RELEASE_BIN) bench
+
+clean:
+	$(CARGO) clean
+	rm -rf build

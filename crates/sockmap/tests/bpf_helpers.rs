@@ -1,0 +1,204 @@
+//! BPF_PROG_TEST_RUN tests of the sockmap helpers (`bpf/lib/sockmap_key.h`, `nsf_port_allowed`)
+//! through the tc harness `bpf/tests/sockmap_keys.bpf.c`: sockops and sk_msg programs cannot
+//! be test-run, so their helpers are compiled into a classifier that can. Needs root.
+
+use std::net::{IpAddr, SocketAddr};
+
+use aya::maps::{Array, HashMap as BpfHashMap, MapData};
+use aya::programs::{SchedClassifier, TestRun, TestRunOptions};
+use aya::Ebpf;
+use nsfast_sockmap::abi::{self, expected_key, ip4_word, ip6_words, Config, ConnView, PairKey};
+
+fn require_root() {
+    assert!(
+        nix_is_root(),
+        "this test needs root (BPF_PROG_TEST_RUN); run `make test` as root"
+    );
+}
+
+fn nix_is_root() -> bool {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    unsafe { libc::geteuid() == 0 }
+}
+
+struct Harness {
+    ebpf: Ebpf,
+}
+
+const UNKEYABLE: u32 = 255;
+
+impl Harness {
+    fn new() -> Self {
+        let mut ebpf = Ebpf::load(nsfast_bpf::TEST_SOCKMAP_KEYS).expect("load test object");
+        let prog: &mut SchedClassifier = ebpf
+            .program_mut("nsf_test_keys")
+            .unwrap()
+            .try_into()
+            .unwrap();
+        prog.load().expect("verifier accepts the harness");
+        Self { ebpf }
+    }
+
+    /// Runs the helpers on `v`: (return value, key written).
+    fn run(&self, v: &ConnView) -> (u32, PairKey) {
+        let mut data = vec![0u8; 14];
+        data.extend_from_slice(&v.to_bytes());
+        let prog: &SchedClassifier = self
+            .ebpf
+            .program("nsf_test_keys")
+            .unwrap()
+            .try_into()
+            .unwrap();
+        let r = prog
+            .test_run(TestRunOptions {
+                data_in: Some(&data),
+                ..Default::default()
+            })
+            .expect("BPF_PROG_TEST_RUN");
+        let out: Array<&MapData, PairKey> =
+            Array::try_from(self.ebpf.map("nsf_test_out").unwrap()).unwrap();
+        (r.return_value, out.get(&0, 0).unwrap())
+    }
+
+    fn set_ports(&mut self, include: &[u16], exclude: &[u16]) {
+        let mode = if include.is_empty() {
+            0
+        } else {
+            abi::PORTS_INCLUDE
+        };
+        let mut cfg: Array<&mut MapData, Config> =
+            Array::try_from(self.ebpf.map_mut(abi::MAP_CONFIG).unwrap()).unwrap();
+        cfg.set(
+            0,
+            Config {
+                port_mode: mode,
+                ..Default::default()
+            },
+            0,
+        )
+        .unwrap();
+        let mut ports: BpfHashMap<&mut MapData, u16, u8> =
+            BpfHashMap::try_from(self.ebpf.map_mut(abi::MAP_PORTS).unwrap()).unwrap();
+        for p in include {
+            ports.insert(p, abi::PORT_INCLUDE, 0).unwrap();
+        }
+        for p in exclude {
+            let old = ports.get(p, 0).unwrap_or(0);
+            ports.insert(p, old | abi::PORT_EXCLUDE, 0).unwrap();
+        }
+    }
+}
+
+/// The view one end of a connection has at its ESTABLISHED callback.
+fn view(local: SocketAddr, remote: SocketAddr, active: bool, snd_isn: u32, rcv_isn: u32) -> ConnView {
+    let mut v = ConnView {
+        active: u32::from(active),
+        local_port: u32::from(local.port()),
+        remote_port: u32::from(remote.port()),
+        snd_nxt: snd_isn.wrapping_add(1),
+        rcv_nxt: rcv_isn.wrapping_add(1),
+        ..Default::default()
+    };
+    match (local.ip(), remote.ip()) {
+        (IpAddr::V4(l), IpAddr::V4(r)) => {
+            v.family = libc::AF_INET as u32;
+            v.local_ip4 = ip4_word(l);
+            v.remote_ip4 = ip4_word(r);
+        }
+        (IpAddr::V6(l), IpAddr::V6(r)) => {
+            v.family = libc::AF_INET6 as u32;
+            v.local_ip6 = ip6_words(l);
+            v.remote_ip6 = ip6_words(r);
+        }
+        _ => panic!("mixed families"),
+    }
+    v
+}
+
+fn sa(s: &str) -> SocketAddr {
+    s.parse().unwrap()
+}
+
+#[test]
+fn both_ends_of_a_connection_build_the_same_key() {
+    require_root();
+    let h = Harness::new();
+    let (c, s) = (sa("10.99.0.1:40000"), sa("10.99.0.2:5001"));
+    let (isn_c, isn_s) = (0x1111_2222, 0xffff_ffff); // the server's wraps around at +1
+    let (rc, kc) = h.run(&view(c, s, true, isn_c, isn_s));
+    let (rs, ks) = h.run(&view(s, c, false, isn_s, isn_c));
+    assert_eq!((rc, rs), (1, 1));
+    assert_eq!(kc, ks);
+    assert_eq!(kc, expected_key(c, s, isn_c, isn_s));
+}
+
+#[test]
+fn equal_four_tuples_with_other_sequence_numbers_get_other_keys() {
+    require_root();
+    let h = Harness::new();
+    let (c, s) = (sa("10.99.0.1:40000"), sa("10.99.0.2:5001"));
+    let (_, k1) = h.run(&view(c, s, true, 1000, 2000));
+    let (_, k2) = h.run(&view(c, s, true, 1000, 2001));
+    let (_, k3) = h.run(&view(c, s, true, 1001, 2000));
+    assert_ne!(k1, k2);
+    assert_ne!(k1, k3);
+}
+
+#[test]
+fn v4_mapped_ipv6_and_ipv4_ends_pair_and_ipv6_works() {
+    require_root();
+    let h = Harness::new();
+    // Client: an AF_INET6 socket talking to ::ffff:10.99.0.2; server: plain AF_INET.
+    let (c6, s6) = (sa("[::ffff:10.99.0.1]:40001"), sa("[::ffff:10.99.0.2]:5001"));
+    let (c4, s4) = (sa("10.99.0.1:40001"), sa("10.99.0.2:5001"));
+    let (_, kc) = h.run(&view(c6, s6, true, 5, 6));
+    let (_, ks) = h.run(&view(s4, c4, false, 6, 5));
+    assert_eq!(kc, ks);
+    let (a, b) = (sa("[fd99::1]:40002"), sa("[fd99::2]:443"));
+    let (_, k1) = h.run(&view(a, b, true, 7, 8));
+    let (_, k2) = h.run(&view(b, a, false, 8, 7));
+    assert_eq!(k1, k2);
+    assert_eq!(k1, expected_key(a, b, 7, 8));
+    assert_ne!(k1, kc);
+}
+
+#[test]
+fn unknown_family_is_not_keyed() {
+    require_root();
+    let h = Harness::new();
+    let v = ConnView {
+        family: 1, // AF_UNIX
+        ..Default::default()
+    };
+    assert_eq!(h.run(&v).0, UNKEYABLE);
+}
+
+#[test]
+fn port_filter_include_and_exclude() {
+    require_root();
+    let mut h = Harness::new();
+    let c = sa("10.99.0.1:40000");
+    let allowed = |h: &Harness, port: u16| {
+        let s = SocketAddr::new(c.ip(), port);
+        h.run(&view(c, s, true, 1, 2)).0
+    };
+    // No configuration: every port.
+    assert_eq!(allowed(&h, 80), 1);
+    h.set_ports(&[80, 443], &[443]);
+    assert_eq!(allowed(&h, 80), 1);
+    assert_eq!(allowed(&h, 443), 0, "exclude wins over include");
+    assert_eq!(allowed(&h, 8080), 0, "not in the include list");
+    // The port that counts is the server's, on both ends.
+    let s = sa("10.99.0.2:80");
+    assert_eq!(h.run(&view(s, c, false, 2, 1)).0, 1);
+}
+
+#[test]
+fn exclude_only_filter() {
+    require_root();
+    let mut h = Harness::new();
+    h.set_ports(&[], &[22]);
+    let c = sa("10.99.0.1:40000");
+    assert_eq!(h.run(&view(c, sa("10.99.0.2:22"), true, 1, 2)).0, 0);
+    assert_eq!(h.run(&view(c, sa("10.99.0.2:23"), true, 1, 2)).0, 1);
+}
