@@ -90,7 +90,13 @@ impl Harness {
 }
 
 /// The view one end of a connection has at its ESTABLISHED callback.
-fn view(local: SocketAddr, remote: SocketAddr, active: bool, snd_isn: u32, rcv_isn: u32) -> ConnView {
+fn view(
+    local: SocketAddr,
+    remote: SocketAddr,
+    active: bool,
+    snd_isn: u32,
+    rcv_isn: u32,
+) -> ConnView {
     let mut v = ConnView {
         active: u32::from(active),
         local_port: u32::from(local.port()),
@@ -149,7 +155,10 @@ fn v4_mapped_ipv6_and_ipv4_ends_pair_and_ipv6_works() {
     require_root();
     let h = Harness::new();
     // Client: an AF_INET6 socket talking to ::ffff:10.99.0.2; server: plain AF_INET.
-    let (c6, s6) = (sa("[::ffff:10.99.0.1]:40001"), sa("[::ffff:10.99.0.2]:5001"));
+    let (c6, s6) = (
+        sa("[::ffff:10.99.0.1]:40001"),
+        sa("[::ffff:10.99.0.2]:5001"),
+    );
     let (c4, s4) = (sa("10.99.0.1:40001"), sa("10.99.0.2:5001"));
     let (_, kc) = h.run(&view(c6, s6, true, 5, 6));
     let (_, ks) = h.run(&view(s4, c4, false, 6, 5));
