@@ -81,8 +81,12 @@ impl PortList {
         let mut it = self.0.iter().copied().peekable();
         while let Some(start) = it.next() {
             let mut end = start;
-            while it.peek() == end.checked_add(1).as_ref() {
-                end = it.next().unwrap_or(end);
+            while let (Some(&next), Some(succ)) = (it.peek(), end.checked_add(1)) {
+                if next != succ {
+                    break;
+                }
+                end = next;
+                it.next();
             }
             out.push(if start == end {
                 start.to_string()
