@@ -15,6 +15,7 @@
 #include "nsfast.h"
 #include "sockmap_key.h"
 #include "sockmap_maps.h"
+#include "sockmap_pair.h"
 
 char LICENSE[] SEC("license") = "Dual MIT/GPL";
 
@@ -39,43 +40,6 @@ NSF_INLINE void view_from_skops(struct bpf_sock_ops *skops, struct nsf_conn_view
 	v->rcv_nxt = NSF_CTX_U32(skops, rcv_nxt);
 }
 
-NSF_INLINE void pair(__u64 a, __u64 b, struct nsf_sk_state *st)
-{
-	bpf_map_update_elem(&nsf_peers, &a, &b, BPF_ANY);
-	bpf_map_update_elem(&nsf_peers, &b, &a, BPF_ANY);
-	st->flags |= NSF_SK_PAIRED;
-	nsf_count(NSF_STAT_PAIRED, 1);
-}
-
-/* Claims the pending entry for `key` if it is our peer's. Returns 1 if paired, 0 if there is
- * no entry, -1 if the entry is not usable (poisoned, or the same role: an ambiguity). */
-NSF_INLINE int try_claim(struct nsf_pair_key *key, __u64 cookie, __u32 role, struct nsf_sk_state *st)
-{
-	struct nsf_pending *p = bpf_map_lookup_elem(&nsf_pending, key);
-	__u64 other;
-	__u32 other_role;
-
-	if (!p)
-		return 0;
-	other = p->cookie;
-	other_role = p->role;
-	if (other == NSF_POISON || other == cookie)
-		return -1;
-	if (other_role == role) {
-		/* Two connections with the same pair key: pair neither. */
-		struct nsf_pending poison = { .cookie = NSF_POISON, .role = 0 };
-
-		bpf_map_update_elem(&nsf_pending, key, &poison, BPF_ANY);
-		nsf_count(NSF_STAT_PAIR_CONFLICT, 1);
-		return -1;
-	}
-	/* Whoever deletes the entry owns the pairing. */
-	if (bpf_map_delete_elem(&nsf_pending, key) != 0)
-		return -1;
-	pair(cookie, other, st);
-	return 1;
-}
-
 NSF_INLINE void on_established(struct bpf_sock_ops *skops, __u32 active)
 {
 	struct nsf_conn_view v = {};
@@ -84,7 +48,6 @@ NSF_INLINE void on_established(struct bpf_sock_ops *skops, __u32 active)
 	struct bpf_sock *sk;
 	__u32 role = active ? NSF_ROLE_ACTIVE : NSF_ROLE_PASSIVE;
 	__u64 cookie;
-	int r;
 
 	view_from_skops(skops, &v, active);
 	if (nsf_make_pair_key(&v, &key) != 0)
@@ -114,42 +77,21 @@ NSF_INLINE void on_established(struct bpf_sock_ops *skops, __u32 active)
 	nsf_count(NSF_STAT_SOCK_ADDED, 1);
 	bpf_sock_ops_cb_flags_set(skops, skops->bpf_sock_ops_cb_flags | BPF_SOCK_OPS_STATE_CB_FLAG);
 
-	r = try_claim(&key, cookie, role, st);
-	if (r != 0)
-		return;
-	{
-		struct nsf_pending mine = { .cookie = cookie, .role = role };
-
-		if (bpf_map_update_elem(&nsf_pending, &key, &mine, BPF_NOEXIST) != 0)
-			/* The peer inserted at the same moment on another CPU: claim it. */
-			try_claim(&key, cookie, role, st);
-	}
+	if (nsf_pair(&key, cookie, role) == NSF_PAIRED)
+		st->flags |= NSF_SK_PAIRED;
 }
 
 NSF_INLINE void on_close(struct bpf_sock_ops *skops)
 {
 	struct bpf_sock *sk = skops->sk;
 	struct nsf_sk_state *st;
-	struct nsf_pending *p;
-	__u64 *peer;
-	__u64 me, other;
 
 	if (!sk)
 		return;
 	st = bpf_sk_storage_get(&nsf_skstate, sk, 0, 0);
 	if (!st)
 		return;
-	me = st->cookie;
-	peer = bpf_map_lookup_elem(&nsf_peers, &me);
-	if (peer) {
-		other = *peer;
-		/* The peer's later sends find no peer, taint themselves and use TCP. */
-		bpf_map_delete_elem(&nsf_peers, &other);
-		bpf_map_delete_elem(&nsf_peers, &me);
-	}
-	p = bpf_map_lookup_elem(&nsf_pending, &st->key);
-	if (p && p->cookie == me)
-		bpf_map_delete_elem(&nsf_pending, &st->key);
+	nsf_unpair(&st->key, st->cookie);
 	nsf_count(NSF_STAT_CLOSED, 1);
 }
 

@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: (GPL-2.0-only OR MIT)
 /*
- * BPF_PROG_TEST_RUN harness for the sockmap helpers (sockops and sk_msg programs cannot be
+ * BPF_PROG_TEST_RUN harness for the sockmap helpers (key builder, port filter: nsf_test_keys;
+ * pairing and unpairing: nsf_test_pair) (sockops and sk_msg programs cannot be
  * test-run, so their helpers are exercised through a tc classifier, as Cilium does).
  *
  * Input packet: 14 bytes of padding (a fake Ethernet header) then a struct nsf_conn_view.
@@ -33,4 +34,29 @@ int nsf_test_keys(struct __sk_buff *skb)
 		return 255;
 	bpf_map_update_elem(&nsf_test_out, &zero, &k, BPF_ANY);
 	return nsf_port_allowed(k.server_port);
+}
+
+#include "sockmap_pair.h"
+
+/* Input for nsf_test_pair, after 14 bytes of padding. */
+struct nsf_test_pair_in {
+	struct nsf_pair_key key;
+	__u64 cookie;
+	__u32 role;
+	__u32 op; /* 0: established, 1: close */
+};
+
+/* Runs nsf_pair (op 0; returns NSF_AMBIGUOUS/PENDING/PAIRED) or nsf_unpair (op 1; returns
+ * 3) on the input, or 255 when the input cannot be read. */
+SEC("classifier")
+int nsf_test_pair(struct __sk_buff *skb)
+{
+	struct nsf_test_pair_in in = {};
+
+	if (bpf_skb_load_bytes(skb, 14, &in, sizeof(in)) != 0)
+		return 255;
+	if (in.op == 0)
+		return nsf_pair(&in.key, in.cookie, in.role);
+	nsf_unpair(&in.key, in.cookie);
+	return 3;
 }

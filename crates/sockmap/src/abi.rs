@@ -69,6 +69,25 @@ pub struct PairKey {
 // bit pattern is valid.
 unsafe impl aya::Pod for PairKey {}
 
+/// struct nsf_pending
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Pending {
+    pub cookie: u64,
+    pub role: u32,
+    pub pad: u32,
+}
+
+// SAFETY: Pending is repr(C), Copy, 16 bytes without implicit padding; any bit pattern is valid.
+unsafe impl aya::Pod for Pending {}
+
+/// Roles in `nsf_pending` and the poison cookie (sockmap_maps.h).
+pub const ROLE_ACTIVE: u32 = 1;
+pub const ROLE_PASSIVE: u32 = 2;
+pub const POISON: u64 = u64::MAX;
+pub const MAP_PENDING: &str = "nsf_pending";
+pub const MAP_PEERS: &str = "nsf_peers";
+
 /// struct nsf_conn_view (input of the key builder; used by the BPF unit tests).
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default)]
@@ -155,6 +174,7 @@ mod tests {
         assert_eq!(std::mem::size_of::<Config>(), 24);
         assert_eq!(std::mem::size_of::<PairKey>(), 48);
         assert_eq!(std::mem::size_of::<ConnView>(), 64);
+        assert_eq!(std::mem::size_of::<Pending>(), 16);
         assert_eq!(ConnView::default().to_bytes().len(), 64);
         assert_eq!(Stat::Closed as u32 + 1, STAT_COUNT);
     }

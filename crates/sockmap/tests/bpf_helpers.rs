@@ -211,3 +211,153 @@ fn exclude_only_filter() {
     assert_eq!(h.run(&view(c, sa("10.99.0.2:22"), true, 1, 2)).0, 0);
     assert_eq!(h.run(&view(c, sa("10.99.0.2:23"), true, 1, 2)).0, 1);
 }
+
+// ---- pairing (bpf/lib/sockmap_pair.h through nsf_test_pair) ----
+
+const AMBIGUOUS: u32 = 0;
+const PENDING: u32 = 1;
+const PAIRED: u32 = 2;
+
+impl Harness {
+    fn pair_op(&self, key: &PairKey, cookie: u64, role: u32, op: u32) -> u32 {
+        if self.ebpf.program("nsf_test_pair").is_none() {
+            panic!("harness lacks nsf_test_pair");
+        }
+        let mut data = vec![0u8; 14];
+        // SAFETY: PairKey is repr(C) plain old data; viewing it as bytes is sound.
+        data.extend_from_slice(unsafe {
+            std::slice::from_raw_parts((key as *const PairKey).cast::<u8>(), 48)
+        });
+        data.extend_from_slice(&cookie.to_ne_bytes());
+        data.extend_from_slice(&role.to_ne_bytes());
+        data.extend_from_slice(&op.to_ne_bytes());
+        let prog: &SchedClassifier = self
+            .ebpf
+            .program("nsf_test_pair")
+            .unwrap()
+            .try_into()
+            .unwrap();
+        prog.test_run(TestRunOptions {
+            data_in: Some(&data),
+            ..Default::default()
+        })
+        .expect("BPF_PROG_TEST_RUN")
+        .return_value
+    }
+
+    fn established(&self, key: &PairKey, cookie: u64, role: u32) -> u32 {
+        self.pair_op(key, cookie, role, 0)
+    }
+
+    fn closed(&self, key: &PairKey, cookie: u64) {
+        assert_eq!(self.pair_op(key, cookie, 0, 1), 3);
+    }
+
+    fn peer_of(&self, cookie: u64) -> Option<u64> {
+        let m: BpfHashMap<&MapData, u64, u64> =
+            BpfHashMap::try_from(self.ebpf.map(abi::MAP_PEERS).unwrap()).unwrap();
+        m.get(&cookie, 0).ok()
+    }
+
+    fn pending(&self, key: &PairKey) -> Option<abi::Pending> {
+        let m: BpfHashMap<&MapData, PairKey, abi::Pending> =
+            BpfHashMap::try_from(self.ebpf.map(abi::MAP_PENDING).unwrap()).unwrap();
+        m.get(key, 0).ok()
+    }
+}
+
+fn pair_harness() -> Harness {
+    let mut h = Harness::new();
+    let prog: &mut SchedClassifier = h
+        .ebpf
+        .program_mut("nsf_test_pair")
+        .unwrap()
+        .try_into()
+        .unwrap();
+    prog.load().expect("verifier accepts nsf_test_pair");
+    h
+}
+
+fn key(isn_c: u32, isn_s: u32) -> PairKey {
+    expected_key(sa("10.99.0.1:40000"), sa("10.99.0.2:6000"), isn_c, isn_s)
+}
+
+#[test]
+fn the_two_ends_pair_through_cookies_and_the_pending_entry_is_consumed() {
+    require_root();
+    let h = pair_harness();
+    let k = key(100, 200);
+    assert_eq!(h.established(&k, 11, abi::ROLE_ACTIVE), PENDING);
+    assert_eq!(h.pending(&k).map(|p| p.cookie), Some(11));
+    assert_eq!(h.established(&k, 12, abi::ROLE_PASSIVE), PAIRED);
+    assert_eq!(h.peer_of(11), Some(12));
+    assert_eq!(h.peer_of(12), Some(11));
+    assert_eq!(h.pending(&k), None, "claimed entries are removed");
+    // Whichever end establishes first, the result is the same.
+    let k2 = key(101, 201);
+    assert_eq!(h.established(&k2, 21, abi::ROLE_PASSIVE), PENDING);
+    assert_eq!(h.established(&k2, 22, abi::ROLE_ACTIVE), PAIRED);
+    assert_eq!(h.peer_of(22), Some(21));
+}
+
+#[test]
+fn two_connections_with_one_pair_key_are_never_paired() {
+    require_root();
+    let h = pair_harness();
+    let k = key(300, 400);
+    // Two clients (in two namespaces) with the same 4-tuple and ISNs: ambiguous.
+    assert_eq!(h.established(&k, 31, abi::ROLE_ACTIVE), PENDING);
+    assert_eq!(h.established(&k, 32, abi::ROLE_ACTIVE), AMBIGUOUS);
+    assert_eq!(h.pending(&k).map(|p| p.cookie), Some(abi::POISON));
+    // Their servers then find the poisoned key: nobody is paired, everyone uses TCP.
+    assert_eq!(h.established(&k, 33, abi::ROLE_PASSIVE), AMBIGUOUS);
+    assert_eq!(h.established(&k, 34, abi::ROLE_PASSIVE), AMBIGUOUS);
+    for c in 31..=34 {
+        assert_eq!(h.peer_of(c), None, "cookie {c} must not be paired");
+    }
+    // Same for two servers.
+    let k2 = key(301, 401);
+    assert_eq!(h.established(&k2, 35, abi::ROLE_PASSIVE), PENDING);
+    assert_eq!(h.established(&k2, 36, abi::ROLE_PASSIVE), AMBIGUOUS);
+    assert_eq!(h.established(&k2, 37, abi::ROLE_ACTIVE), AMBIGUOUS);
+    assert_eq!(h.peer_of(37), None);
+}
+
+#[test]
+fn equal_four_tuples_in_two_namespaces_pair_with_their_own_ends_only() {
+    require_root();
+    let h = pair_harness();
+    // Pair X and pair Y share the 4-tuple, not the ISNs; their handshakes interleave.
+    let (kx, ky) = (key(500, 600), key(501, 601));
+    assert_eq!(h.established(&kx, 41, abi::ROLE_ACTIVE), PENDING);
+    assert_eq!(h.established(&ky, 51, abi::ROLE_ACTIVE), PENDING);
+    assert_eq!(h.established(&ky, 52, abi::ROLE_PASSIVE), PAIRED);
+    assert_eq!(h.established(&kx, 42, abi::ROLE_PASSIVE), PAIRED);
+    assert_eq!((h.peer_of(41), h.peer_of(42)), (Some(42), Some(41)));
+    assert_eq!((h.peer_of(51), h.peer_of(52)), (Some(52), Some(51)));
+    // Y goes away while X stays: X's entries are untouched, Y's are gone.
+    h.closed(&ky, 51);
+    assert_eq!((h.peer_of(51), h.peer_of(52)), (None, None));
+    assert_eq!((h.peer_of(41), h.peer_of(42)), (Some(42), Some(41)));
+    // A new connection Y' on the same 4-tuple pairs with its own server, never with X.
+    let ky2 = key(502, 602);
+    assert_eq!(h.established(&ky2, 53, abi::ROLE_ACTIVE), PENDING);
+    assert_eq!(h.established(&ky2, 54, abi::ROLE_PASSIVE), PAIRED);
+    assert_eq!(h.peer_of(53), Some(54));
+    assert_eq!(h.peer_of(41), Some(42));
+}
+
+#[test]
+fn a_socket_that_closes_before_its_peer_arrives_leaves_nothing_to_claim() {
+    require_root();
+    let h = pair_harness();
+    let k = key(700, 800);
+    assert_eq!(h.established(&k, 61, abi::ROLE_ACTIVE), PENDING);
+    h.closed(&k, 61);
+    assert_eq!(h.pending(&k), None);
+    assert_eq!(h.established(&k, 62, abi::ROLE_PASSIVE), PENDING);
+    assert_eq!(h.peer_of(62), None, "must not pair with a closed socket");
+    // Closing someone else's cookie does not remove the pending entry.
+    h.closed(&k, 99);
+    assert_eq!(h.pending(&k).map(|p| p.cookie), Some(62));
+}
