@@ -24,6 +24,9 @@ enum Command {
     /// Same-host TCP shortcut between sockets (sockops + sk_msg), across network namespaces.
     #[command(subcommand)]
     Sockmap(cmd::sockmap::SockmapCmd),
+    /// vsock relays (vsock, TCP, UNIX, hybrid vsock).
+    #[command(subcommand)]
+    Vsock(cmd::vsock::VsockCmd),
 }
 
 fn main() -> ExitCode {
@@ -31,6 +34,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Sockmap(c) => cmd::sockmap::run(c),
+        Command::Vsock(c) => cmd::vsock::run(c),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -1,0 +1,396 @@
+//! Host tests of `nsfast vsock relay` for the addresses that do not open AF_VSOCK sockets
+//! (TCP, UNIX, hybrid vsock): vsock itself is only ever exercised inside the VM harness's
+//! guests, never on this host. Each test runs in a throwaway network namespace.
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use nsfast_sys::netns::NetNs;
+use nsfast_testsupport::peer::KillOnDrop;
+use nsfast_testsupport::require_root;
+use nsfast_testsupport::stream::ByteStream;
+use nsfast_testsupport::world::unique;
+use sha2::{Digest, Sha256};
+
+const MIB: u64 = 1 << 20;
+
+fn nsfast_bin() -> PathBuf {
+    std::env::var_os("NSFAST_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_nsfast")))
+}
+
+/// A throwaway namespace and a temp directory, removed on drop.
+struct World {
+    ns: NetNs,
+    dir: PathBuf,
+}
+
+impl World {
+    fn new() -> Self {
+        let name = unique("nsft-vr");
+        let dir = std::env::temp_dir().join(&name);
+        std::fs::create_dir_all(&dir).unwrap();
+        Self {
+            ns: NetNs::create(&name).unwrap(),
+            dir,
+        }
+    }
+
+    fn path(&self, name: &str) -> PathBuf {
+        self.dir.join(name)
+    }
+
+    fn relay(&self, args: &[&str]) -> KillOnDrop {
+        let mut cmd = Command::new(nsfast_bin());
+        cmd.args(["vsock", "relay"])
+            .args(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        self.ns.configure_command(&mut cmd, None);
+        KillOnDrop::new(cmd.spawn().expect("spawn nsfast vsock relay"))
+    }
+}
+
+impl Drop for World {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+trait Duplex: Read + Write + Send + Sized + 'static {
+    fn dup(&self) -> Self;
+    fn shut_wr(&self);
+}
+
+impl Duplex for TcpStream {
+    fn dup(&self) -> Self {
+        self.try_clone().unwrap()
+    }
+    fn shut_wr(&self) {
+        self.shutdown(std::net::Shutdown::Write).unwrap();
+    }
+}
+
+impl Duplex for UnixStream {
+    fn dup(&self) -> Self {
+        self.try_clone().unwrap()
+    }
+    fn shut_wr(&self) {
+        self.shutdown(std::net::Shutdown::Write).unwrap();
+    }
+}
+
+#[derive(Debug, PartialEq, Eq)]
+struct Bidir {
+    sent_sha: String,
+    recv_sha: String,
+    received: u64,
+}
+
+/// Sends `bytes` of stream `seed` then half-closes, while reading until EOF.
+fn bidir<S: Duplex>(s: S, bytes: u64, seed: u64) -> Bidir {
+    let mut w = s.dup();
+    let sender = std::thread::spawn(move || {
+        let mut st = ByteStream::new(seed);
+        let mut h = Sha256::new();
+        let mut buf = vec![0u8; 1 << 16];
+        let mut left = bytes;
+        while left > 0 {
+            let n = left.min(buf.len() as u64) as usize;
+            st.fill(&mut buf[..n]);
+            h.update(&buf[..n]);
+            w.write_all(&buf[..n]).unwrap();
+            left -= n as u64;
+        }
+        w.shut_wr();
+        format!("{:x}", h.finalize())
+    });
+    let mut r = s;
+    let mut h = Sha256::new();
+    let mut buf = vec![0u8; 1 << 16];
+    let mut received = 0;
+    loop {
+        let n = r.read(&mut buf).expect("read");
+        if n == 0 {
+            break;
+        }
+        received += n as u64;
+        h.update(&buf[..n]);
+    }
+    Bidir {
+        sent_sha: sender.join().unwrap(),
+        recv_sha: format!("{:x}", h.finalize()),
+        received,
+    }
+}
+
+fn wait_for(what: &str, mut ok: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !ok() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+fn tcp_connect(w: &World, port: u16) -> TcpStream {
+    w.ns.run(|| {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            match TcpStream::connect(("127.0.0.1", port)) {
+                Ok(s) => {
+                    s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+                    return s;
+                }
+                Err(e) if Instant::now() < deadline => {
+                    let _ = e;
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+                Err(e) => panic!("connect 127.0.0.1:{port}: {e}"),
+            }
+        }
+    })
+    .unwrap()
+}
+
+fn unix_connect(path: &Path) -> UnixStream {
+    wait_for(&format!("{}", path.display()), || path.exists());
+    let s = UnixStream::connect(path).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    s
+}
+
+fn check_pair(a: &Bidir, b: &Bidir, bytes: u64) {
+    assert_eq!(a.received, bytes);
+    assert_eq!(b.received, bytes);
+    assert_eq!(a.recv_sha, b.sent_sha, "bytes differ in one direction");
+    assert_eq!(
+        b.recv_sha, a.sent_sha,
+        "bytes differ in the other direction"
+    );
+}
+
+#[test]
+fn tcp_to_unix_moves_256_mib_each_way_with_half_close() {
+    require_root();
+    let w = World::new();
+    let sock = w.path("srv.sock");
+    let l = UnixListener::bind(&sock).unwrap();
+    let bytes = 256 * MIB;
+    let server = std::thread::spawn(move || bidir(l.accept().unwrap().0, bytes, 1));
+    let relay = w.relay(&[
+        "tcp-listen:7000,bind=127.0.0.1",
+        &format!("unix:{}", sock.display()),
+    ]);
+    let c = bidir(tcp_connect(&w, 7000), bytes, 2);
+    check_pair(&c, &server.join().unwrap(), bytes);
+    let out = relay.take().wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+fn unix_to_tcp_moves_256_mib_each_way_with_half_close() {
+    require_root();
+    let w = World::new();
+    let bytes = 256 * MIB;
+    let l =
+        w.ns.run(|| std::net::TcpListener::bind("127.0.0.1:7001").unwrap())
+            .unwrap();
+    let server = std::thread::spawn(move || bidir(l.accept().unwrap().0, bytes, 3));
+    let front = w.path("front.sock");
+    let relay = w.relay(&[
+        &format!("unix-listen:{}", front.display()),
+        "tcp:127.0.0.1:7001",
+        "--json",
+    ]);
+    let c = bidir(unix_connect(&front), bytes, 4);
+    check_pair(&c, &server.join().unwrap(), bytes);
+    let out = relay.take().wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stats: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(stats["bytes_a_to_b"], bytes);
+    assert_eq!(stats["bytes_b_to_a"], bytes);
+    assert_eq!(stats["spliced"], true);
+    assert!(
+        !front.exists(),
+        "the listening socket file is removed on exit"
+    );
+}
+
+/// A stand-in for a VMM's hybrid vsock socket, scripted per connection.
+enum Vmm {
+    /// Reply `OK <n>` and then exchange `bytes` both ways.
+    Ok(&'static str, u64, u64),
+    /// Close without a word (nothing listens on the port in the guest).
+    Close,
+    /// Reply a line that is not OK.
+    Reply(&'static [u8]),
+}
+
+fn vmm(path: &Path, script: Vec<Vmm>) -> std::thread::JoinHandle<Vec<Option<Bidir>>> {
+    let l = UnixListener::bind(path).unwrap();
+    std::thread::spawn(move || {
+        let mut out = Vec::new();
+        for step in script {
+            let (mut s, _) = l.accept().unwrap();
+            let mut line = Vec::new();
+            let mut b = [0u8; 1];
+            while s.read(&mut b).unwrap() == 1 && b[0] != b'\n' {
+                line.push(b[0]);
+            }
+            assert_eq!(line, b"CONNECT 52", "the relay must send CONNECT <port>");
+            match step {
+                Vmm::Ok(reply, bytes, seed) => {
+                    s.write_all(reply.as_bytes()).unwrap();
+                    out.push(Some(bidir(s, bytes, seed)));
+                }
+                Vmm::Close => out.push(None),
+                Vmm::Reply(r) => {
+                    s.write_all(r).unwrap();
+                    out.push(None);
+                }
+            }
+        }
+        out
+    })
+}
+
+#[test]
+fn hybrid_vsock_handshakes_and_bad_vmm_replies_never_crash_the_relay() {
+    require_root();
+    let w = World::new();
+    let sock = w.path("vmm.vsock");
+    let bytes = 64 * MIB;
+    let vmm = vmm(
+        &sock,
+        vec![
+            Vmm::Ok("OK 1073741824\n", bytes, 5), // Firecracker style: a host-side port
+            Vmm::Close,
+            Vmm::Reply(b"ERR no such port\n"),
+            Vmm::Reply(b"OK 52 but this line never ends and is far too long"),
+            Vmm::Ok("OK 52\n", bytes, 7), // vhost-device-vsock style: the guest port echoed
+        ],
+    );
+    let _relay = w.relay(&[
+        "tcp-listen:7002,bind=127.0.0.1",
+        &format!("hybrid:{}:52", sock.display()),
+        "--fork",
+    ]);
+    let first = bidir(tcp_connect(&w, 7002), bytes, 6);
+    // Refused / bad handshakes: the client's connection just ends.
+    for _ in 0..3 {
+        let mut s = tcp_connect(&w, 7002);
+        let mut buf = [0u8; 16];
+        let n = s.read(&mut buf).unwrap_or(0);
+        assert_eq!(n, 0, "a failed handshake must end the client's connection");
+    }
+    let last = bidir(tcp_connect(&w, 7002), bytes, 8);
+    let vm = vmm.join().unwrap();
+    check_pair(&first, vm[0].as_ref().unwrap(), bytes);
+    check_pair(&last, vm[4].as_ref().unwrap(), bytes);
+}
+
+#[test]
+fn hybrid_listen_takes_guest_initiated_connections_on_path_port() {
+    require_root();
+    let w = World::new();
+    let bytes = 32 * MIB;
+    let l =
+        w.ns.run(|| std::net::TcpListener::bind("127.0.0.1:7003").unwrap())
+            .unwrap();
+    let server = std::thread::spawn(move || bidir(l.accept().unwrap().0, bytes, 9));
+    let base = w.path("fc.vsock");
+    let _relay = w.relay(&[
+        &format!("hybrid-listen:{}:1234", base.display()),
+        "tcp:127.0.0.1:7003",
+    ]);
+    // The VMM connects to <uds_path>_<port> when the guest connects to the host's port 1234.
+    let c = bidir(unix_connect(&w.path("fc.vsock_1234")), bytes, 10);
+    check_pair(&c, &server.join().unwrap(), bytes);
+}
+
+#[test]
+fn fork_serves_32_connections_through_4_children() {
+    require_root();
+    let w = World::new();
+    let l =
+        w.ns.run(|| std::net::TcpListener::bind("127.0.0.1:7005").unwrap())
+            .unwrap();
+    std::thread::spawn(move || {
+        for s in l.incoming() {
+            let Ok(mut s) = s else { break };
+            std::thread::spawn(move || {
+                let mut buf = vec![0u8; 65536];
+                loop {
+                    match s.read(&mut buf) {
+                        Ok(0) | Err(_) => break,
+                        Ok(n) => s.write_all(&buf[..n]).unwrap(),
+                    }
+                }
+                let _ = s.shutdown(std::net::Shutdown::Write);
+            });
+        }
+    });
+    let _relay = w.relay(&[
+        "tcp-listen:7004,bind=127.0.0.1",
+        "tcp:127.0.0.1:7005",
+        "--fork",
+        "--max-children",
+        "4",
+    ]);
+    let clients: Vec<_> = (0..32u64)
+        .map(|i| {
+            let mut s = tcp_connect(&w, 7004);
+            std::thread::spawn(move || {
+                let mut msg = vec![0u8; 100_000];
+                ByteStream::new(i).fill(&mut msg);
+                let mut r = s.try_clone().unwrap();
+                let m2 = msg.clone();
+                let wr = std::thread::spawn(move || {
+                    s.write_all(&m2).unwrap();
+                    s.shutdown(std::net::Shutdown::Write).unwrap();
+                });
+                let mut back = Vec::new();
+                r.read_to_end(&mut back).unwrap();
+                wr.join().unwrap();
+                back == msg
+            })
+        })
+        .collect();
+    for (i, c) in clients.into_iter().enumerate() {
+        assert!(c.join().unwrap(), "client {i} got a different echo");
+    }
+}
+
+#[test]
+fn bad_addresses_are_refused_with_the_value_named() {
+    let run = |args: &[&str]| {
+        let out = Command::new(nsfast_bin())
+            .args(["vsock", "relay"])
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(!out.status.success());
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    assert!(run(&["vsock-connect:4294967295:5", "stdio"]).contains("CID 4294967295 out of range"));
+    assert!(run(&["vsock-listen:4294967295", "stdio"]).contains("out of range"));
+    assert!(run(&["tcp-listen:0", "stdio"]).contains("1-65535"));
+    assert!(run(&["udp:1.2.3.4:5", "stdio"]).contains("unknown address type \"udp\""));
+    assert!(run(&["tcp:127.0.0.1:5", "unix:/x", "--fork"])
+        .contains("--fork needs a listening first address"));
+    assert!(run(&["tcp-listen:5", "stdio", "--json"]).contains("--json"));
+    assert!(run(&["tcp-listen:5", "stdio", "--buffer", "0"]).contains("greater than 0"));
+}

@@ -1,0 +1,367 @@
+//! Opening addresses as plain file descriptors: listeners, connected sockets, stdio.
+
+use std::io;
+use std::net::{TcpListener, TcpStream};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use crate::addr::Address;
+use crate::hybrid::{self, HybridError};
+
+/// `VMADDR_FLAG_TO_HOST`: route to the host even for a CID that is not the host's, so a
+/// guest reaches a sibling VM through a host-side bridge (Linux 5.10+).
+pub const VMADDR_FLAG_TO_HOST: u8 = 0x01;
+/// `SO_VM_SOCKETS_BUFFER_SIZE` / `_MIN_SIZE` / `_MAX_SIZE` at level AF_VSOCK (u64 values).
+pub const SO_VM_SOCKETS_BUFFER_SIZE: libc::c_int = 0;
+pub const SO_VM_SOCKETS_BUFFER_MIN_SIZE: libc::c_int = 1;
+pub const SO_VM_SOCKETS_BUFFER_MAX_SIZE: libc::c_int = 2;
+
+/// Errors opening an address; each names the address.
+#[derive(Debug, thiserror::Error)]
+pub enum ConnError {
+    #[error("{addr}: {op}")]
+    Io {
+        addr: String,
+        op: &'static str,
+        #[source]
+        source: io::Error,
+    },
+    #[error("{addr}")]
+    Hybrid {
+        addr: String,
+        #[source]
+        source: HybridError,
+    },
+}
+
+fn io_err<'a>(addr: &'a Address, op: &'static str) -> impl FnOnce(io::Error) -> ConnError + 'a {
+    move |source| ConnError::Io {
+        addr: addr.to_string(),
+        op,
+        source,
+    }
+}
+
+/// One connected end of a relay: a socket, or stdin+stdout.
+#[derive(Debug)]
+pub struct Conn {
+    read: OwnedFd,
+    /// For sockets, the same socket as `read` (a dup); for stdio, stdout.
+    write: RawFd,
+    _write_owner: Option<OwnedFd>,
+    is_socket: bool,
+    write_closed: AtomicBool,
+    pub label: String,
+}
+
+impl Conn {
+    pub fn from_socket(fd: OwnedFd, label: String) -> Self {
+        let write = fd.as_raw_fd();
+        Self {
+            read: fd,
+            write,
+            _write_owner: None,
+            is_socket: true,
+            write_closed: AtomicBool::new(false),
+            label,
+        }
+    }
+
+    /// Standard input and output. The relay closes stdout when the other side's data ends.
+    pub fn stdio() -> io::Result<Self> {
+        // SAFETY: fcntl(F_DUPFD_CLOEXEC) on fd 0 returns a new descriptor we own, or -1.
+        let r = unsafe { libc::fcntl(0, libc::F_DUPFD_CLOEXEC, 3) };
+        if r < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: r is a fresh descriptor owned by nobody else.
+        let read = unsafe { OwnedFd::from_raw_fd(r) };
+        Ok(Self {
+            read,
+            write: 1,
+            _write_owner: None,
+            is_socket: false,
+            write_closed: AtomicBool::new(false),
+            label: "stdio".into(),
+        })
+    }
+
+    pub fn read_fd(&self) -> RawFd {
+        self.read.as_raw_fd()
+    }
+
+    pub fn write_fd(&self) -> RawFd {
+        self.write
+    }
+
+    pub fn is_socket(&self) -> bool {
+        self.is_socket
+    }
+
+    /// Signals end of data to the peer: shutdown(SHUT_WR) for a socket, close(stdout) for stdio.
+    pub fn shutdown_write(&self) -> io::Result<()> {
+        if self.write_closed.swap(true, Ordering::SeqCst) {
+            return Ok(());
+        }
+        // SAFETY: write is a live descriptor of this Conn (a socket we own, or stdout, which
+        // the relay owns from here on and never uses again after this close).
+        let r = unsafe {
+            if self.is_socket {
+                libc::shutdown(self.write, libc::SHUT_WR)
+            } else {
+                libc::close(self.write)
+            }
+        };
+        if r < 0 {
+            let e = io::Error::last_os_error();
+            if e.raw_os_error() != Some(libc::ENOTCONN) {
+                return Err(e);
+            }
+        }
+        Ok(())
+    }
+
+    /// Tears both directions down (after an error), so a blocked reader on the other side ends.
+    pub fn abort(&self) {
+        if self.is_socket {
+            // SAFETY: shutdown on our own live socket; errors are irrelevant here.
+            unsafe { libc::shutdown(self.read.as_raw_fd(), libc::SHUT_RDWR) };
+        }
+    }
+}
+
+/// A listening address.
+#[derive(Debug)]
+pub enum Listener {
+    Tcp(TcpListener),
+    Unix(UnixListener, PathBuf),
+    Vsock(OwnedFd, Address),
+}
+
+impl Drop for Listener {
+    fn drop(&mut self) {
+        if let Listener::Unix(_, path) = self {
+            let _ = std::fs::remove_file(path);
+        }
+    }
+}
+
+/// Options that apply when opening sockets.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct SockOpts {
+    /// SO_VM_SOCKETS_BUFFER_SIZE for vsock sockets.
+    pub vsock_buffer: Option<u64>,
+}
+
+impl Listener {
+    pub fn open(addr: &Address, opts: SockOpts) -> Result<Self, ConnError> {
+        match addr {
+            Address::TcpListen { port, bind } => {
+                let ip = bind.unwrap_or(std::net::IpAddr::V6(std::net::Ipv6Addr::UNSPECIFIED));
+                let l = TcpListener::bind((ip, *port))
+                    .or_else(|e| {
+                        if bind.is_none() {
+                            TcpListener::bind((std::net::Ipv4Addr::UNSPECIFIED, *port))
+                        } else {
+                            Err(e)
+                        }
+                    })
+                    .map_err(io_err(addr, "bind"))?;
+                Ok(Listener::Tcp(l))
+            }
+            Address::UnixListen { path } | Address::HybridListen { path } => {
+                let l = UnixListener::bind(path).map_err(io_err(addr, "bind"))?;
+                Ok(Listener::Unix(l, path.clone()))
+            }
+            Address::VsockListen { port, cid } => {
+                let fd = vsock::listen(cid.unwrap_or(u32::MAX), *port, opts.vsock_buffer)
+                    .map_err(io_err(addr, "listen"))?;
+                Ok(Listener::Vsock(fd, addr.clone()))
+            }
+            _ => Err(io_err(addr, "listen")(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "not a listening address",
+            ))),
+        }
+    }
+
+    pub fn accept(&self) -> io::Result<Conn> {
+        match self {
+            Listener::Tcp(l) => {
+                let (s, peer) = l.accept()?;
+                let _ = s.set_nodelay(true);
+                Ok(Conn::from_socket(s.into(), format!("tcp {peer}")))
+            }
+            Listener::Unix(l, path) => {
+                let (s, _) = l.accept()?;
+                Ok(Conn::from_socket(
+                    s.into(),
+                    format!("unix {}", path.display()),
+                ))
+            }
+            Listener::Vsock(fd, _) => {
+                let (s, cid, port) = vsock::accept(fd)?;
+                Ok(Conn::from_socket(s, format!("vsock {cid}:{port}")))
+            }
+        }
+    }
+}
+
+/// Opens a connecting address (or stdio).
+pub fn connect(addr: &Address, opts: SockOpts) -> Result<Conn, ConnError> {
+    match addr {
+        Address::Tcp { host, port } => {
+            let s = TcpStream::connect((host.as_str(), *port)).map_err(io_err(addr, "connect"))?;
+            let _ = s.set_nodelay(true);
+            Ok(Conn::from_socket(s.into(), addr.to_string()))
+        }
+        Address::Unix { path } => {
+            let s = UnixStream::connect(path).map_err(io_err(addr, "connect"))?;
+            Ok(Conn::from_socket(s.into(), addr.to_string()))
+        }
+        Address::Hybrid { path, port } => {
+            let mut s = UnixStream::connect(path).map_err(io_err(addr, "connect"))?;
+            hybrid::connect_handshake(&mut s, *port).map_err(|source| ConnError::Hybrid {
+                addr: addr.to_string(),
+                source,
+            })?;
+            Ok(Conn::from_socket(s.into(), addr.to_string()))
+        }
+        Address::VsockConnect { cid, port, to_host } => {
+            let fd = vsock::connect(*cid, *port, *to_host, opts.vsock_buffer)
+                .map_err(io_err(addr, "connect"))?;
+            Ok(Conn::from_socket(fd, addr.to_string()))
+        }
+        Address::Stdio => Conn::stdio().map_err(io_err(addr, "open")),
+        _ => Err(io_err(addr, "connect")(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "a listening address cannot connect",
+        ))),
+    }
+}
+
+/// AF_VSOCK sockets with the parts the `vsock` crates lack: svm_flags (VMADDR_FLAG_TO_HOST)
+/// and SO_VM_SOCKETS_BUFFER_SIZE. Only ever called for vsock addresses, which nsfast's tests
+/// use inside QEMU guests only.
+mod vsock {
+    use super::*;
+
+    fn sockaddr(cid: u32, port: u32, flags: u8) -> libc::sockaddr_vm {
+        // SAFETY: sockaddr_vm is a plain C struct; all-zero bytes are a valid value.
+        let mut sa: libc::sockaddr_vm = unsafe { std::mem::zeroed() };
+        sa.svm_family = libc::AF_VSOCK as libc::sa_family_t;
+        sa.svm_cid = cid;
+        sa.svm_port = port;
+        // svm_flags is the first byte of svm_zero in the libc definition.
+        sa.svm_zero[0] = flags;
+        sa
+    }
+
+    fn socket() -> io::Result<OwnedFd> {
+        // SAFETY: socket(2) takes no pointers; a non-negative result is a new fd we own.
+        let fd = unsafe { libc::socket(libc::AF_VSOCK, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0) };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: fd was just returned by socket(2) and nothing else owns it.
+        Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+    }
+
+    fn set_buffer(fd: &OwnedFd, size: u64) -> io::Result<()> {
+        // Raise the maximum first, or a size above the default maximum is clamped.
+        for opt in [SO_VM_SOCKETS_BUFFER_MAX_SIZE, SO_VM_SOCKETS_BUFFER_SIZE] {
+            // SAFETY: the option value is a u64 that lives across the call; its size is passed.
+            let r = unsafe {
+                libc::setsockopt(
+                    fd.as_raw_fd(),
+                    libc::AF_VSOCK,
+                    opt,
+                    (&size as *const u64).cast(),
+                    std::mem::size_of::<u64>() as libc::socklen_t,
+                )
+            };
+            if r < 0 {
+                return Err(io::Error::last_os_error());
+            }
+        }
+        Ok(())
+    }
+
+    fn check(r: libc::c_int) -> io::Result<()> {
+        if r < 0 {
+            Err(io::Error::last_os_error())
+        } else {
+            Ok(())
+        }
+    }
+
+    pub fn connect(cid: u32, port: u32, to_host: bool, buffer: Option<u64>) -> io::Result<OwnedFd> {
+        let fd = socket()?;
+        if let Some(b) = buffer {
+            set_buffer(&fd, b)?;
+        }
+        let sa = sockaddr(cid, port, if to_host { VMADDR_FLAG_TO_HOST } else { 0 });
+        loop {
+            // SAFETY: fd is a live socket; sa is a valid sockaddr_vm and its size is passed.
+            let r = unsafe {
+                libc::connect(
+                    fd.as_raw_fd(),
+                    (&sa as *const libc::sockaddr_vm).cast(),
+                    std::mem::size_of::<libc::sockaddr_vm>() as libc::socklen_t,
+                )
+            };
+            match check(r) {
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                other => break other?,
+            }
+        }
+        Ok(fd)
+    }
+
+    pub fn listen(cid: u32, port: u32, buffer: Option<u64>) -> io::Result<OwnedFd> {
+        let fd = socket()?;
+        if let Some(b) = buffer {
+            set_buffer(&fd, b)?;
+        }
+        let sa = sockaddr(cid, port, 0);
+        // SAFETY: fd is a live socket; sa is a valid sockaddr_vm and its size is passed.
+        check(unsafe {
+            libc::bind(
+                fd.as_raw_fd(),
+                (&sa as *const libc::sockaddr_vm).cast(),
+                std::mem::size_of::<libc::sockaddr_vm>() as libc::socklen_t,
+            )
+        })?;
+        // SAFETY: listen on our own bound socket.
+        check(unsafe { libc::listen(fd.as_raw_fd(), 128) })?;
+        Ok(fd)
+    }
+
+    pub fn accept(l: &OwnedFd) -> io::Result<(OwnedFd, u32, u32)> {
+        // SAFETY: all-zero is a valid sockaddr_vm.
+        let mut sa: libc::sockaddr_vm = unsafe { std::mem::zeroed() };
+        let mut len = std::mem::size_of::<libc::sockaddr_vm>() as libc::socklen_t;
+        loop {
+            // SAFETY: l is a listening socket; sa/len describe writable storage of that size.
+            let fd = unsafe {
+                libc::accept4(
+                    l.as_raw_fd(),
+                    (&mut sa as *mut libc::sockaddr_vm).cast(),
+                    &mut len,
+                    libc::SOCK_CLOEXEC,
+                )
+            };
+            if fd < 0 {
+                let e = io::Error::last_os_error();
+                if e.kind() == io::ErrorKind::Interrupted {
+                    continue;
+                }
+                return Err(e);
+            }
+            // SAFETY: accept4 returned a new descriptor that nothing else owns.
+            return Ok((unsafe { OwnedFd::from_raw_fd(fd) }, sa.svm_cid, sa.svm_port));
+        }
+    }
+}

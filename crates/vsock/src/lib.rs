@@ -1,0 +1,17 @@
+//! nsfast vsock: socat-style relays between vsock, TCP, UNIX sockets and Firecracker / Cloud
+//! Hypervisor hybrid vsock.
+//!
+//! Module map:
+//! - [`addr`]   — the address syntax (`vsock-listen:PORT[,cid=CID]`, `hybrid:PATH:PORT`, ...).
+//! - [`hybrid`] — the host side of the hybrid vsock handshake (`CONNECT PORT\n` / `OK n\n`).
+//! - [`conn`]   — opening addresses: listeners, connections, stdio, as plain file descriptors.
+//! - [`relay`]  — moving bytes both ways with half-close, splice where the kernel allows it.
+//! - [`size`]   — byte sizes such as `256K`, `4MiB`.
+
+pub mod addr;
+pub mod conn;
+pub mod hybrid;
+pub mod relay;
+pub mod size;
+
+pub use addr::{Address, AddressError};
