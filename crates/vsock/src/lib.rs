@@ -3,14 +3,18 @@
 //!
 //! Module map:
 //! - [`addr`]   — the address syntax (`vsock-listen:PORT[,cid=CID]`, `hybrid:PATH:PORT`, ...).
+//! - [`bench`]  — iperf-vsock-like throughput client and server on any stream address.
+//! - [`nsmode`] — Linux 7.0 vsock namespace modes: show, create the safe way.
 //! - [`hybrid`] — the host side of the hybrid vsock handshake (`CONNECT PORT\n` / `OK n\n`).
 //! - [`conn`]   — opening addresses: listeners, connections, stdio, as plain file descriptors.
 //! - [`relay`]  — moving bytes both ways with half-close, splice where the kernel allows it.
 //! - [`size`]   — byte sizes such as `256K`, `4MiB`.
 
 pub mod addr;
+pub mod bench;
 pub mod conn;
 pub mod hybrid;
+pub mod nsmode;
 pub mod relay;
 pub mod size;
 
