@@ -413,7 +413,7 @@ fn bench_counts_every_byte_on_any_stream_address() {
     w.ns.configure_command(&mut server, None);
     let server = KillOnDrop::new(server.spawn().unwrap());
     // Wait until it listens.
-    drop(tcp_connect_probe(&w, 5201));
+    wait_listening(&w, 5201);
     let mut client = Command::new(nsfast_bin());
     client.args([
         "vsock",
@@ -442,7 +442,7 @@ fn bench_counts_every_byte_on_any_stream_address() {
 }
 
 /// Waits until something listens on 127.0.0.1:port without connecting to it.
-fn tcp_connect_probe(w: &World, port: u16) {
+fn wait_listening(w: &World, port: u16) {
     let needle = format!(":{port:04X} ");
     wait_for(&format!("listener on {port}"), || {
         w.ns.run(|| {
