@@ -481,3 +481,135 @@ fn namespace_modes_are_reported_absent_before_linux_7_and_nothing_is_created() {
     }
     assert!(!std::path::Path::new("/run/netns").join(&name).exists());
 }
+
+// ---- inside the VM harness's guests only (AF_VSOCK over vsock_loopback, CID 1) ----
+//
+// These are #[ignore]d so `cargo test` on a host never runs them, and each one refuses to start
+// unless NSFAST_VM_GUEST=1 (set by the guest's init): AF_VSOCK on a host may belong to someone
+// else. The guest runs them with `vsock_relay --ignored`.
+
+fn require_guest() {
+    assert_eq!(
+        std::env::var("NSFAST_VM_GUEST").as_deref(),
+        Ok("1"),
+        "vsock tests run only inside the VM harness's guests (NSFAST_VM_GUEST=1); never on a host"
+    );
+    assert!(
+        std::path::Path::new("/sys/module/vsock_loopback").exists(),
+        "the guest lacks vsock_loopback (load the module)"
+    );
+}
+
+/// A vsock stream as a UnixStream: read/write/shutdown/dup are the same system calls.
+fn vsock_stream(fd: std::os::fd::OwnedFd) -> UnixStream {
+    let s = UnixStream::from(fd);
+    s.set_read_timeout(Some(Duration::from_secs(120))).unwrap();
+    s
+}
+
+fn vsock_connect(port: u32) -> UnixStream {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        match nsfast_vsock::conn::vsock::connect(1, port, false, None) {
+            Ok(fd) => return vsock_stream(fd),
+            Err(e) if Instant::now() < deadline => {
+                let _ = e;
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            Err(e) => panic!("vsock connect 1:{port}: {e}"),
+        }
+    }
+}
+
+fn vsock_accept_one(port: u32) -> std::thread::JoinHandle<UnixStream> {
+    let l = nsfast_vsock::conn::vsock::listen(u32::MAX, port, None).expect("vsock listen");
+    std::thread::spawn(move || {
+        let (fd, _, _) = nsfast_vsock::conn::vsock::accept(&l).expect("vsock accept");
+        vsock_stream(fd)
+    })
+}
+
+fn guest_bulk() -> u64 {
+    std::env::var("NSFAST_TEST_BULK_MIB")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(256)
+        * MIB
+}
+
+#[test]
+#[ignore = "runs inside the VM harness guests (AF_VSOCK)"]
+fn guest_vsock_to_tcp_and_back_byte_exact_with_half_close() {
+    require_guest();
+    let w = World::new();
+    let bytes = guest_bulk();
+    let l =
+        w.ns.run(|| std::net::TcpListener::bind("127.0.0.1:7100").unwrap())
+            .unwrap();
+    let server = std::thread::spawn(move || bidir(l.accept().unwrap().0, bytes, 1));
+    let _relay = w.relay(&["vsock-listen:1100", "tcp:127.0.0.1:7100"]);
+    let c = bidir(vsock_connect(1100), bytes, 2);
+    check_pair(&c, &server.join().unwrap(), bytes);
+
+    // tcp -> vsock
+    let accepted = vsock_accept_one(1101);
+    let _relay2 = w.relay(&["tcp-listen:7101,bind=127.0.0.1", "vsock-connect:1:1101"]);
+    let client = std::thread::spawn({
+        let s = tcp_connect(&w, 7101);
+        move || bidir(s, bytes, 3)
+    });
+    let s = bidir(accepted.join().unwrap(), bytes, 4);
+    check_pair(&client.join().unwrap(), &s, bytes);
+}
+
+#[test]
+#[ignore = "runs inside the VM harness guests (AF_VSOCK)"]
+fn guest_vsock_to_unix_and_hybrid_to_vsock() {
+    require_guest();
+    let w = World::new();
+    let bytes = guest_bulk();
+    // vsock -> unix
+    let sock = w.path("srv.sock");
+    let l = UnixListener::bind(&sock).unwrap();
+    let server = std::thread::spawn(move || bidir(l.accept().unwrap().0, bytes, 5));
+    let _r1 = w.relay(&["vsock-listen:1102", &format!("unix:{}", sock.display())]);
+    let c = bidir(vsock_connect(1102), bytes, 6);
+    check_pair(&c, &server.join().unwrap(), bytes);
+
+    // hybrid (a VMM's socket, host side) -> vsock: the relay connects to the VMM socket with
+    // CONNECT 52 and moves the bytes to a vsock listener.
+    let vmm_sock = w.path("vmm.vsock");
+    let vmm = vmm(&vmm_sock, vec![Vmm::Ok("OK 52\n", bytes, 7)]);
+    let accepted = vsock_accept_one(1103);
+    let _r2 = w.relay(&[
+        "vsock-connect:1:1103",
+        &format!("hybrid:{}:52", vmm_sock.display()),
+    ]);
+    let s = bidir(accepted.join().unwrap(), bytes, 8);
+    let v = vmm.join().unwrap();
+    check_pair(&s, v[0].as_ref().unwrap(), bytes);
+}
+
+#[test]
+#[ignore = "runs inside the VM harness guests (AF_VSOCK)"]
+fn guest_vsock_bench_counts_every_byte() {
+    require_guest();
+    let mut server = Command::new(nsfast_bin());
+    server.args(["vsock", "bench", "--server", "--once", "--port", "1104"]);
+    let server = KillOnDrop::new(server.stderr(Stdio::piped()).spawn().unwrap());
+    std::thread::sleep(Duration::from_millis(300));
+    let out = Command::new(nsfast_bin())
+        .args([
+            "vsock", "bench", "--cid", "1", "--port", "1104", "--bytes", "64M", "--json",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(r["bytes"], 64u64 << 20);
+    assert!(server.take().wait().unwrap().success());
+}

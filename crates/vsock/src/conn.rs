@@ -245,7 +245,7 @@ pub fn connect(addr: &Address, opts: SockOpts) -> Result<Conn, ConnError> {
 /// AF_VSOCK sockets with the parts the `vsock` crates lack: svm_flags (VMADDR_FLAG_TO_HOST)
 /// and SO_VM_SOCKETS_BUFFER_SIZE. Only ever called for vsock addresses, which nsfast's tests
 /// use inside QEMU guests only.
-mod vsock {
+pub mod vsock {
     use super::*;
 
     fn sockaddr(cid: u32, port: u32, flags: u8) -> libc::sockaddr_vm {
