@@ -313,13 +313,14 @@ pub enum NetkitMode {
 }
 
 /// Creates a netkit pair: `primary` stays in `host` with policy forward, `peer` is moved into
-/// `pod` with policy blackhole (drop until a program is attached to `BPF_NETKIT_PEER`), as
+/// `pod` and renamed `pod_name`, with policy blackhole (drop until a program is attached to `BPF_NETKIT_PEER`), as
 /// Cilium does. Both ends are set up. Fails with `EOPNOTSUPP` on kernels without netkit.
 pub fn create_netkit(
     host: Option<&NetNs>,
     primary: &str,
-    pod: &NetNs,
     peer: &str,
+    pod: &NetNs,
+    pod_name: &str,
     mode: NetkitMode,
 ) -> Result<(), NetError> {
     use rtnetlink::packet_route::link::{NetkitMode as M, NetkitPolicy};
@@ -328,7 +329,7 @@ pub fn create_netkit(
         NetkitMode::L2 => M::L2,
         NetkitMode::L3 => M::L3,
     };
-    with_handle(host, |h| async move {
+    let r = with_handle(host, |h| async move {
         h.link()
             .add(
                 rtnetlink::LinkNetkit::new(primary, peer, m)
@@ -355,8 +356,17 @@ pub fn create_netkit(
             .execute()
             .await
             .map_err(nl(format!("set {primary} up")))
-    })?;
-    link_up(Some(pod), peer)
+    })
+    .and_then(|()| {
+        if peer != pod_name {
+            rename_link(Some(pod), peer, pod_name)?;
+        }
+        link_up(Some(pod), pod_name)
+    });
+    if r.is_err() {
+        let _ = delete_link(host, primary);
+    }
+    r
 }
 
 /// Whether the running kernel can create netkit devices. The probe runs in a private,

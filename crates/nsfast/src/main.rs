@@ -24,6 +24,9 @@ enum Command {
     /// Same-host TCP shortcut between sockets (sockops + sk_msg), across network namespaces.
     #[command(subcommand)]
     Sockmap(cmd::sockmap::SockmapCmd),
+    /// Pods on veth/netkit pairs with BPF host routing (redirect_peer, fib + redirect_neigh).
+    #[command(subcommand)]
+    Pod(cmd::pod::PodCmd),
 }
 
 fn main() -> ExitCode {
@@ -31,6 +34,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Sockmap(c) => cmd::sockmap::run(c),
+        Command::Pod(c) => cmd::pod::run(c),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
