@@ -17,6 +17,11 @@ pub const PROG_NETKIT_PEER_L3: &str = "nsf_pod_netkit_peer_l3";
 /// `BPF_NETKIT_PRIMARY` program.
 pub const PROG_NETKIT_PRIMARY: &str = "nsf_pod_netkit_primary";
 
+/// A program's name as the kernel reports it (BPF_OBJ_NAME_LEN: 15 characters).
+pub fn kernel_name(name: &str) -> &str {
+    &name[..name.len().min(15)]
+}
+
 /// `NSF_EP_NETKIT`.
 pub const EP_NETKIT: u32 = 1;
 /// `NSF_EP_L3`.

@@ -207,9 +207,23 @@ pub fn counters(host: &Host) -> Result<Vec<u64>, PodError> {
 
 /// Names of the programs attached at TCX ingress of `ifname` in the host namespace.
 pub fn tcx_ingress_programs(host: &Host, ifname: &str) -> Result<Vec<String>, PodError> {
-    host.ns.run(|| -> Result<Vec<String>, PodError> {
-        let (_, progs) = SchedClassifier::query_tcx(ifname, TcAttachType::Ingress)
-            .map_err(PodError::prog(format!("query tcx ingress of {ifname}")))?;
+    tcx_programs(&host.ns, ifname, true)
+}
+
+/// Names of the programs attached at TCX ingress (`ingress`) or egress of `ifname` in `ns`.
+pub fn tcx_programs(
+    ns: &nsfast_sys::netns::NetNs,
+    ifname: &str,
+    ingress: bool,
+) -> Result<Vec<String>, PodError> {
+    let at = if ingress {
+        TcAttachType::Ingress
+    } else {
+        TcAttachType::Egress
+    };
+    ns.run(|| -> Result<Vec<String>, PodError> {
+        let (_, progs) = SchedClassifier::query_tcx(ifname, at)
+            .map_err(PodError::prog(format!("query tcx of {ifname}")))?;
         Ok(progs
             .iter()
             .map(|p| p.name_as_str().unwrap_or("?").to_string())

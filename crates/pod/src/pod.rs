@@ -489,7 +489,9 @@ pub fn check(host: &Host, r: &PodRecord) -> Vec<String> {
     }
     if r.datapath == Datapath::Veth {
         match datapath::tcx_ingress_programs(host, &r.host_if) {
-            Ok(v) if v.iter().any(|n| n == abi::PROG_FROM_CONTAINER) => {}
+            Ok(v)
+                if v.iter()
+                    .any(|n| n == abi::kernel_name(abi::PROG_FROM_CONTAINER)) => {}
             Ok(v) => bad.push(format!(
                 "{} has tcx ingress programs {v:?}, expected {}",
                 r.host_if,

@@ -85,7 +85,7 @@ impl Harness {
         let p: &SchedClassifier = self.ebpf.program(prog).unwrap().try_into().unwrap();
         let mut out = vec![0u8; frame.len() + 256];
         // struct __sk_buff up to and including `ifindex` (offset 40).
-        let mut ctx = vec![0u8; 44];
+        let mut ctx = [0u8; 44];
         if let Some(i) = ifindex {
             ctx[40..44].copy_from_slice(&i.to_ne_bytes());
         }
