@@ -453,3 +453,62 @@ fn result_matches_the_reference_ptp_plugin() {
     );
     assert!(rig.run("DEL", "ctr-ours", &n_ours, &ours).ok);
 }
+
+/// Pods made by the plugin talk over the BPF path (pod -> pod counter grows).
+#[test]
+fn cni_pods_talk_over_the_bpf_path() {
+    use std::io::{Read, Write};
+    use std::net::{SocketAddr, TcpListener, TcpStream};
+    let mut rig = Rig::new();
+    let (n1, n2) = (rig.container(), rig.container());
+    let conf = rig.conf("1.1.0");
+    let a = rig.run("ADD", "ctr-1", &n1, &conf);
+    let b = rig.run("ADD", "ctr-2", &n2, &conf);
+    assert!(a.ok && b.ok, "{} {}", a.raw, b.raw);
+    let ip_b: std::net::Ipv4Addr = b.json["ips"][0]["address"]
+        .as_str()
+        .unwrap()
+        .split('/')
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    let addr = SocketAddr::from((ip_b, 7100));
+    let (ns1, ns2) = (NetNs::open(&n1).unwrap(), NetNs::open(&n2).unwrap());
+    let l = ns2.run(|| TcpListener::bind(addr)).unwrap().unwrap();
+    let srv = std::thread::spawn(move || {
+        let (mut s, _) = l.accept().unwrap();
+        let mut buf = [0u8; 5];
+        s.read_exact(&mut buf).unwrap();
+        s.write_all(&buf).unwrap();
+    });
+    let mut c = ns1
+        .run(|| TcpStream::connect_timeout(&addr, std::time::Duration::from_secs(5)))
+        .unwrap()
+        .expect("connect pod to pod");
+    c.set_read_timeout(Some(std::time::Duration::from_secs(5)))
+        .unwrap();
+    c.write_all(b"hello").unwrap();
+    let mut buf = [0u8; 5];
+    c.read_exact(&mut buf).unwrap();
+    assert_eq!(&buf, b"hello");
+    srv.join().unwrap();
+    let l = nsfast_pod::list(Some(rig.host.name())).unwrap();
+    assert!(l.counters["pod_to_pod"] >= 6, "{:?}", l.counters);
+    assert!(rig.run("DEL", "ctr-1", &n1, &conf).ok);
+    assert!(rig.run("DEL", "ctr-2", &n2, &conf).ok);
+}
+
+/// The example conflist's plugin entry is a configuration the plugin accepts.
+#[test]
+fn example_conflist_is_accepted() {
+    let rig = Rig::new();
+    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../examples/cni/10-nsfast.conflist");
+    let list: Value = serde_json::from_slice(&std::fs::read(&p).unwrap()).unwrap();
+    let mut conf = list["plugins"][0].clone();
+    conf["cniVersion"] = list["cniVersion"].clone();
+    conf["name"] = list["name"].clone();
+    assert_eq!(conf["type"], "nsfast-cni");
+    let out = rig.invoke(&cni_bin(), "STATUS", &[], conf.to_string().as_bytes());
+    assert!(out.ok, "STATUS with {}: {}", p.display(), out.raw);
+}

@@ -44,8 +44,7 @@ pub fn uplink_pin(host: &Host, ifname: &str) -> PathBuf {
 /// Creates the host's pin directory (mounting bpffs if needed).
 pub fn prepare_pins(host: &Host) -> Result<(), PodError> {
     ensure_bpffs()?;
-    let dir = host.pin_dir();
-    std::fs::create_dir_all(&dir).map_err(PodError::io(format!("create {}", dir.display())))
+    crate::state::create_dir_all_racy(&host.pin_dir())
 }
 
 /// Loads the object with the host's maps (created and pinned on first use).

@@ -39,6 +39,16 @@ const BPF_FS_MAGIC: i64 = 0xcafe4a11;
 /// and Cilium do at boot).
 pub fn ensure_bpffs() -> Result<PathBuf, PodError> {
     let root = bpffs_root();
+    // Concurrent callers (threads or processes) serialise on a lock of the directory itself,
+    // so bpffs is mounted once, not stacked (a second mount would hide the first one's pins).
+    let dir = File::open(&root).map_err(PodError::io(format!("open {}", root.display())))?;
+    let _lock =
+        nix::fcntl::Flock::lock(dir, nix::fcntl::FlockArg::LockExclusive).map_err(|(_, e)| {
+            PodError::Io {
+                what: format!("lock {}", root.display()),
+                source: e.into(),
+            }
+        })?;
     let st = nix::sys::statfs::statfs(&root).map_err(|e| PodError::Io {
         what: format!("statfs {}", root.display()),
         source: e.into(),
@@ -96,19 +106,34 @@ impl Host {
     }
 
     /// Takes the host's lock (created with the state directory) until the guard drops.
+    /// A lock whose directory was removed meanwhile (the host's last pod went) is retaken.
     pub fn lock(&self) -> Result<HostLock, PodError> {
+        use std::os::unix::fs::MetadataExt;
         let dir = self.state_dir();
-        fs::create_dir_all(&dir).map_err(PodError::io(format!("create {}", dir.display())))?;
-        let f = File::create(dir.join(".lock"))
-            .map_err(PodError::io(format!("create lock in {}", dir.display())))?;
-        let lock =
-            nix::fcntl::Flock::lock(f, nix::fcntl::FlockArg::LockExclusive).map_err(|(_, e)| {
-                PodError::Io {
-                    what: format!("lock {}", dir.display()),
+        let path = dir.join(".lock");
+        for _ in 0..50 {
+            create_dir_all_racy(&dir)?;
+            let f = match File::create(&path) {
+                Ok(f) => f,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+                Err(e) => return Err(PodError::io(format!("create {}", path.display()))(e)),
+            };
+            let lock = nix::fcntl::Flock::lock(f, nix::fcntl::FlockArg::LockExclusive).map_err(
+                |(_, e)| PodError::Io {
+                    what: format!("lock {}", path.display()),
                     source: e.into(),
-                }
-            })?;
-        Ok(HostLock { _lock: lock })
+                },
+            )?;
+            let held = lock.metadata().map(|m| m.ino()).ok();
+            let now = fs::metadata(&path).map(|m| m.ino()).ok();
+            if held.is_some() && held == now {
+                return Ok(HostLock { _lock: lock });
+            }
+        }
+        Err(PodError::Io {
+            what: format!("lock {}: it keeps disappearing", path.display()),
+            source: std::io::Error::from(std::io::ErrorKind::WouldBlock),
+        })
     }
 
     /// Every pod record of this host, sorted by name.
@@ -173,6 +198,22 @@ impl Host {
         let _ = fs::remove_dir("/run/nsfast");
         Ok(true)
     }
+}
+
+/// `create_dir_all` that tolerates a parent being removed concurrently (by another host's
+/// cleanup of the shared, then empty, parent directory).
+pub fn create_dir_all_racy(dir: &Path) -> Result<(), PodError> {
+    let mut last = None;
+    for _ in 0..20 {
+        match fs::create_dir_all(dir) {
+            Ok(()) => return Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => last = Some(e),
+            Err(e) => return Err(PodError::io(format!("create {}", dir.display()))(e)),
+        }
+    }
+    Err(PodError::io(format!("create {}", dir.display()))(
+        last.unwrap_or_else(|| std::io::Error::from(std::io::ErrorKind::NotFound)),
+    ))
 }
 
 fn read_record(p: &Path) -> Result<PodRecord, PodError> {
