@@ -512,3 +512,45 @@ fn example_conflist_is_accepted() {
     let out = rig.invoke(&cni_bin(), "STATUS", &[], conf.to_string().as_bytes());
     assert!(out.ok, "STATUS with {}: {}", p.display(), out.raw);
 }
+
+/// The `cni-ptp` bench baseline: ptp pods on two hosts reach each other over the wire, and
+/// everything is gone after drop.
+#[test]
+fn ptp_reference_topology_connects_and_cleans_up() {
+    use std::io::{Read, Write};
+    use std::net::{SocketAddr, TcpListener, TcpStream};
+    require_root();
+    let prefix = unique("nsft-rp");
+    let names;
+    {
+        let t = nsfast_cni::reference::PtpTopology::build(&prefix, 1, &cni_path())
+            .expect("build ptp topology");
+        let (a, b) = (t.pod(0, 0), t.pod(1, 0));
+        let addr = SocketAddr::from((b.ip, 7200));
+        let l = b.netns.run(|| TcpListener::bind(addr)).unwrap().unwrap();
+        let srv = std::thread::spawn(move || {
+            let (mut s, _) = l.accept().unwrap();
+            let mut buf = [0u8; 4];
+            s.read_exact(&mut buf).unwrap();
+            s.write_all(&buf).unwrap();
+        });
+        let mut c = a
+            .netns
+            .run(|| TcpStream::connect_timeout(&addr, std::time::Duration::from_secs(5)))
+            .unwrap()
+            .expect("ptp pod to remote ptp pod");
+        c.set_read_timeout(Some(std::time::Duration::from_secs(5)))
+            .unwrap();
+        c.write_all(b"ping").unwrap();
+        let mut buf = [0u8; 4];
+        c.read_exact(&mut buf).unwrap();
+        assert_eq!(&buf, b"ping");
+        srv.join().unwrap();
+        names = [t.hosts[0].name().to_string(), a.netns.name().to_string()];
+    }
+    let left = nsfast_sys::netns::list_named();
+    for n in names {
+        assert!(!left.contains(&n), "{n} left behind");
+    }
+    assert!(!std::env::temp_dir().join(format!("{prefix}-ipam")).exists());
+}
