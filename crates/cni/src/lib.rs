@@ -28,6 +28,8 @@ pub fn main() -> ExitCode {
         .with_writer(std::io::stderr)
         .with_target(false)
         .try_init();
+    // Runtimes may signal a plugin they gave up on: finish (or undo) the change first.
+    let _ = nsfast_sys::signals::block_termination();
     let env = spec::Env::from_process();
     let mut stdin = Vec::new();
     let _ = std::io::stdin().read_to_end(&mut stdin);

@@ -535,3 +535,45 @@ fn bad_input_is_one_clear_error_and_changes_nothing() {
     guard.names.clear();
     assert_unchanged(&host_ns, &pod);
 }
+
+#[test]
+fn del_all_removes_every_pod_and_the_hosts_state() {
+    require_root();
+    let p = prefix();
+    let host_ns = NetNs::create(&format!("{p}-h")).unwrap();
+    let host = host_ns.name().to_string();
+    let names = [format!("{p}-q"), format!("{p}-r")];
+    let _guard = CliPods {
+        host: &host,
+        names: names.to_vec(),
+    };
+    for (i, n) in names.iter().enumerate() {
+        let ip = format!("10.252.3.{}/24", 10 + i);
+        let out = nsfast(&[
+            "pod", "add", n, "--ip", &ip, "--host", &host, "--mode", "veth",
+        ]);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let out = nsfast(&["pod", "del", "--all", "--host", &host]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("2 pod(s) deleted"));
+    for n in &names {
+        assert_unchanged(&host_ns, n);
+    }
+    // Nothing to delete: still fine.
+    assert!(nsfast(&["pod", "del", "--all", "--host", &host])
+        .status
+        .success());
+    // A name and --all together: a usage error.
+    assert!(!nsfast(&["pod", "del", "x", "--all", "--host", &host])
+        .status
+        .success());
+}

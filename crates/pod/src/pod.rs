@@ -431,6 +431,16 @@ pub fn del(name: &str, host: Option<&str>) -> Result<Option<PodRecord>, PodError
     Ok(Some(r))
 }
 
+/// Deletes every pod of `host` and the host's maps, uplink programs and state directories
+/// (including pins an interrupted run left without a record).
+pub fn del_all(host: Option<&str>) -> Result<Vec<PodRecord>, PodError> {
+    let host = Host::open(host)?;
+    if !host.state_dir().exists() && !host.pin_dir().exists() {
+        return Ok(Vec::new());
+    }
+    remove_where(&host, |_| false)
+}
+
 /// Tears down what `r` describes (lock held).
 fn remove(host: &Host, r: &PodRecord) -> Result<(), PodError> {
     datapath::endpoint_remove(host, r.ip, r.host_ifindex)?;

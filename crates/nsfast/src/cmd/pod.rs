@@ -12,8 +12,13 @@ pub enum PodCmd {
     /// Delete a pod and everything `add` made for it (and, with the host's last pod, the host's
     /// maps, uplink programs and state).
     Del {
-        /// Pod name.
-        name: String,
+        /// Pod name (or --all).
+        #[arg(required_unless_present = "all", conflicts_with = "all")]
+        name: Option<String>,
+        /// Delete every pod of the host, and with them the host's maps, uplink programs and
+        /// state (also what an interrupted run left in them).
+        #[arg(long)]
+        all: bool,
         /// Host network namespace (under /run/netns); default: the current namespace.
         #[arg(long)]
         host: Option<String>,
@@ -55,6 +60,18 @@ pub struct AddArgs {
 }
 
 pub fn run(cmd: PodCmd) -> Result<()> {
+    // A change is finished once started: SIGINT/SIGTERM wait until it is (or is undone).
+    if !matches!(cmd, PodCmd::List { .. }) {
+        nsfast_sys::signals::block_termination()?;
+    }
+    let r = run_inner(cmd);
+    if let Some(sig) = nsfast_sys::signals::pending_termination() {
+        eprintln!("nsfast: {sig} received; the change was completed or undone first");
+    }
+    r
+}
+
+fn run_inner(cmd: PodCmd) -> Result<()> {
     match cmd {
         PodCmd::Add(a) => {
             let ip: PodIp = a.ip.parse()?;
@@ -77,16 +94,29 @@ pub fn run(cmd: PodCmd) -> Result<()> {
             }
             Ok(())
         }
-        PodCmd::Del { name, host } => match nsfast_pod::del(&name, host.as_deref())? {
-            Some(r) => {
+        PodCmd::Del {
+            all: true, host, ..
+        } => {
+            let gone = nsfast_pod::pod::del_all(host.as_deref())?;
+            for r in &gone {
                 println!("deleted pod {} ({}) on host {}", r.name, r.ip, r.host);
-                Ok(())
             }
-            None => anyhow::bail!(
-                "no pod {name:?} on host {} (see `nsfast pod list`)",
-                host.as_deref().unwrap_or("current")
-            ),
-        },
+            println!("{} pod(s) deleted", gone.len());
+            Ok(())
+        }
+        PodCmd::Del { name, host, .. } => {
+            let name = name.unwrap_or_default();
+            match nsfast_pod::del(&name, host.as_deref())? {
+                Some(r) => {
+                    println!("deleted pod {} ({}) on host {}", r.name, r.ip, r.host);
+                    Ok(())
+                }
+                None => anyhow::bail!(
+                    "no pod {name:?} on host {} (see `nsfast pod list`)",
+                    host.as_deref().unwrap_or("current")
+                ),
+            }
+        }
         PodCmd::List { host, json } => {
             let l = nsfast_pod::list(host.as_deref())?;
             if json {
