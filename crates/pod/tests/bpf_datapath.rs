@@ -345,3 +345,73 @@ fn pod_to_remote_uses_the_fib_then_redirect_neigh_or_mac_rewrite() {
         })
         .unwrap();
 }
+
+/// The raw netkit `BPF_LINK_CREATE` (`nsfast_sys::bpf::netkit`). On a netkit kernel (the VM
+/// matrix): attaching the peer program on the primary's ifindex works, on the peer's ifindex
+/// it is refused (EACCES), on a veth it is not a netkit device (ENXIO). Without netkit (this
+/// host) the kernel's stub answers EINVAL, and nsfast never gets that far (see the probe).
+#[test]
+fn netkit_link_create_attaches_on_the_primary_only() {
+    use nsfast_sys::bpf::netkit;
+    use std::os::fd::AsFd;
+    require_root();
+    let w = VethPair::new();
+    let has_netkit = net::probe_netkit().unwrap();
+    let pod = NetNs::create(&unique("nsft-nk")).unwrap();
+    if has_netkit {
+        net::create_netkit(
+            Some(&w.client),
+            "nk0",
+            "nktmp0",
+            &pod,
+            "eth0",
+            net::NetkitMode::L3,
+        )
+        .unwrap();
+    }
+    let veth_idx = net::link_index(Some(&w.client), VethPair::CLIENT_IF).unwrap();
+    let nk_idx = has_netkit.then(|| net::link_index(Some(&w.client), "nk0").unwrap());
+    w.client
+        .run(|| {
+            let h = Harness::new();
+            let prog: &SchedClassifier = h
+                .ebpf
+                .program(abi::PROG_NETKIT_PEER_L3)
+                .unwrap()
+                .try_into()
+                .unwrap();
+            let fd = prog.fd().unwrap();
+            let on_veth = netkit::link_create(fd.as_fd(), veth_idx, netkit::BPF_NETKIT_PEER)
+                .expect_err("netkit attach on a veth");
+            if let Some(idx) = nk_idx {
+                assert_eq!(on_veth.raw_os_error(), Some(libc::ENXIO), "{on_veth}");
+                let link = netkit::link_create(fd.as_fd(), idx, netkit::BPF_NETKIT_PEER)
+                    .expect("netkit attach on the primary");
+                drop(link); // closing the only reference detaches
+            } else {
+                assert_eq!(on_veth.raw_os_error(), Some(libc::EINVAL), "{on_veth}");
+            }
+        })
+        .unwrap();
+    if has_netkit {
+        // The peer's ifindex is refused: programs go on the primary.
+        let peer_idx = net::link_index(Some(&pod), "eth0").unwrap();
+        pod.run(|| {
+            let h = Harness::new();
+            let prog: &SchedClassifier = h
+                .ebpf
+                .program(abi::PROG_NETKIT_PEER_L3)
+                .unwrap()
+                .try_into()
+                .unwrap();
+            let e = netkit::link_create(
+                prog.fd().unwrap().as_fd(),
+                peer_idx,
+                netkit::BPF_NETKIT_PEER,
+            )
+            .expect_err("attach on the peer");
+            assert_eq!(e.raw_os_error(), Some(libc::EACCES), "{e}");
+        })
+        .unwrap();
+    }
+}
