@@ -8,6 +8,7 @@
  *                      bpf_redirect_neigh; local or unroutable: the normal stack.
  *   wire -> pod:       bpf_redirect_peer into the pod.
  *   ARP from a pod:    answered with the host-side MAC (every pod route goes via the host).
+ * Every redirect is a routing hop: the TTL is decremented (TTL 1 goes to the stack for ICMP).
  * `l2` is a compile-time constant: 14 with an Ethernet header, 0 on netkit L3 devices.
  */
 #pragma once
@@ -43,6 +44,25 @@ struct nsf_arp4 {
 NSF_INLINE void nsf_mac_copy(__u8 *dst, const __u8 *src)
 {
 	__builtin_memcpy(dst, src, 6);
+}
+
+/*
+ * Routing is a hop: decrement the IPv4 TTL at `l3` with an incremental checksum update, as
+ * Cilium's ipv4_l3() does. Returns -1 (leave the packet to the stack, which answers with ICMP
+ * time exceeded) if the TTL would reach zero. Invalidates packet pointers.
+ */
+NSF_INLINE int nsf_dec_ttl(struct __sk_buff *skb, __u32 l3, __u8 ttl)
+{
+	__u8 new_ttl = ttl - 1;
+
+	if (ttl <= 1)
+		return -1;
+	if (bpf_l3_csum_replace(skb, l3 + offsetof(struct iphdr, check), bpf_htons(ttl << 8),
+				bpf_htons(new_ttl << 8), 2) < 0)
+		return -1;
+	if (bpf_skb_store_bytes(skb, l3 + offsetof(struct iphdr, ttl), &new_ttl, 1, 0) < 0)
+		return -1;
+	return 0;
 }
 
 /* Rewrites the frame's MACs and hands it to the pod behind `ep`. */
@@ -134,6 +154,8 @@ NSF_INLINE long nsf_from_pod(struct __sk_buff *skb, __u32 l2, int netkit, long p
 
 	ep = nsf_endpoint(ip->daddr);
 	if (ep) {
+		if (nsf_dec_ttl(skb, l2, ip->ttl) < 0)
+			return pass;
 		rc = nsf_to_pod(skb, ep, l2, netkit);
 		if (rc < 0)
 			return pass;
@@ -150,6 +172,11 @@ NSF_INLINE long nsf_from_pod(struct __sk_buff *skb, __u32 l2, int netkit, long p
 	fib.ifindex = skb->ingress_ifindex ? skb->ingress_ifindex : skb->ifindex;
 
 	rc = bpf_fib_lookup(skb, &fib, sizeof(fib), 0);
+	if ((rc == BPF_FIB_LKUP_RET_SUCCESS || rc == BPF_FIB_LKUP_RET_NO_NEIGH) &&
+	    nsf_dec_ttl(skb, l2, ip->ttl) < 0) {
+		nsf_count(NSF_CNT_POD_TO_STACK);
+		return pass;
+	}
 	if (rc == BPF_FIB_LKUP_RET_SUCCESS && l2) {
 		struct ethhdr *eth = (void *)(long)skb->data;
 
@@ -193,6 +220,10 @@ NSF_INLINE long nsf_from_wire(struct __sk_buff *skb)
 	ep = nsf_endpoint(ip->daddr);
 	if (!ep || (ep->flags & NSF_EP_L3)) {
 		/* L3 netkit pods take the stack path from the wire (no header to strip here). */
+		nsf_count(NSF_CNT_WIRE_TO_STACK);
+		return TC_ACT_OK;
+	}
+	if (nsf_dec_ttl(skb, ETH_HLEN, ip->ttl) < 0) {
 		nsf_count(NSF_CNT_WIRE_TO_STACK);
 		return TC_ACT_OK;
 	}

@@ -120,12 +120,45 @@ fn udp_frame(src: Ipv4Addr, dst: Ipv4Addr, dst_mac: [u8; 6]) -> Vec<u8> {
     v.extend_from_slice(&[0, 1, 0x40, 0, 64, 17, 0, 0]);
     v.extend_from_slice(&src.octets());
     v.extend_from_slice(&dst.octets());
+    let sum = ip_checksum(&v[14..34]);
+    v[24..26].copy_from_slice(&sum.to_be_bytes());
     v.extend_from_slice(&4000u16.to_be_bytes());
     v.extend_from_slice(&5000u16.to_be_bytes());
     v.extend_from_slice(&(8 + payload.len() as u16).to_be_bytes());
     v.extend_from_slice(&[0, 0]);
     v.extend_from_slice(payload);
     v
+}
+
+/// The IPv4 header checksum of `hdr` (with its checksum field as it is: 0 to compute, the
+/// stored value to verify, which then gives 0).
+fn ip_checksum(hdr: &[u8]) -> u16 {
+    let mut sum: u32 = hdr
+        .chunks(2)
+        .map(|c| u32::from(u16::from_be_bytes([c[0], c[1]])))
+        .sum();
+    while sum > 0xffff {
+        sum = (sum & 0xffff) + (sum >> 16);
+    }
+    !(sum as u16)
+}
+
+/// Checks that `out` is `orig` with the TTL one lower and a valid header checksum.
+fn assert_routed(orig: &[u8], out: &[u8]) {
+    assert_eq!(out[22], orig[22] - 1, "TTL decremented");
+    assert_eq!(
+        ip_checksum(&out[14..34]),
+        0,
+        "IPv4 header checksum still valid"
+    );
+    let mut a = orig[14..].to_vec();
+    let mut b = out[14..].to_vec();
+    for v in [&mut a, &mut b] {
+        v[8] = 0;
+        v[10] = 0;
+        v[11] = 0;
+    }
+    assert_eq!(a, b, "nothing else in the IP packet changed");
 }
 
 fn arp_request(sender_mac: [u8; 6], sip: Ipv4Addr, tip: Ipv4Addr) -> Vec<u8> {
@@ -158,9 +191,21 @@ fn pod_to_local_pod_is_redirected_into_the_peer_with_macs_rewritten() {
             &HOST_MAC,
             "source MAC = its host-side device's"
         );
-        assert_eq!(&out[12..], &f[12..], "the IP packet is untouched");
+        assert_routed(&f, &out);
         assert_eq!(h.counter(cnt::POD_TO_POD), 1);
         assert_eq!(h.counter(cnt::POD_TO_STACK), 0);
+        // TTL 1: not forwarded here; the stack answers with ICMP time exceeded.
+        let mut ttl1 = f.clone();
+        ttl1[22] = 1;
+        ttl1[24..26].copy_from_slice(&[0, 0]);
+        let sum = ip_checksum(&ttl1[14..34]);
+        ttl1[24..26].copy_from_slice(&sum.to_be_bytes());
+        assert_eq!(
+            h.run(abi::PROG_FROM_CONTAINER, &ttl1, None),
+            (TC_ACT_OK, ttl1.clone())
+        );
+        assert_eq!(h.run(abi::PROG_FROM_WIRE, &ttl1, None), (TC_ACT_OK, ttl1));
+        assert_eq!(h.counter(cnt::POD_TO_POD), 1);
     });
 }
 
@@ -235,6 +280,7 @@ fn wire_to_pod_is_redirected_into_the_pod_and_others_go_to_the_stack() {
         assert_eq!(rc, TC_ACT_REDIRECT);
         assert_eq!(&out[0..6], &POD_MAC);
         assert_eq!(&out[6..12], &HOST_MAC);
+        assert_routed(&f, &out);
         assert_eq!(h.counter(cnt::WIRE_TO_POD), 1);
 
         let other = udp_frame(
@@ -340,6 +386,7 @@ fn pod_to_remote_uses_the_fib_then_redirect_neigh_or_mac_rewrite() {
             assert_eq!(rc, TC_ACT_REDIRECT);
             assert_eq!(&out[0..6], &gw_mac, "destination MAC = the gateway's");
             assert_eq!(&out[6..12], &dev_mac, "source MAC = the egress device's");
+            assert_routed(&f, &out);
             assert_eq!(h.counter(cnt::FIB_REDIRECT), 1);
             assert_eq!(h.counter(cnt::FIB_NEIGH), 0);
         })
