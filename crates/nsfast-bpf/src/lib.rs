@@ -8,3 +8,7 @@ pub static SOCKMAP: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"),
 /// BPF_PROG_TEST_RUN harness for the sockmap key helpers (`bpf/tests/sockmap_keys.bpf.c`).
 pub static TEST_SOCKMAP_KEYS: &[u8] =
     aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/sockmap_keys.bpf.o"));
+
+/// Pod datapath: TCX (veth, wire) and netkit programs, endpoint table, counters
+/// (`bpf/pod.bpf.c`).
+pub static POD: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/pod.bpf.o"));

@@ -50,3 +50,126 @@ pub fn prog_query(target: BorrowedFd<'_>, attach_type: u32) -> io::Result<Vec<u3
     ids.truncate(attr.prog_cnt as usize);
     Ok(ids)
 }
+
+/// Netkit program attachment through a raw `BPF_LINK_CREATE` (aya 0.14 has no netkit attach).
+/// Everything unsafe about it lives in this module.
+pub mod netkit {
+    use std::ffi::CString;
+    use std::io;
+    use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+    use std::path::Path;
+
+    const BPF_OBJ_PIN: libc::c_long = 6;
+    const BPF_LINK_CREATE: libc::c_long = 28;
+    /// `BPF_NETKIT_PRIMARY` from `enum bpf_attach_type`: traffic leaving the primary (host)
+    /// side, i.e. going to the pod.
+    pub const BPF_NETKIT_PRIMARY: u32 = 54;
+    /// `BPF_NETKIT_PEER`: traffic the pod sends; runs in the host namespace, out of the pod's
+    /// reach.
+    pub const BPF_NETKIT_PEER: u32 = 55;
+
+    /// The `link_create` member of `union bpf_attr`, with its `netkit` sub-struct.
+    #[repr(C)]
+    #[derive(Default, Debug)]
+    pub(crate) struct LinkCreateAttr {
+        pub prog_fd: u32,
+        pub target_ifindex: u32,
+        pub attach_type: u32,
+        pub flags: u32,
+        pub relative_fd: u32,
+        pub _pad: u32,
+        pub expected_revision: u64,
+    }
+
+    /// The `BPF_OBJ_*` member of `union bpf_attr`.
+    #[repr(C)]
+    #[derive(Default, Debug)]
+    pub(crate) struct ObjPinAttr {
+        pub pathname: u64,
+        pub bpf_fd: u32,
+        pub file_flags: u32,
+        pub path_fd: i32,
+        pub _pad: u32,
+    }
+
+    /// Attaches the sched_cls program `prog` to the netkit device whose *primary* ifindex is
+    /// `primary_ifindex` (the peer's ifindex gives `EACCES`), at `attach_type`
+    /// ([`BPF_NETKIT_PRIMARY`] or [`BPF_NETKIT_PEER`]), appended after existing programs.
+    /// Returns the link; closing it (unless pinned) detaches the program. The caller must be in
+    /// the namespace of the primary device.
+    pub fn link_create(
+        prog: BorrowedFd<'_>,
+        primary_ifindex: u32,
+        attach_type: u32,
+    ) -> io::Result<OwnedFd> {
+        let attr = LinkCreateAttr {
+            prog_fd: prog.as_raw_fd() as u32,
+            target_ifindex: primary_ifindex,
+            attach_type,
+            ..Default::default()
+        };
+        // SAFETY: `attr` is a correctly laid out prefix of `union bpf_attr` for
+        // BPF_LINK_CREATE (checked by the layout test below); the kernel only reads `size`
+        // bytes of it and treats the rest as zero. It holds no pointers.
+        let r = unsafe {
+            libc::syscall(
+                libc::SYS_bpf,
+                BPF_LINK_CREATE,
+                &attr as *const LinkCreateAttr,
+                std::mem::size_of::<LinkCreateAttr>(),
+            )
+        };
+        if r < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: on success BPF_LINK_CREATE returns a new file descriptor that nothing else
+        // owns.
+        Ok(unsafe { OwnedFd::from_raw_fd(r as i32) })
+    }
+
+    /// Pins a BPF object (link, map, program) fd at `path` on a bpffs mount.
+    pub fn obj_pin(fd: BorrowedFd<'_>, path: &Path) -> io::Result<()> {
+        let c = CString::new(path.as_os_str().as_encoded_bytes())
+            .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "path contains NUL"))?;
+        let attr = ObjPinAttr {
+            pathname: c.as_ptr() as u64,
+            bpf_fd: fd.as_raw_fd() as u32,
+            ..Default::default()
+        };
+        // SAFETY: `attr` is the BPF_OBJ_PIN layout of `union bpf_attr`; `pathname` points to
+        // the NUL-terminated `c`, alive until the call returns; the kernel reads only `size`
+        // bytes of `attr`.
+        let r = unsafe {
+            libc::syscall(
+                libc::SYS_bpf,
+                BPF_OBJ_PIN,
+                &attr as *const ObjPinAttr,
+                std::mem::size_of::<ObjPinAttr>(),
+            )
+        };
+        if r < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use super::*;
+        use std::mem::{offset_of, size_of};
+
+        /// Offsets from `union bpf_attr` in linux/bpf.h (6.7+).
+        #[test]
+        fn attr_layouts_match_the_uapi() {
+            assert_eq!(offset_of!(LinkCreateAttr, prog_fd), 0);
+            assert_eq!(offset_of!(LinkCreateAttr, target_ifindex), 4);
+            assert_eq!(offset_of!(LinkCreateAttr, attach_type), 8);
+            assert_eq!(offset_of!(LinkCreateAttr, flags), 12);
+            assert_eq!(offset_of!(LinkCreateAttr, relative_fd), 16);
+            assert_eq!(offset_of!(LinkCreateAttr, expected_revision), 24);
+            assert_eq!(size_of::<LinkCreateAttr>(), 32);
+            assert_eq!(offset_of!(ObjPinAttr, bpf_fd), 8);
+            assert_eq!(offset_of!(ObjPinAttr, path_fd), 16);
+        }
+    }
+}

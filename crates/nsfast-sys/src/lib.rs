@@ -3,10 +3,12 @@
 //! Module map:
 //! - [`netns`]   — create, open, enter and delete network namespaces; run code or commands inside.
 //! - [`cgroup`]  — find the cgroup2 mount, create/remove cgroups, move processes, cgroup ids.
-//! - [`net`]     — rtnetlink helpers: veth pairs, links up, addresses, routes (sync wrappers).
+//! - [`net`]     — rtnetlink helpers: veth and netkit pairs, links, addresses, routes, neighbours,
+//!   netkit probe (sync wrappers).
 //! - [`ports`]   — parse and validate port lists such as `80,443,8000-8100`.
 //! - [`kernel`]  — running kernel version, cached.
-//! - [`bpf`]     — raw `bpf(2)` calls aya 0.14 does not expose (program query on a cgroup).
+//! - [`bpf`]     — raw `bpf(2)` calls aya 0.14 does not expose (program query on a cgroup,
+//!   netkit `BPF_LINK_CREATE`, object pin).
 //! - [`signals`] — block SIGINT/SIGTERM and wait for them synchronously.
 //!
 //! All `unsafe` in nsfast's plumbing lives in this crate, each block with a `// SAFETY:` note.

@@ -204,3 +204,277 @@ pub fn set_sysctl(ns: Option<&NetNs>, key: &str, value: &str) -> Result<(), NetE
     }
     Ok(())
 }
+
+async fn mac_of(handle: &Handle, name: &str) -> Result<[u8; 6], NetError> {
+    use netlink_packet_route::link::LinkAttribute;
+    let mut links = handle.link().get().match_name(name.to_string()).execute();
+    let msg = match links.try_next().await {
+        Ok(Some(msg)) => msg,
+        Ok(None) => return Err(NetError::NoSuchLink(name.into())),
+        Err(rtnetlink::Error::NetlinkError(e)) if e.raw_code() == -libc::ENODEV => {
+            return Err(NetError::NoSuchLink(name.into()))
+        }
+        Err(e) => return Err(nl(format!("get link {name}"))(e)),
+    };
+    for a in msg.attributes {
+        if let LinkAttribute::Address(a) = a {
+            if a.len() == 6 {
+                let mut m = [0u8; 6];
+                m.copy_from_slice(&a);
+                return Ok(m);
+            }
+        }
+    }
+    // L3 devices (netkit L3, tun) have no MAC.
+    Ok([0u8; 6])
+}
+
+/// The MAC address of link `name` in `ns` (all zero for a device without one).
+pub fn link_mac(ns: Option<&NetNs>, name: &str) -> Result<[u8; 6], NetError> {
+    with_handle(ns, |h| async move { mac_of(&h, name).await })
+}
+
+/// Whether link `name` exists in `ns`.
+pub fn link_exists(ns: Option<&NetNs>, name: &str) -> Result<bool, NetError> {
+    match link_index(ns, name) {
+        Ok(_) => Ok(true),
+        Err(NetError::NoSuchLink(_)) => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
+/// Renames link `old` to `new` in `ns` (the link must be down).
+pub fn rename_link(ns: Option<&NetNs>, old: &str, new: &str) -> Result<(), NetError> {
+    with_handle(ns, |h| async move {
+        let idx = index_of(&h, old).await?;
+        h.link()
+            .set(
+                LinkUnspec::new_with_index(idx)
+                    .name(new.to_string())
+                    .build(),
+            )
+            .execute()
+            .await
+            .map_err(nl(format!("rename {old} to {new}")))
+    })
+}
+
+/// Adds a permanent neighbour entry `ip -> mac` on link `dev` (replacing an existing one).
+pub fn add_neighbour(
+    ns: Option<&NetNs>,
+    dev: &str,
+    ip: IpAddr,
+    mac: [u8; 6],
+) -> Result<(), NetError> {
+    with_handle(ns, |h| async move {
+        let idx = index_of(&h, dev).await?;
+        h.neighbours()
+            .add(idx, ip)
+            .link_layer_address(&mac)
+            .replace()
+            .execute()
+            .await
+            .map_err(nl(format!("add neighbour {ip} on {dev}")))
+    })
+}
+
+/// The IPv4 addresses (with prefix length) on link `name` in `ns`.
+pub fn link_ipv4_addresses(
+    ns: Option<&NetNs>,
+    name: &str,
+) -> Result<Vec<(std::net::Ipv4Addr, u8)>, NetError> {
+    use netlink_packet_route::address::AddressAttribute;
+    with_handle(ns, |h| async move {
+        let idx = index_of(&h, name).await?;
+        let mut out = Vec::new();
+        let mut addrs = h.address().get().set_link_index_filter(idx).execute();
+        while let Some(msg) = addrs
+            .try_next()
+            .await
+            .map_err(nl(format!("list addresses of {name}")))?
+        {
+            for a in &msg.attributes {
+                if let AddressAttribute::Address(IpAddr::V4(v4)) = a {
+                    out.push((*v4, msg.header.prefix_len));
+                }
+            }
+        }
+        Ok(out)
+    })
+}
+
+/// Netkit device mode (`IFLA_NETKIT_MODE`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NetkitMode {
+    /// Ethernet headers, ARP (`NETKIT_L2`).
+    L2,
+    /// IP only, no ARP (`NETKIT_L3`).
+    L3,
+}
+
+/// Creates a netkit pair: `primary` stays in `host` with policy forward, `peer` is moved into
+/// `pod` and renamed `pod_name`, with policy blackhole (drop until a program is attached to `BPF_NETKIT_PEER`), as
+/// Cilium does. Both ends are set up. Fails with `EOPNOTSUPP` on kernels without netkit.
+pub fn create_netkit(
+    host: Option<&NetNs>,
+    primary: &str,
+    peer: &str,
+    pod: &NetNs,
+    pod_name: &str,
+    mode: NetkitMode,
+) -> Result<(), NetError> {
+    use rtnetlink::packet_route::link::{NetkitMode as M, NetkitPolicy};
+    let fd_pod = pod.as_fd().as_raw_fd();
+    let m = match mode {
+        NetkitMode::L2 => M::L2,
+        NetkitMode::L3 => M::L3,
+    };
+    let r = with_handle(host, |h| async move {
+        h.link()
+            .add(
+                rtnetlink::LinkNetkit::new(primary, peer, m)
+                    .policy(NetkitPolicy::Pass)
+                    .peer_policy(NetkitPolicy::Drop)
+                    .build(),
+            )
+            .execute()
+            .await
+            .map_err(nl(format!("add netkit {primary}/{peer}")))?;
+        let idx_b = index_of(&h, peer).await?;
+        h.link()
+            .set(
+                LinkUnspec::new_with_index(idx_b)
+                    .setns_by_fd(fd_pod)
+                    .build(),
+            )
+            .execute()
+            .await
+            .map_err(nl(format!("move {peer} to its namespace")))?;
+        let idx_a = index_of(&h, primary).await?;
+        h.link()
+            .set(LinkUnspec::new_with_index(idx_a).up().build())
+            .execute()
+            .await
+            .map_err(nl(format!("set {primary} up")))
+    })
+    .and_then(|()| {
+        if peer != pod_name {
+            rename_link(Some(pod), peer, pod_name)?;
+        }
+        link_up(Some(pod), pod_name)
+    });
+    if r.is_err() {
+        let _ = delete_link(host, primary);
+    }
+    r
+}
+
+/// Whether the running kernel can create netkit devices. The probe runs in a private,
+/// unnamed network namespace made on a short-lived thread, so nothing visible changes.
+pub fn probe_netkit() -> Result<bool, NetError> {
+    let work = || -> Result<bool, NetError> {
+        nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET)
+            .map_err(|e| NetError::Io(std::io::Error::from(e)))?;
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_io()
+            .build()?;
+        rt.block_on(async {
+            let (conn, h, _) = rtnetlink::new_connection()?;
+            let task = tokio::spawn(conn);
+            let r = h
+                .link()
+                .add(
+                    rtnetlink::LinkNetkit::new(
+                        "nsfprobe0",
+                        "nsfprobe1",
+                        rtnetlink::packet_route::link::NetkitMode::L3,
+                    )
+                    .build(),
+                )
+                .execute()
+                .await;
+            task.abort();
+            match r {
+                Ok(()) => Ok(true),
+                Err(rtnetlink::Error::NetlinkError(e))
+                    if e.raw_code() == -libc::EOPNOTSUPP || e.raw_code() == -libc::EINVAL =>
+                {
+                    Ok(false)
+                }
+                Err(e) => Err(nl("probe netkit")(e)),
+            }
+        })
+    };
+    std::thread::scope(|s| s.spawn(work).join())
+        .unwrap_or_else(|_| Err(NetError::Io(std::io::Error::other("probe thread panicked"))))
+}
+
+/// Adds a link-scope route (`ip route add DST/PREFIX dev DEV scope link`) for an on-link
+/// gateway that is outside the device's own subnets.
+pub fn add_link_route(
+    ns: Option<&NetNs>,
+    dst: std::net::Ipv4Addr,
+    prefix: u8,
+    dev: &str,
+) -> Result<(), NetError> {
+    use netlink_packet_route::route::RouteScope;
+    with_handle(ns, |h| async move {
+        let idx = index_of(&h, dev).await?;
+        let msg = RouteMessageBuilder::<std::net::Ipv4Addr>::new()
+            .destination_prefix(dst, prefix)
+            .output_interface(idx)
+            .scope(RouteScope::Link)
+            .build();
+        h.route()
+            .add(msg)
+            .execute()
+            .await
+            .map_err(nl(format!("add route {dst}/{prefix} dev {dev}")))
+    })
+}
+
+/// Creates a veth pair whose `host_name` end stays in `host` and whose other end ends up in
+/// `pod` named `pod_name` (it is created under the temporary name `tmp_name`, so `pod_name`
+/// may exist in `host`, e.g. `eth0`). Both ends are up. On error nothing is left.
+pub fn create_veth_into(
+    host: Option<&NetNs>,
+    host_name: &str,
+    tmp_name: &str,
+    pod: &NetNs,
+    pod_name: &str,
+) -> Result<(), NetError> {
+    let fd_pod = pod.as_fd().as_raw_fd();
+    let r = with_handle(host, |h| async move {
+        h.link()
+            .add(LinkVeth::new(host_name, tmp_name).build())
+            .execute()
+            .await
+            .map_err(nl(format!("add veth {host_name}/{tmp_name}")))?;
+        let idx_b = index_of(&h, tmp_name).await?;
+        h.link()
+            .set(
+                LinkUnspec::new_with_index(idx_b)
+                    .setns_by_fd(fd_pod)
+                    .build(),
+            )
+            .execute()
+            .await
+            .map_err(nl(format!("move {tmp_name} to its namespace")))?;
+        let idx_a = index_of(&h, host_name).await?;
+        h.link()
+            .set(LinkUnspec::new_with_index(idx_a).up().build())
+            .execute()
+            .await
+            .map_err(nl(format!("set {host_name} up")))
+    })
+    .and_then(|()| {
+        if tmp_name != pod_name {
+            rename_link(Some(pod), tmp_name, pod_name)?;
+        }
+        link_up(Some(pod), pod_name)
+    });
+    if r.is_err() {
+        let _ = delete_link(host, host_name);
+    }
+    r
+}

@@ -27,6 +27,9 @@ enum Command {
     /// vsock relays (vsock, TCP, UNIX, hybrid vsock).
     #[command(subcommand)]
     Vsock(cmd::vsock::VsockCmd),
+    /// Pods on veth/netkit pairs with BPF host routing (redirect_peer, fib + redirect_neigh).
+    #[command(subcommand)]
+    Pod(cmd::pod::PodCmd),
 }
 
 fn main() -> ExitCode {
@@ -35,6 +38,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Sockmap(c) => cmd::sockmap::run(c),
         Command::Vsock(c) => cmd::vsock::run(c),
+        Command::Pod(c) => cmd::pod::run(c),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -1,4 +1,5 @@
 //! One module per subcommand.
 
+pub mod pod;
 pub mod sockmap;
 pub mod vsock;

@@ -1,0 +1,61 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR MIT) */
+/*
+ * Pod endpoint table and datapath counters, shared by every pod program of one host.
+ * `nsfast pod add/del` keep the table; the loader pins both maps per host namespace.
+ * Layouts are mirrored in crates/pod/src/abi.rs.
+ */
+#pragma once
+
+#include "nsfast.h"
+
+/* Endpoint flags. */
+#define NSF_EP_NETKIT (1U << 0) /* host-side device is a netkit primary */
+#define NSF_EP_L3 (1U << 1)	/* no Ethernet header on the pod's device (netkit L3) */
+
+/* One pod address. Key: the pod's IPv4 address, network byte order. */
+struct nsf_endpoint {
+	__u32 ifindex;	   /* host-side device: veth host end or netkit primary */
+	__u32 flags;	   /* NSF_EP_* */
+	__u8 pod_mac[6];   /* the pod device's MAC: destination of frames to the pod */
+	__u8 host_mac[6];  /* the host-side device's MAC: source of frames to the pod */
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 4096);
+	__type(key, __u32);
+	__type(value, struct nsf_endpoint);
+} nsf_pod_eps SEC(".maps");
+
+/* Counter slots (indexes into nsf_pod_cnt). */
+enum {
+	NSF_CNT_POD_TO_POD = 0,	   /* pod -> local pod, bpf_redirect_peer / netkit redirect */
+	NSF_CNT_FIB_REDIRECT = 1,  /* pod -> wire, fib hit, MACs rewritten, bpf_redirect */
+	NSF_CNT_FIB_NEIGH = 2,	   /* pod -> wire, fib without neighbour, bpf_redirect_neigh */
+	NSF_CNT_POD_TO_STACK = 3,  /* pod -> anything else (host services): normal stack */
+	NSF_CNT_WIRE_TO_POD = 4,   /* wire -> local pod, bpf_redirect_peer */
+	NSF_CNT_WIRE_TO_STACK = 5, /* wire -> not a pod: normal stack */
+	NSF_CNT_ARP_REPLY = 6,	   /* ARP request from a pod answered with the host MAC */
+	NSF_CNT_NOT_IPV4 = 7,	   /* pod frame that is neither IPv4 nor ARP: normal stack */
+	NSF_CNT_MAX = 8,
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, NSF_CNT_MAX);
+	__type(key, __u32);
+	__type(value, __u64);
+} nsf_pod_cnt SEC(".maps");
+
+NSF_INLINE void nsf_count(__u32 slot)
+{
+	__u64 *c = bpf_map_lookup_elem(&nsf_pod_cnt, &slot);
+
+	if (c)
+		*c += 1;
+}
+
+NSF_INLINE struct nsf_endpoint *nsf_endpoint(__u32 ip4)
+{
+	return bpf_map_lookup_elem(&nsf_pod_eps, &ip4);
+}

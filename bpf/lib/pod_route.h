@@ -1,0 +1,235 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR MIT) */
+/*
+ * BPF host routing for pods, after the kernel selftests test_tc_peer.c / test_tc_neigh_fib.c
+ * and Cilium's local-delivery and fib helpers:
+ *   pod -> local pod:  veth: bpf_redirect_peer to the destination's host-side veth;
+ *                      netkit: bpf_redirect to the destination's primary.
+ *   pod -> elsewhere:  bpf_fib_lookup; hit: MAC rewrite + bpf_redirect; no neighbour:
+ *                      bpf_redirect_neigh; local or unroutable: the normal stack.
+ *   wire -> pod:       bpf_redirect_peer into the pod.
+ *   ARP from a pod:    answered with the host-side MAC (every pod route goes via the host).
+ * Every redirect is a routing hop: the TTL is decremented (TTL 1 goes to the stack for ICMP).
+ * `l2` is a compile-time constant: 14 with an Ethernet header, 0 on netkit L3 devices.
+ */
+#pragma once
+
+#include <linux/if_ether.h>
+#include <linux/ip.h>
+#include <linux/pkt_cls.h>
+
+#include "pod_endpoints.h"
+
+/* From linux/if_arp.h, which pulls in libc headers. */
+#define ARPHRD_ETHER 1
+#define ARPOP_REQUEST 1
+#define ARPOP_REPLY 2
+
+#ifndef NETKIT_NEXT
+#define NETKIT_NEXT -1
+#endif
+
+/* ARP over Ethernet for IPv4, as on the wire. */
+struct nsf_arp4 {
+	__be16 htype;
+	__be16 ptype;
+	__u8 hlen;
+	__u8 plen;
+	__be16 op;
+	__u8 sha[6];
+	__u8 sip[4];
+	__u8 tha[6];
+	__u8 tip[4];
+} __attribute__((packed));
+
+NSF_INLINE void nsf_mac_copy(__u8 *dst, const __u8 *src)
+{
+	__builtin_memcpy(dst, src, 6);
+}
+
+/*
+ * Routing is a hop: decrement the IPv4 TTL at `l3` with an incremental checksum update, as
+ * Cilium's ipv4_l3() does. Returns -1 (leave the packet to the stack, which answers with ICMP
+ * time exceeded) if the TTL would reach zero. Invalidates packet pointers.
+ */
+NSF_INLINE int nsf_dec_ttl(struct __sk_buff *skb, __u32 l3, __u8 ttl)
+{
+	__u8 new_ttl = ttl - 1;
+
+	if (ttl <= 1)
+		return -1;
+	if (bpf_l3_csum_replace(skb, l3 + offsetof(struct iphdr, check), bpf_htons(ttl << 8),
+				bpf_htons(new_ttl << 8), 2) < 0)
+		return -1;
+	if (bpf_skb_store_bytes(skb, l3 + offsetof(struct iphdr, ttl), &new_ttl, 1, 0) < 0)
+		return -1;
+	return 0;
+}
+
+/* Rewrites the frame's MACs and hands it to the pod behind `ep`. */
+NSF_INLINE long nsf_to_pod(struct __sk_buff *skb, const struct nsf_endpoint *ep, __u32 l2,
+			   int netkit_src)
+{
+	if (l2) {
+		void *data = (void *)(long)skb->data;
+		void *data_end = (void *)(long)skb->data_end;
+		struct ethhdr *eth = data;
+
+		if ((void *)(eth + 1) > data_end)
+			return -1;
+		nsf_mac_copy(eth->h_dest, ep->pod_mac);
+		nsf_mac_copy(eth->h_source, ep->host_mac);
+	}
+	/* A frame leaving a netkit pod is already in the host namespace (peer program):
+	 * transmit on the destination primary, which hands it to its peer. From a veth's or the
+	 * wire's ingress, jump into the destination namespace without the backlog. */
+	if (netkit_src)
+		return bpf_redirect(ep->ifindex, 0);
+	return bpf_redirect_peer(ep->ifindex, 0);
+}
+
+/* Answers an ARP request from a pod in place; returns the verdict, or `pass` if not one. */
+NSF_INLINE long nsf_arp_reply(struct __sk_buff *skb, long pass)
+{
+	void *data = (void *)(long)skb->data;
+	void *data_end = (void *)(long)skb->data_end;
+	struct ethhdr *eth = data;
+	struct nsf_arp4 *arp = (void *)(eth + 1);
+	struct nsf_endpoint *ep;
+	__u32 sip, tip;
+
+	if ((void *)(arp + 1) > data_end)
+		return pass;
+	if (arp->htype != bpf_htons(ARPHRD_ETHER) || arp->ptype != bpf_htons(ETH_P_IP) ||
+	    arp->hlen != 6 || arp->plen != 4 || arp->op != bpf_htons(ARPOP_REQUEST))
+		return pass;
+	__builtin_memcpy(&sip, arp->sip, 4);
+	__builtin_memcpy(&tip, arp->tip, 4);
+	ep = nsf_endpoint(sip);
+	if (!ep || tip == sip) /* not a known pod, or gratuitous ARP */
+		return pass;
+
+	arp->op = bpf_htons(ARPOP_REPLY);
+	nsf_mac_copy(arp->tha, arp->sha);
+	nsf_mac_copy(arp->sha, ep->host_mac);
+	__builtin_memcpy(arp->tip, &sip, 4);
+	__builtin_memcpy(arp->sip, &tip, 4);
+	nsf_mac_copy(eth->h_dest, eth->h_source);
+	nsf_mac_copy(eth->h_source, ep->host_mac);
+	nsf_count(NSF_CNT_ARP_REPLY);
+	/* Back out of the asking pod's host-side device, i.e. into the pod. */
+	return bpf_redirect(ep->ifindex, 0);
+}
+
+/*
+ * A packet a pod sent. `pass` is the "normal stack" verdict of the attach point
+ * (TC_ACT_OK for tc/tcx, NETKIT_NEXT for netkit).
+ */
+NSF_INLINE long nsf_from_pod(struct __sk_buff *skb, __u32 l2, int netkit, long pass)
+{
+	void *data = (void *)(long)skb->data;
+	void *data_end = (void *)(long)skb->data_end;
+	struct bpf_fib_lookup fib = {};
+	struct nsf_endpoint *ep;
+	struct iphdr *ip;
+	long rc;
+
+	if (l2) {
+		struct ethhdr *eth = data;
+
+		if ((void *)(eth + 1) > data_end)
+			return pass;
+		if (eth->h_proto == bpf_htons(ETH_P_ARP))
+			return nsf_arp_reply(skb, pass);
+		if (eth->h_proto != bpf_htons(ETH_P_IP)) {
+			nsf_count(NSF_CNT_NOT_IPV4);
+			return pass;
+		}
+	} else if (skb->protocol != bpf_htons(ETH_P_IP)) {
+		nsf_count(NSF_CNT_NOT_IPV4);
+		return pass;
+	}
+	ip = data + l2;
+	if ((void *)(ip + 1) > data_end || ip->ihl < 5)
+		return pass;
+
+	ep = nsf_endpoint(ip->daddr);
+	if (ep) {
+		if (nsf_dec_ttl(skb, l2, ip->ttl) < 0)
+			return pass;
+		rc = nsf_to_pod(skb, ep, l2, netkit);
+		if (rc < 0)
+			return pass;
+		nsf_count(NSF_CNT_POD_TO_POD);
+		return rc;
+	}
+
+	fib.family = AF_INET;
+	fib.tos = ip->tos;
+	fib.l4_protocol = ip->protocol;
+	fib.tot_len = bpf_ntohs(ip->tot_len);
+	fib.ipv4_src = ip->saddr;
+	fib.ipv4_dst = ip->daddr;
+	fib.ifindex = skb->ingress_ifindex ? skb->ingress_ifindex : skb->ifindex;
+
+	rc = bpf_fib_lookup(skb, &fib, sizeof(fib), 0);
+	if ((rc == BPF_FIB_LKUP_RET_SUCCESS || rc == BPF_FIB_LKUP_RET_NO_NEIGH) &&
+	    nsf_dec_ttl(skb, l2, ip->ttl) < 0) {
+		nsf_count(NSF_CNT_POD_TO_STACK);
+		return pass;
+	}
+	if (rc == BPF_FIB_LKUP_RET_SUCCESS && l2) {
+		struct ethhdr *eth = (void *)(long)skb->data;
+
+		if ((void *)(eth + 1) > (void *)(long)skb->data_end)
+			return pass;
+		nsf_mac_copy(eth->h_dest, fib.dmac);
+		nsf_mac_copy(eth->h_source, fib.smac);
+		nsf_count(NSF_CNT_FIB_REDIRECT);
+		return bpf_redirect(fib.ifindex, 0);
+	}
+	if (rc == BPF_FIB_LKUP_RET_NO_NEIGH ||
+	    (rc == BPF_FIB_LKUP_RET_SUCCESS && !l2)) {
+		struct bpf_redir_neigh nh = {
+			.nh_family = AF_INET,
+			.ipv4_nh = fib.ipv4_dst, /* the fib wrote the next hop here */
+		};
+
+		nsf_count(NSF_CNT_FIB_NEIGH);
+		return bpf_redirect_neigh(fib.ifindex, &nh, sizeof(nh), 0);
+	}
+	/* Local destination (host services), forwarding off, no route: the normal stack. */
+	nsf_count(NSF_CNT_POD_TO_STACK);
+	return pass;
+}
+
+/* A frame that arrived on the wire (TCX ingress of the uplink). */
+NSF_INLINE long nsf_from_wire(struct __sk_buff *skb)
+{
+	void *data = (void *)(long)skb->data;
+	void *data_end = (void *)(long)skb->data_end;
+	struct ethhdr *eth = data;
+	struct nsf_endpoint *ep;
+	struct iphdr *ip;
+	long rc;
+
+	if ((void *)(eth + 1) > data_end || eth->h_proto != bpf_htons(ETH_P_IP))
+		return TC_ACT_OK;
+	ip = (void *)(eth + 1);
+	if ((void *)(ip + 1) > data_end)
+		return TC_ACT_OK;
+	ep = nsf_endpoint(ip->daddr);
+	if (!ep || (ep->flags & NSF_EP_L3)) {
+		/* L3 netkit pods take the stack path from the wire (no header to strip here). */
+		nsf_count(NSF_CNT_WIRE_TO_STACK);
+		return TC_ACT_OK;
+	}
+	if (nsf_dec_ttl(skb, ETH_HLEN, ip->ttl) < 0) {
+		nsf_count(NSF_CNT_WIRE_TO_STACK);
+		return TC_ACT_OK;
+	}
+	rc = nsf_to_pod(skb, ep, ETH_HLEN, 0);
+	if (rc < 0)
+		return TC_ACT_OK;
+	nsf_count(NSF_CNT_WIRE_TO_POD);
+	return rc;
+}

@@ -1,0 +1,47 @@
+//! nsfast-cni: a CNI 1.1 plugin that makes nsfast pods.
+//!
+//! Module map:
+//! - [`spec`]   — CNI protocol types: config, environment, results, error JSON and codes.
+//! - [`ipam`]   — delegation to the IPAM plugin (e.g. `host-local`) found on `CNI_PATH`.
+//! - [`plugin`] — ADD, DEL, CHECK, STATUS, GC, VERSION on top of `nsfast_pod`.
+//! - [`reference`] — pods made by the reference `ptp` plugin on a two-host layout (the
+//!   `cni-ptp` bench baseline).
+//!
+//! The runtime executes the plugin in the host network namespace with `CNI_*` variables and
+//! the network configuration on stdin; the result (or an error object) goes to stdout.
+
+pub mod ipam;
+pub mod plugin;
+pub mod reference;
+pub mod spec;
+
+use std::io::Read;
+use std::process::ExitCode;
+
+/// Entry point of the `nsfast-cni` binary.
+pub fn main() -> ExitCode {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_writer(std::io::stderr)
+        .with_target(false)
+        .try_init();
+    // Runtimes may signal a plugin they gave up on: finish (or undo) the change first.
+    let _ = nsfast_sys::signals::block_termination();
+    let env = spec::Env::from_process();
+    let mut stdin = Vec::new();
+    let _ = std::io::stdin().read_to_end(&mut stdin);
+    match plugin::run(&env, &stdin) {
+        Ok(Some(out)) => {
+            println!("{out}");
+            ExitCode::SUCCESS
+        }
+        Ok(None) => ExitCode::SUCCESS,
+        Err(e) => {
+            println!("{}", e.to_json());
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,245 @@
+//! CNI protocol types (spec 1.1): environment, network configuration, result, errors.
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+/// Versions this plugin speaks. Results have the same format in all of them.
+pub const SUPPORTED: &[&str] = &["0.4.0", "1.0.0", "1.1.0"];
+
+/// Well-known CNI error codes.
+pub mod code {
+    pub const INCOMPATIBLE_VERSION: u32 = 1;
+    pub const UNSUPPORTED_FIELD: u32 = 2;
+    pub const UNKNOWN_CONTAINER: u32 = 3;
+    pub const INVALID_ENV: u32 = 4;
+    pub const IO_FAILURE: u32 = 5;
+    pub const DECODE_FAILURE: u32 = 6;
+    pub const INVALID_CONFIG: u32 = 7;
+    pub const TRY_AGAIN_LATER: u32 = 11;
+    pub const PLUGIN_NOT_AVAILABLE: u32 = 50;
+    /// Plugin-specific: the container already has this interface.
+    pub const ALREADY_EXISTS: u32 = 100;
+    /// Plugin-specific: CHECK found the attachment damaged.
+    pub const CHECK_FAILED: u32 = 101;
+}
+
+/// A CNI error, printed as the spec's error object.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("{msg}")]
+pub struct CniError {
+    pub cni_version: String,
+    pub code: u32,
+    pub msg: String,
+    pub details: String,
+}
+
+impl CniError {
+    pub fn new(code: u32, msg: impl Into<String>, details: impl Into<String>) -> Self {
+        Self {
+            cni_version: "1.1.0".into(),
+            code,
+            msg: msg.into(),
+            details: details.into(),
+        }
+    }
+
+    pub fn to_json(&self) -> String {
+        serde_json::json!({
+            "cniVersion": self.cni_version,
+            "code": self.code,
+            "msg": self.msg,
+            "details": self.details,
+        })
+        .to_string()
+    }
+}
+
+/// The `CNI_*` environment.
+#[derive(Debug, Clone, Default)]
+pub struct Env {
+    pub command: Option<String>,
+    pub container_id: Option<String>,
+    pub netns: Option<String>,
+    pub ifname: Option<String>,
+    pub args: Option<String>,
+    pub path: Option<String>,
+}
+
+impl Env {
+    pub fn from_process() -> Self {
+        let v = |k: &str| std::env::var(k).ok().filter(|s| !s.is_empty());
+        Self {
+            command: v("CNI_COMMAND"),
+            container_id: v("CNI_CONTAINERID"),
+            netns: v("CNI_NETNS"),
+            ifname: v("CNI_IFNAME"),
+            args: v("CNI_ARGS"),
+            path: v("CNI_PATH"),
+        }
+    }
+
+    /// A required variable, or error 4 naming it.
+    pub fn need<'a>(&self, name: &str, v: &'a Option<String>) -> Result<&'a str, CniError> {
+        v.as_deref().ok_or_else(|| {
+            CniError::new(
+                code::INVALID_ENV,
+                format!("{name} is not set"),
+                format!(
+                    "CNI_COMMAND {} needs {name} (see the CNI 1.1 spec, section \"Parameters\")",
+                    self.command.as_deref().unwrap_or("?")
+                ),
+            )
+        })
+    }
+}
+
+/// The part of a network configuration this plugin reads; the rest is passed on to IPAM.
+#[derive(Debug, Clone, Deserialize)]
+pub struct NetConf {
+    #[serde(rename = "cniVersion")]
+    pub cni_version: String,
+    pub name: String,
+    #[serde(rename = "type")]
+    pub plugin_type: String,
+    #[serde(default)]
+    pub ipam: Option<Value>,
+    /// nsfast: `veth`, `netkit`, `netkit-l2` or `auto` (default).
+    #[serde(default)]
+    pub mode: Option<String>,
+    /// nsfast: uplink devices to attach the wire program to.
+    #[serde(default)]
+    pub uplinks: Vec<String>,
+    #[serde(rename = "prevResult", default)]
+    pub prev_result: Option<Value>,
+    #[serde(rename = "cni.dev/valid-attachments", default)]
+    pub valid_attachments: Option<Vec<Attachment>>,
+}
+
+/// One entry of `cni.dev/valid-attachments`.
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq, Eq)]
+pub struct Attachment {
+    #[serde(rename = "containerID")]
+    pub container_id: String,
+    pub ifname: String,
+}
+
+impl NetConf {
+    /// The IPAM plugin's `type`, or error 7.
+    pub fn ipam_type(&self) -> Result<&str, CniError> {
+        self.ipam
+            .as_ref()
+            .and_then(|i| i.get("type"))
+            .and_then(Value::as_str)
+            .filter(|t| !t.is_empty() && !t.contains('/'))
+            .ok_or_else(|| {
+                CniError::new(
+                    code::INVALID_CONFIG,
+                    "missing or invalid \"ipam\": expected an object with a \"type\" (e.g. host-local)",
+                    format!("network {:?}", self.name),
+                )
+            })
+    }
+}
+
+/// Parses stdin as a network configuration and checks its version.
+pub fn parse_conf(stdin: &[u8]) -> Result<(NetConf, Value), CniError> {
+    let raw: Value = serde_json::from_slice(stdin).map_err(|e| {
+        CniError::new(
+            code::DECODE_FAILURE,
+            "cannot decode the network configuration on stdin",
+            e.to_string(),
+        )
+    })?;
+    let conf: NetConf = serde_json::from_value(raw.clone()).map_err(|e| {
+        CniError::new(
+            code::INVALID_CONFIG,
+            format!("invalid network configuration: {e}"),
+            "required: cniVersion, name, type; ipam for ADD/DEL/CHECK".to_string(),
+        )
+    })?;
+    check_version(&conf.cni_version)?;
+    Ok((conf, raw))
+}
+
+/// Error 1 unless `v` is a supported version.
+pub fn check_version(v: &str) -> Result<(), CniError> {
+    if SUPPORTED.contains(&v) {
+        Ok(())
+    } else {
+        Err(CniError::new(
+            code::INCOMPATIBLE_VERSION,
+            format!("incompatible CNI version {v:?}"),
+            format!("supported versions: {}", SUPPORTED.join(", ")),
+        ))
+    }
+}
+
+/// `interfaces[]` entry of a result.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Interface {
+    pub name: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub mac: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sandbox: Option<String>,
+}
+
+/// `ips[]` entry of a result.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct IpConfig {
+    pub address: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gateway: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub interface: Option<usize>,
+}
+
+/// A success result.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct CniResult {
+    #[serde(rename = "cniVersion")]
+    pub cni_version: String,
+    #[serde(default)]
+    pub interfaces: Vec<Interface>,
+    #[serde(default)]
+    pub ips: Vec<IpConfig>,
+    #[serde(default)]
+    pub routes: Vec<Value>,
+    #[serde(default)]
+    pub dns: Value,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn errors_are_spec_objects() {
+        let e = CniError::new(code::INVALID_CONFIG, "bad", "more");
+        let v: Value = serde_json::from_str(&e.to_json()).unwrap();
+        assert_eq!(v["code"], 7);
+        assert_eq!(v["msg"], "bad");
+        assert_eq!(v["details"], "more");
+        assert_eq!(v["cniVersion"], "1.1.0");
+    }
+
+    #[test]
+    fn parses_and_rejects_configs() {
+        let ok = br#"{"cniVersion":"1.1.0","name":"n","type":"nsfast-cni","ipam":{"type":"host-local"}}"#;
+        let (c, _) = parse_conf(ok).unwrap();
+        assert_eq!(c.ipam_type().unwrap(), "host-local");
+        assert_eq!(parse_conf(b"{").unwrap_err().code, code::DECODE_FAILURE);
+        assert_eq!(
+            parse_conf(br#"{"cniVersion":"1.1.0","type":"x"}"#)
+                .unwrap_err()
+                .code,
+            code::INVALID_CONFIG
+        );
+        let e = parse_conf(br#"{"cniVersion":"9.9.9","name":"n","type":"x"}"#).unwrap_err();
+        assert_eq!(e.code, code::INCOMPATIBLE_VERSION);
+        assert!(e.msg.contains("9.9.9") && e.details.contains("1.1.0"));
+        let (c, _) =
+            parse_conf(br#"{"cniVersion":"1.0.0","name":"n","type":"x","ipam":{}}"#).unwrap();
+        assert_eq!(c.ipam_type().unwrap_err().code, code::INVALID_CONFIG);
+    }
+}

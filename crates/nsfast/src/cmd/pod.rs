@@ -1,0 +1,146 @@
+//! `nsfast pod add | del | list`.
+
+use anyhow::Result;
+use clap::{Args, Subcommand};
+use nsfast_pod::{AddOptions, ModeRequest, PodIp};
+
+#[derive(Subcommand, Debug)]
+pub enum PodCmd {
+    /// Create a pod: its network namespace (named NAME), a device pair, addresses, a /32 host
+    /// route, and the BPF host-routing programs.
+    Add(AddArgs),
+    /// Delete a pod and everything `add` made for it (and, with the host's last pod, the host's
+    /// maps, uplink programs and state).
+    Del {
+        /// Pod name (or --all).
+        #[arg(required_unless_present = "all", conflicts_with = "all")]
+        name: Option<String>,
+        /// Delete every pod of the host, and with them the host's maps, uplink programs and
+        /// state (also what an interrupted run left in them).
+        #[arg(long)]
+        all: bool,
+        /// Host network namespace (under /run/netns); default: the current namespace.
+        #[arg(long)]
+        host: Option<String>,
+    },
+    /// List a host's pods with its datapath counters.
+    List {
+        /// Host network namespace (under /run/netns); default: the current namespace.
+        #[arg(long)]
+        host: Option<String>,
+        /// Print JSON (pods, uplinks, counters).
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[derive(Args, Debug)]
+pub struct AddArgs {
+    /// Pod name (1-40 of [a-z0-9-]); also the name of its network namespace.
+    name: String,
+    /// The pod's IPv4 address with prefix, e.g. 10.244.1.5/24 (bare address: /32).
+    #[arg(long)]
+    ip: String,
+    /// Device pair: netkit (L3), netkit-l2, veth, or auto (netkit if the kernel has it).
+    #[arg(long, default_value = "auto")]
+    mode: String,
+    /// Host network namespace (under /run/netns); default: the current namespace.
+    #[arg(long)]
+    host: Option<String>,
+    /// Uplink device(s) on the host: wire traffic for pods jumps straight into them
+    /// (attached once per host).
+    #[arg(long = "uplink")]
+    uplinks: Vec<String>,
+    /// Name of the pod's device.
+    #[arg(long, default_value = nsfast_pod::pod::POD_IF)]
+    ifname: String,
+    /// Print the result as JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+pub fn run(cmd: PodCmd) -> Result<()> {
+    // A change is finished once started: SIGINT/SIGTERM wait until it is (or is undone).
+    if !matches!(cmd, PodCmd::List { .. }) {
+        nsfast_sys::signals::block_termination()?;
+    }
+    let r = run_inner(cmd);
+    if let Some(sig) = nsfast_sys::signals::pending_termination() {
+        eprintln!("nsfast: {sig} received; the change was completed or undone first");
+    }
+    r
+}
+
+fn run_inner(cmd: PodCmd) -> Result<()> {
+    match cmd {
+        PodCmd::Add(a) => {
+            let ip: PodIp = a.ip.parse()?;
+            let mode: ModeRequest = a.mode.parse()?;
+            let mut o = AddOptions::new(&a.name, ip);
+            o.mode = mode;
+            o.host = a.host;
+            o.uplinks = a.uplinks;
+            o.pod_if = a.ifname;
+            let added = nsfast_pod::add(&o)?;
+            if a.json {
+                println!("{}", serde_json::to_string_pretty(&added)?);
+            } else {
+                let r = &added.record;
+                println!("mode: {}", added.mode_note);
+                println!(
+                    "pod {} on host {}: {}/{} on {} (netns {}), host device {} (ifindex {})",
+                    r.name, r.host, r.ip, r.prefix, r.pod_if, r.netns, r.host_if, r.host_ifindex
+                );
+            }
+            Ok(())
+        }
+        PodCmd::Del {
+            all: true, host, ..
+        } => {
+            let gone = nsfast_pod::pod::del_all(host.as_deref())?;
+            for r in &gone {
+                println!("deleted pod {} ({}) on host {}", r.name, r.ip, r.host);
+            }
+            println!("{} pod(s) deleted", gone.len());
+            Ok(())
+        }
+        PodCmd::Del { name, host, .. } => {
+            let name = name.unwrap_or_default();
+            match nsfast_pod::del(&name, host.as_deref())? {
+                Some(r) => {
+                    println!("deleted pod {} ({}) on host {}", r.name, r.ip, r.host);
+                    Ok(())
+                }
+                None => anyhow::bail!(
+                    "no pod {name:?} on host {} (see `nsfast pod list`)",
+                    host.as_deref().unwrap_or("current")
+                ),
+            }
+        }
+        PodCmd::List { host, json } => {
+            let l = nsfast_pod::list(host.as_deref())?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&l)?);
+                return Ok(());
+            }
+            println!("host {}  uplinks: {:?}", l.host, l.uplinks);
+            println!(
+                "{:<24} {:<18} {:<10} {:<12} {:<20}",
+                "NAME", "IP", "MODE", "HOST-IF", "NETNS"
+            );
+            for p in &l.pods {
+                println!(
+                    "{:<24} {:<18} {:<10} {:<12} {:<20}",
+                    p.name,
+                    format!("{}/{}", p.ip, p.prefix),
+                    p.datapath.as_str(),
+                    p.host_if,
+                    p.netns
+                );
+            }
+            let c: Vec<String> = l.counters.iter().map(|(k, v)| format!("{k}={v}")).collect();
+            println!("counters: {}", c.join(" "));
+            Ok(())
+        }
+    }
+}

@@ -1,0 +1,604 @@
+//! Root integration tests of `nsfast pod`: two throwaway "hosts" (network namespaces) joined
+//! by a veth wire, pods made by the library (`nsfast_pod::topology`, the code behind the CLI)
+//! or by the `nsfast` binary, TCP and UDP between them, counters proving the BPF path, and
+//! cleanup. Nothing touches the initial network namespace. Run as root (`make test`).
+
+use std::io::{Read, Write};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, TcpStream, UdpSocket};
+use std::path::PathBuf;
+use std::process::{Command, Output};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use nsfast_pod::abi;
+use nsfast_pod::topology::{self, Topology};
+use nsfast_pod::ModeRequest;
+use nsfast_sys::net;
+use nsfast_sys::netns::{self, NetNs};
+use nsfast_testsupport::require_root;
+use nsfast_testsupport::world::unique;
+
+const TIMEOUT: Duration = Duration::from_secs(5);
+const ROUNDS: usize = 20;
+
+fn nsfast_bin() -> PathBuf {
+    std::env::var_os("NSFAST_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_nsfast")))
+}
+
+fn nsfast(args: &[&str]) -> Output {
+    Command::new(nsfast_bin())
+        .args(args)
+        .env("RUST_LOG", "warn")
+        .output()
+        .expect("run nsfast")
+}
+
+fn prefix() -> String {
+    unique("nsft-p")
+}
+
+/// A TCP echo server in `ns` on `addr`, serving `conns` connections of `ROUNDS` messages.
+fn tcp_echo(ns: &NetNs, addr: SocketAddr, conns: usize) -> JoinHandle<()> {
+    let l = ns.run(|| TcpListener::bind(addr)).unwrap().expect("bind");
+    std::thread::spawn(move || {
+        for _ in 0..conns {
+            let (mut s, _) = l.accept().expect("accept");
+            s.set_read_timeout(Some(TIMEOUT)).unwrap();
+            let mut buf = [0u8; 64];
+            loop {
+                match s.read(&mut buf) {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => s.write_all(&buf[..n]).expect("echo"),
+                }
+            }
+        }
+    })
+}
+
+/// A UDP echo server in `ns` on `addr`, answering `n` datagrams.
+fn udp_echo(ns: &NetNs, addr: SocketAddr, n: usize) -> JoinHandle<()> {
+    let s = ns.run(|| UdpSocket::bind(addr)).unwrap().expect("bind udp");
+    s.set_read_timeout(Some(TIMEOUT)).unwrap();
+    std::thread::spawn(move || {
+        let mut buf = [0u8; 64];
+        for _ in 0..n {
+            let Ok((len, from)) = s.recv_from(&mut buf) else {
+                return;
+            };
+            s.send_to(&buf[..len], from).expect("udp echo");
+        }
+    })
+}
+
+/// `ROUNDS` request/response exchanges over TCP from `ns` to `to`.
+fn tcp_ping(ns: &NetNs, to: SocketAddr) {
+    let mut s = ns
+        .run(|| TcpStream::connect_timeout(&to, TIMEOUT))
+        .unwrap()
+        .unwrap_or_else(|e| panic!("TCP connect to {to}: {e}"));
+    s.set_read_timeout(Some(TIMEOUT)).unwrap();
+    for i in 0..ROUNDS {
+        let msg = format!("ping {i:04}");
+        s.write_all(msg.as_bytes()).unwrap();
+        let mut buf = vec![0u8; msg.len()];
+        s.read_exact(&mut buf)
+            .unwrap_or_else(|e| panic!("TCP echo from {to}: {e}"));
+        assert_eq!(buf, msg.as_bytes());
+    }
+}
+
+/// `ROUNDS` UDP request/responses from `ns` to `to`.
+fn udp_ping(ns: &NetNs, to: SocketAddr) {
+    let s = ns
+        .run(|| UdpSocket::bind("0.0.0.0:0"))
+        .unwrap()
+        .expect("bind");
+    s.set_read_timeout(Some(TIMEOUT)).unwrap();
+    for i in 0..ROUNDS {
+        let msg = format!("dgram {i:04}");
+        s.send_to(msg.as_bytes(), to).unwrap();
+        let mut buf = [0u8; 64];
+        let (n, from) = s
+            .recv_from(&mut buf)
+            .unwrap_or_else(|e| panic!("UDP echo from {to}: {e}"));
+        assert_eq!(from, to);
+        assert_eq!(&buf[..n], msg.as_bytes());
+    }
+}
+
+/// TCP and UDP both ways checked from `from` to a server in `srv_ns` on `ip`.
+fn exchange(from: &NetNs, srv_ns: &NetNs, ip: Ipv4Addr, port: u16) {
+    let addr = SocketAddr::new(IpAddr::V4(ip), port);
+    let t = tcp_echo(srv_ns, addr, 1);
+    let u = udp_echo(srv_ns, addr, ROUNDS);
+    tcp_ping(from, addr);
+    udp_ping(from, addr);
+    t.join().unwrap();
+    u.join().unwrap();
+}
+
+/// The host's counters via `nsfast pod list --host H --json`.
+fn counters(host: &str) -> serde_json::Value {
+    let out = nsfast(&["pod", "list", "--host", host, "--json"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("list json");
+    v["counters"].clone()
+}
+
+fn c(v: &serde_json::Value, k: &str) -> u64 {
+    v[k].as_u64()
+        .unwrap_or_else(|| panic!("counter {k} missing in {v}"))
+}
+
+/// The datapath under test: veth here; the VM matrix sets NSFAST_TEST_POD_MODE=netkit or
+/// netkit-l2 on netkit kernels to run the same suite there.
+fn mode() -> ModeRequest {
+    std::env::var("NSFAST_TEST_POD_MODE")
+        .map(|m| {
+            m.parse()
+                .expect("NSFAST_TEST_POD_MODE: veth, netkit or netkit-l2")
+        })
+        .unwrap_or(ModeRequest::Veth)
+}
+
+/// netkit L3 pods need no ARP and take the stack from the wire (no Ethernet header).
+fn l3() -> bool {
+    mode() == ModeRequest::Netkit
+}
+
+fn build(p: &str, pods: usize) -> Topology {
+    require_root();
+    Topology::build(p, mode(), pods).expect("build topology")
+}
+
+#[test]
+fn pod_to_pod_on_one_host_tcp_and_udp_take_redirect_peer() {
+    let t = build(&prefix(), 2);
+    let (a0, a1) = (t.pod(0, 0), t.pod(0, 1));
+    let host = t.host_name(0).to_string();
+    let before = counters(&host);
+    exchange(&a0.netns().unwrap(), &a1.netns().unwrap(), a1.ip(), 7001);
+    exchange(&a1.netns().unwrap(), &a0.netns().unwrap(), a0.ip(), 7002);
+    let after = counters(&host);
+    // Every data packet both ways crosses from_container; 2 x (20 TCP + 20 UDP) x 2 ways.
+    let n = c(&after, "pod_to_pod") - c(&before, "pod_to_pod");
+    assert!(
+        n >= (4 * 2 * ROUNDS) as u64,
+        "pod_to_pod grew by {n}: {after}"
+    );
+    if !l3() {
+        assert!(
+            c(&after, "arp_reply") >= 1,
+            "the pods' ARP was answered: {after}"
+        );
+    }
+    assert_eq!(
+        c(&after, "fib_redirect") + c(&after, "fib_redirect_neigh"),
+        0
+    );
+}
+
+#[test]
+fn pod_to_remote_pod_over_the_wire_tcp_and_udp_take_fib_and_redirect_peer() {
+    let t = build(&prefix(), 1);
+    let (a0, b0) = (t.pod(0, 0), t.pod(1, 0));
+    exchange(&a0.netns().unwrap(), &b0.netns().unwrap(), b0.ip(), 7003);
+    exchange(&b0.netns().unwrap(), &a0.netns().unwrap(), a0.ip(), 7004);
+    for h in 0..2 {
+        let v = counters(t.host_name(h));
+        let out = c(&v, "fib_redirect") + c(&v, "fib_redirect_neigh");
+        assert!(
+            out >= (2 * 2 * ROUNDS) as u64,
+            "host {h}: pod->wire {out}: {v}"
+        );
+        let into_pods = if l3() { "wire_to_stack" } else { "wire_to_pod" };
+        assert!(
+            c(&v, into_pods) >= (2 * 2 * ROUNDS) as u64,
+            "host {h}: wire->pod: {v}"
+        );
+        assert_eq!(c(&v, "pod_to_pod"), 0, "host {h}: {v}");
+    }
+}
+
+#[test]
+fn pod_to_host_service_tcp_and_udp_go_through_the_stack() {
+    let t = build(&prefix(), 1);
+    let a0 = t.pod(0, 0);
+    let before = counters(t.host_name(0));
+    exchange(
+        &a0.netns().unwrap(),
+        &t.hosts[0],
+        topology::host_ip(0),
+        7005,
+    );
+    let after = counters(t.host_name(0));
+    let n = c(&after, "pod_to_stack") - c(&before, "pod_to_stack");
+    assert!(
+        n >= (2 * ROUNDS) as u64,
+        "pod_to_stack grew by {n}: {after}"
+    );
+    assert_eq!(c(&after, "pod_to_pod"), 0);
+}
+
+#[test]
+fn a_pod_cannot_see_or_detach_its_programs() {
+    let t = build(&prefix(), 2);
+    let a0 = t.pod(0, 0);
+    let pod_ns = a0.netns().unwrap();
+    let host_if = a0.record.host_if.clone();
+    // The programs sit on the host-side device, in the host namespace: not nameable from the
+    // pod, and the pod's own device carries nothing it could detach.
+    assert!(!net::link_exists(Some(&pod_ns), &host_if).unwrap());
+    for ingress in [true, false] {
+        let progs = nsfast_pod::datapath::tcx_programs(&pod_ns, "eth0", ingress).unwrap();
+        assert!(progs.is_empty(), "programs on the pod's eth0: {progs:?}");
+    }
+    // The host device's name means nothing in the pod's namespace.
+    assert!(nsfast_pod::datapath::tcx_programs(&pod_ns, &host_if, true).is_err());
+    if mode() == ModeRequest::Veth {
+        let names = nsfast_pod::datapath::tcx_ingress_programs(
+            &nsfast_pod::Host::open(Some(t.host_name(0))).unwrap(),
+            &host_if,
+        )
+        .unwrap();
+        assert_eq!(
+            names,
+            vec![abi::kernel_name(abi::PROG_FROM_CONTAINER).to_string()]
+        );
+    } else {
+        // netkit: both links pinned in the host's bpffs directory, on the primary.
+        assert_eq!(a0.record.link_pins.len(), 2);
+        assert!(a0.record.link_pins.iter().all(|p| p.exists()));
+    }
+    // And the path still works after the pod's attempts.
+    let before = counters(t.host_name(0));
+    exchange(
+        &pod_ns,
+        &t.pod(0, 1).netns().unwrap(),
+        t.pod(0, 1).ip(),
+        7006,
+    );
+    let after = counters(t.host_name(0));
+    assert!(c(&after, "pod_to_pod") > c(&before, "pod_to_pod"));
+}
+
+/// Deletes pods made through the CLI when a test ends (also on panic), before the host goes.
+struct CliPods<'a> {
+    host: &'a str,
+    names: Vec<String>,
+}
+
+impl Drop for CliPods<'_> {
+    fn drop(&mut self) {
+        for n in &self.names {
+            let _ = nsfast_pod::del(n, Some(self.host));
+        }
+    }
+}
+
+#[test]
+fn cli_add_list_del_leaves_nothing_behind() {
+    require_root();
+    let p = prefix();
+    let host_ns = NetNs::create(&format!("{p}-h")).unwrap();
+    let host = host_ns.name().to_string();
+    let mut guard = CliPods {
+        host: &host,
+        names: vec![],
+    };
+    let names = [format!("{p}-x"), format!("{p}-y")];
+    for (i, n) in names.iter().enumerate() {
+        guard.names.push(n.clone());
+        let ip = format!("10.252.0.{}/24", 10 + i);
+        let out = nsfast(&[
+            "pod", "add", n, "--ip", &ip, "--host", &host, "--mode", "veth", "--json",
+        ]);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(v["record"]["datapath"], "veth");
+        assert_eq!(v["record"]["ip"], ip.split('/').next().unwrap());
+    }
+    let h = nsfast_pod::Host::open(Some(&host)).unwrap();
+    let (pins, state) = (h.pin_dir(), h.state_dir());
+    assert!(pins.join(abi::MAP_ENDPOINTS).exists());
+    let out = nsfast(&["pod", "list", "--host", &host, "--json"]);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let listed: Vec<&str> = v["pods"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(listed, names.iter().map(String::as_str).collect::<Vec<_>>());
+    let host_ifs: Vec<String> = v["pods"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["host_if"].as_str().unwrap().to_string())
+        .collect();
+    // Human output too.
+    let out = nsfast(&["pod", "list", "--host", &host]);
+    assert!(String::from_utf8_lossy(&out.stdout).contains(&names[0]));
+
+    for n in &names {
+        let out = nsfast(&["pod", "del", n, "--host", &host]);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(!netns::list_named().contains(n), "pod netns {n} left");
+    }
+    guard.names.clear();
+    for i in &host_ifs {
+        assert!(!net::link_exists(Some(&host_ns), i).unwrap(), "{i} left");
+    }
+    assert!(!pins.exists(), "pins left in {}", pins.display());
+    assert!(!state.exists(), "state left in {}", state.display());
+    // Deleting again: a clear error, still nothing there.
+    let out = nsfast(&["pod", "del", &names[0], "--host", &host]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no pod"));
+    assert!(!state.exists());
+}
+
+fn assert_unchanged(host_ns: &NetNs, pod: &str) {
+    assert!(
+        !netns::list_named().iter().any(|n| n == pod),
+        "netns {pod} made"
+    );
+    let h = nsfast_pod::Host::open(Some(host_ns.name())).unwrap();
+    assert!(!h.state_dir().exists(), "state dir made");
+    assert!(!h.pin_dir().exists(), "pin dir made");
+}
+
+#[test]
+fn netkit_mode_on_a_kernel_without_netkit_says_so_and_changes_nothing() {
+    require_root();
+    let p = prefix();
+    let host_ns = NetNs::create(&format!("{p}-h")).unwrap();
+    let pod = format!("{p}-n");
+    let _guard = CliPods {
+        host: host_ns.name(),
+        names: vec![pod.clone()],
+    };
+    let has_netkit = net::probe_netkit().unwrap();
+    let out = nsfast(&[
+        "pod",
+        "add",
+        &pod,
+        "--ip",
+        "10.252.1.10/24",
+        "--host",
+        host_ns.name(),
+        "--mode",
+        "netkit",
+    ]);
+    let stdout = String::from_utf8_lossy(&out.stdout).to_string();
+    let stderr = String::from_utf8_lossy(&out.stderr).to_string();
+    if has_netkit {
+        // A netkit kernel (the VM matrix): it must work and clean up.
+        assert!(out.status.success(), "{stderr}");
+        assert!(stdout.contains("netkit"), "{stdout}");
+        assert!(nsfast(&["pod", "del", &pod, "--host", host_ns.name()])
+            .status
+            .success());
+    } else {
+        assert!(!out.status.success());
+        assert!(
+            stderr.contains("lacks netkit") && stderr.contains("nothing was changed"),
+            "{stderr}"
+        );
+        assert_unchanged(&host_ns, &pod);
+        // And auto picks veth, saying so.
+        let out = nsfast(&[
+            "pod",
+            "add",
+            &pod,
+            "--ip",
+            "10.252.1.10/24",
+            "--host",
+            host_ns.name(),
+            "--mode",
+            "auto",
+        ]);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let s = String::from_utf8_lossy(&out.stdout);
+        assert!(s.contains("lacks netkit, using veth"), "{s}");
+        assert!(nsfast(&["pod", "del", &pod, "--host", host_ns.name()])
+            .status
+            .success());
+    }
+    assert_unchanged(&host_ns, &pod);
+}
+
+#[test]
+fn bad_input_is_one_clear_error_and_changes_nothing() {
+    require_root();
+    let p = prefix();
+    let host_ns = NetNs::create(&format!("{p}-h")).unwrap();
+    let host = host_ns.name().to_string();
+    let pod = format!("{p}-b");
+    let mut guard = CliPods {
+        host: &host,
+        names: vec![pod.clone()],
+    };
+    let cases: Vec<(Vec<String>, &str)> = vec![
+        (
+            vec!["--ip".into(), "10.0.0.300/24".into()],
+            "\"10.0.0.300/24\"",
+        ),
+        (vec!["--ip".into(), "10.0.0.1/40".into()], "prefix 8-32"),
+        (
+            vec![
+                "--ip".into(),
+                "10.252.2.1/24".into(),
+                "--mode".into(),
+                "tap".into(),
+            ],
+            "\"tap\"",
+        ),
+        (
+            vec![
+                "--ip".into(),
+                "10.252.2.1/24".into(),
+                "--uplink".into(),
+                "nosuch0".into(),
+            ],
+            "\"nosuch0\"",
+        ),
+        (
+            vec![
+                "--ip".into(),
+                "10.252.2.1/24".into(),
+                "--ifname".into(),
+                "a/b".into(),
+            ],
+            "\"a/b\"",
+        ),
+    ];
+    for (extra, needle) in &cases {
+        let mut args = vec!["pod", "add", &pod, "--host", &host];
+        args.extend(extra.iter().map(String::as_str));
+        let out = nsfast(&args);
+        let e = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{args:?} succeeded");
+        assert!(
+            e.contains(needle),
+            "{args:?}: error {e:?} does not name {needle}"
+        );
+        assert_eq!(e.lines().filter(|l| l.contains("error")).count(), 1, "{e}");
+        assert_unchanged(&host_ns, &pod);
+    }
+    let out = nsfast(&[
+        "pod",
+        "add",
+        "Bad_Name",
+        "--ip",
+        "10.252.2.1/24",
+        "--host",
+        &host,
+    ]);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("\"Bad_Name\""));
+    let out = nsfast(&[
+        "pod",
+        "add",
+        &pod,
+        "--ip",
+        "10.252.2.1/24",
+        "--host",
+        &format!("{p}-nohost"),
+    ]);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("not found"));
+    assert_unchanged(&host_ns, &pod);
+
+    // Duplicates: name and address.
+    let out = nsfast(&[
+        "pod",
+        "add",
+        &pod,
+        "--ip",
+        "10.252.2.1/24",
+        "--host",
+        &host,
+        "--mode",
+        "veth",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let other = format!("{p}-c");
+    guard.names.push(other.clone());
+    let out = nsfast(&[
+        "pod",
+        "add",
+        &other,
+        "--ip",
+        "10.252.2.1/24",
+        "--host",
+        &host,
+        "--mode",
+        "veth",
+    ]);
+    let e = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && e.contains("10.252.2.1") && e.contains(&pod),
+        "{e}"
+    );
+    assert!(!netns::list_named().contains(&other));
+    let out = nsfast(&[
+        "pod",
+        "add",
+        &pod,
+        "--ip",
+        "10.252.2.2/24",
+        "--host",
+        &host,
+        "--mode",
+        "veth",
+    ]);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("already exists"));
+    assert!(nsfast(&["pod", "del", &pod, "--host", &host])
+        .status
+        .success());
+    guard.names.clear();
+    assert_unchanged(&host_ns, &pod);
+}
+
+#[test]
+fn del_all_removes_every_pod_and_the_hosts_state() {
+    require_root();
+    let p = prefix();
+    let host_ns = NetNs::create(&format!("{p}-h")).unwrap();
+    let host = host_ns.name().to_string();
+    let names = [format!("{p}-q"), format!("{p}-r")];
+    let _guard = CliPods {
+        host: &host,
+        names: names.to_vec(),
+    };
+    for (i, n) in names.iter().enumerate() {
+        let ip = format!("10.252.3.{}/24", 10 + i);
+        let out = nsfast(&[
+            "pod", "add", n, "--ip", &ip, "--host", &host, "--mode", "veth",
+        ]);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let out = nsfast(&["pod", "del", "--all", "--host", &host]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("2 pod(s) deleted"));
+    for n in &names {
+        assert_unchanged(&host_ns, n);
+    }
+    // Nothing to delete: still fine.
+    assert!(nsfast(&["pod", "del", "--all", "--host", &host])
+        .status
+        .success());
+    // A name and --all together: a usage error.
+    assert!(!nsfast(&["pod", "del", "x", "--all", "--host", &host])
+        .status
+        .success());
+}

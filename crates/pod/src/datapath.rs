@@ -1,0 +1,248 @@
+//! Loading the pod BPF object against a host's pinned maps, attaching and pinning its
+//! programs (TCX on veth and uplinks, raw `BPF_LINK_CREATE` on netkit), and the endpoint
+//! table and counters.
+
+use std::os::fd::AsFd;
+use std::path::{Path, PathBuf};
+
+use aya::maps::{HashMap as BpfHashMap, Map, MapData, PerCpuArray};
+use aya::programs::links::FdLink;
+use aya::programs::tc::TcAttachOptions;
+use aya::programs::{LinkOrder, SchedClassifier, TcAttachType};
+use aya::{Ebpf, EbpfLoader};
+use nsfast_sys::bpf::netkit;
+
+use crate::abi::{self, Endpoint};
+use crate::error::PodError;
+use crate::state::{ensure_bpffs, Host};
+
+fn bpf_err<E: std::error::Error + Send + Sync + 'static>(
+    what: impl Into<String>,
+) -> impl FnOnce(E) -> PodError {
+    let what = what.into();
+    move |e| PodError::Bpf {
+        what,
+        source: Box::new(e),
+    }
+}
+
+/// Pin path of the TCX link on a pod's host-side device.
+pub fn link_pin(host: &Host, ifname: &str) -> PathBuf {
+    host.pin_dir().join(format!("link-{ifname}"))
+}
+
+/// Pin path of a netkit link (`which` = "peer" or "primary").
+pub fn netkit_pin(host: &Host, ifname: &str, which: &str) -> PathBuf {
+    host.pin_dir().join(format!("netkit-{which}-{ifname}"))
+}
+
+/// Pin path of the wire program on an uplink.
+pub fn uplink_pin(host: &Host, ifname: &str) -> PathBuf {
+    host.pin_dir().join(format!("uplink-{ifname}"))
+}
+
+/// Creates the host's pin directory (mounting bpffs if needed).
+pub fn prepare_pins(host: &Host) -> Result<(), PodError> {
+    ensure_bpffs()?;
+    crate::state::create_dir_all_racy(&host.pin_dir())
+}
+
+/// Loads the object with the host's maps (created and pinned on first use).
+fn load(host_pins: &Path) -> Result<Ebpf, PodError> {
+    EbpfLoader::new()
+        .map_pin_path(abi::MAP_ENDPOINTS, host_pins.join(abi::MAP_ENDPOINTS))
+        .map_pin_path(abi::MAP_COUNTERS, host_pins.join(abi::MAP_COUNTERS))
+        .load(nsfast_bpf::POD)
+        .map_err(|e| PodError::Load(Box::new(e)))
+}
+
+fn loaded<'a>(ebpf: &'a mut Ebpf, name: &str) -> Result<&'a mut SchedClassifier, PodError> {
+    let prog: &mut SchedClassifier = ebpf
+        .program_mut(name)
+        .ok_or_else(|| PodError::Io {
+            what: format!("program {name} missing from the pod object"),
+            source: std::io::Error::from(std::io::ErrorKind::NotFound),
+        })?
+        .try_into()
+        .map_err(PodError::prog(format!("{name}: not a classifier")))?;
+    prog.load()
+        .map_err(PodError::prog(format!("load {name} (verifier)")))?;
+    Ok(prog)
+}
+
+/// Attaches `prog_name` at TCX ingress of `ifname` in the host namespace and pins the link at
+/// `pin`. Nothing stays attached on error.
+pub fn attach_tcx(host: &Host, prog_name: &str, ifname: &str, pin: &Path) -> Result<(), PodError> {
+    let pins = host.pin_dir();
+    host.ns.run(|| -> Result<(), PodError> {
+        let mut ebpf = load(&pins)?;
+        let prog = loaded(&mut ebpf, prog_name)?;
+        let id = prog
+            .attach_with_options(
+                ifname,
+                TcAttachType::Ingress,
+                TcAttachOptions::TcxOrder(LinkOrder::default()),
+            )
+            .map_err(PodError::prog(format!(
+                "attach {prog_name} to {ifname} (tcx ingress)"
+            )))?;
+        let link = prog
+            .take_link(id)
+            .map_err(PodError::prog("take tcx link"))?;
+        let link: FdLink = link.try_into().map_err(bpf_err("tcx link fd"))?;
+        link.pin(pin)
+            .map_err(bpf_err(format!("pin link at {}", pin.display())))?;
+        Ok(())
+    })?
+}
+
+/// Attaches the netkit programs to the pair whose primary is `primary` (in the host
+/// namespace): the pod-egress program at `BPF_NETKIT_PEER` and the to-pod program at
+/// `BPF_NETKIT_PRIMARY`, both on the primary's ifindex, and pins both links.
+pub fn attach_netkit(
+    host: &Host,
+    primary: &str,
+    primary_ifindex: u32,
+    l3: bool,
+    pins_out: &mut Vec<PathBuf>,
+) -> Result<(), PodError> {
+    let pins = host.pin_dir();
+    let peer_pin = netkit_pin(host, primary, "peer");
+    let primary_pin = netkit_pin(host, primary, "primary");
+    let peer_prog = if l3 {
+        abi::PROG_NETKIT_PEER_L3
+    } else {
+        abi::PROG_NETKIT_PEER_L2
+    };
+    let r = host.ns.run(|| -> Result<(), PodError> {
+        let mut ebpf = load(&pins)?;
+        for (prog_name, attach, pin) in [
+            (peer_prog, netkit::BPF_NETKIT_PEER, &peer_pin),
+            (
+                abi::PROG_NETKIT_PRIMARY,
+                netkit::BPF_NETKIT_PRIMARY,
+                &primary_pin,
+            ),
+        ] {
+            let prog = loaded(&mut ebpf, prog_name)?;
+            let fd = prog.fd().map_err(PodError::prog("program fd"))?;
+            let link = netkit::link_create(fd.as_fd(), primary_ifindex, attach).map_err(
+                PodError::io(format!("BPF_LINK_CREATE netkit {prog_name} on {primary}")),
+            )?;
+            netkit::obj_pin(link.as_fd(), pin)
+                .map_err(PodError::io(format!("pin {}", pin.display())))?;
+        }
+        Ok(())
+    })?;
+    for p in [peer_pin, primary_pin] {
+        if p.exists() {
+            pins_out.push(p);
+        }
+    }
+    r
+}
+
+/// Removes a link pin, which detaches its program. Missing is fine.
+pub fn unpin(pin: &Path) -> Result<(), PodError> {
+    match std::fs::remove_file(pin) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(PodError::io(format!("remove pin {}", pin.display()))(e)),
+    }
+}
+
+fn endpoints(host: &Host) -> Result<BpfHashMap<MapData, u32, Endpoint>, PodError> {
+    let p = host.pin_dir().join(abi::MAP_ENDPOINTS);
+    let md = MapData::from_pin(&p).map_err(PodError::map(format!("open {}", p.display())))?;
+    BpfHashMap::try_from(Map::HashMap(md)).map_err(PodError::map("endpoint map type"))
+}
+
+/// Adds or replaces the endpoint of `ip`.
+pub fn endpoint_insert(host: &Host, ip: std::net::Ipv4Addr, ep: Endpoint) -> Result<(), PodError> {
+    let mut m = endpoints(host)?;
+    m.insert(abi::ip_key(ip), ep, 0)
+        .map_err(PodError::map(format!("add endpoint {ip}")))
+}
+
+/// Removes the endpoint of `ip` if it still points at `ifindex`.
+pub fn endpoint_remove(host: &Host, ip: std::net::Ipv4Addr, ifindex: u32) -> Result<(), PodError> {
+    let Ok(mut m) = endpoints(host) else {
+        return Ok(());
+    };
+    let k = abi::ip_key(ip);
+    if m.get(&k, 0).is_ok_and(|e| e.ifindex == ifindex) {
+        m.remove(&k)
+            .map_err(PodError::map(format!("remove endpoint {ip}")))?;
+    }
+    Ok(())
+}
+
+/// The endpoint of `ip`, if any.
+pub fn endpoint_get(host: &Host, ip: std::net::Ipv4Addr) -> Result<Option<Endpoint>, PodError> {
+    let Ok(m) = endpoints(host) else {
+        return Ok(None);
+    };
+    Ok(m.get(&abi::ip_key(ip), 0).ok())
+}
+
+/// The host's datapath counters, summed over CPUs, in [`abi::COUNTERS`] order (zeros before
+/// the first pod).
+pub fn counters(host: &Host) -> Result<Vec<u64>, PodError> {
+    let p = host.pin_dir().join(abi::MAP_COUNTERS);
+    if !p.exists() {
+        return Ok(vec![0; abi::COUNTERS.len()]);
+    }
+    let md = MapData::from_pin(&p).map_err(PodError::map(format!("open {}", p.display())))?;
+    let arr: PerCpuArray<MapData, u64> =
+        PerCpuArray::try_from(Map::PerCpuArray(md)).map_err(PodError::map("counter map type"))?;
+    (0..abi::COUNTERS.len() as u32)
+        .map(|i| {
+            arr.get(&i, 0)
+                .map(|v| v.iter().sum())
+                .map_err(PodError::map("read counters"))
+        })
+        .collect()
+}
+
+/// Names of the programs attached at TCX ingress of `ifname` in the host namespace.
+pub fn tcx_ingress_programs(host: &Host, ifname: &str) -> Result<Vec<String>, PodError> {
+    tcx_programs(&host.ns, ifname, true)
+}
+
+/// Names of the programs attached at TCX ingress (`ingress`) or egress of `ifname` in `ns`.
+pub fn tcx_programs(
+    ns: &nsfast_sys::netns::NetNs,
+    ifname: &str,
+    ingress: bool,
+) -> Result<Vec<String>, PodError> {
+    let at = if ingress {
+        TcAttachType::Ingress
+    } else {
+        TcAttachType::Egress
+    };
+    ns.run(|| -> Result<Vec<String>, PodError> {
+        let (_, progs) = SchedClassifier::query_tcx(ifname, at)
+            .map_err(PodError::prog(format!("query tcx of {ifname}")))?;
+        Ok(progs
+            .iter()
+            .map(|p| p.name_as_str().unwrap_or("?").to_string())
+            .collect())
+    })?
+}
+
+/// Uplinks with the wire program pinned on this host.
+pub fn uplinks(host: &Host) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(host.pin_dir())
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| {
+            e.file_name()
+                .to_str()
+                .and_then(|n| n.strip_prefix("uplink-"))
+                .map(str::to_string)
+        })
+        .collect();
+    v.sort();
+    v
+}

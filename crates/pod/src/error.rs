@@ -1,0 +1,108 @@
+//! Pod errors: one enum, each message naming the object and, for bad input, what is valid.
+
+use std::path::PathBuf;
+
+#[derive(Debug, thiserror::Error)]
+pub enum PodError {
+    /// Bad pod name.
+    #[error("invalid pod name {0:?}: use 1-40 characters from [a-z0-9-], starting with a letter or digit")]
+    BadName(String),
+    /// Bad address.
+    #[error("invalid --ip {0:?}: expected an IPv4 address with optional prefix, e.g. 10.244.1.5/24 (prefix 8-32)")]
+    BadIp(String),
+    /// Bad mode.
+    #[error("invalid --mode {0:?}: expected netkit, netkit-l2, veth or auto")]
+    BadMode(String),
+    /// Bad interface name.
+    #[error("invalid interface name {0:?}: use 1-15 characters, no '/' or whitespace")]
+    BadIfName(String),
+    /// Netkit requested on a kernel without it.
+    #[error("kernel {0} lacks netkit (needs Linux >= 6.7 with CONFIG_NETKIT): use --mode veth or --mode auto; nothing was changed")]
+    NoNetkit(String),
+    /// A pod of that name exists on the host.
+    #[error("pod {name:?} already exists on host {host}")]
+    Exists { name: String, host: String },
+    /// Address already used by another pod on the host.
+    #[error("address {ip} is already used by pod {other:?} on host {host}")]
+    IpInUse {
+        ip: std::net::Ipv4Addr,
+        other: String,
+        host: String,
+    },
+    /// No pod of that name on the host.
+    #[error("no pod {name:?} on host {host} (see `nsfast pod list --host ...`)")]
+    NotFound { name: String, host: String },
+    /// The host namespace does not exist.
+    #[error("host network namespace {0:?} not found under /run/netns")]
+    NoHost(String),
+    /// The uplink device does not exist on the host.
+    #[error("uplink device {dev:?} not found in host namespace {host}")]
+    NoUplink { dev: String, host: String },
+    /// A network namespace operation failed.
+    #[error(transparent)]
+    Netns(#[from] nsfast_sys::netns::NetnsError),
+    /// An rtnetlink operation failed.
+    #[error(transparent)]
+    Net(#[from] nsfast_sys::net::NetError),
+    /// Loading the BPF object failed.
+    #[error("load the pod BPF object")]
+    Load(#[source] Box<aya::EbpfError>),
+    /// A program operation failed.
+    #[error("{what}")]
+    Program {
+        what: String,
+        #[source]
+        source: Box<aya::programs::ProgramError>,
+    },
+    /// A map operation failed.
+    #[error("{what}")]
+    Map {
+        what: String,
+        #[source]
+        source: Box<aya::maps::MapError>,
+    },
+    /// A link or pin operation failed.
+    #[error("{what}")]
+    Bpf {
+        what: String,
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+    /// File or syscall error.
+    #[error("{what}")]
+    Io {
+        what: String,
+        #[source]
+        source: std::io::Error,
+    },
+    /// State file unreadable.
+    #[error("corrupt pod state file {path}")]
+    State {
+        path: PathBuf,
+        #[source]
+        source: serde_json::Error,
+    },
+}
+
+impl PodError {
+    pub(crate) fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> Self {
+        let what = what.into();
+        move |source| PodError::Io { what, source }
+    }
+    pub(crate) fn prog(
+        what: impl Into<String>,
+    ) -> impl FnOnce(aya::programs::ProgramError) -> Self {
+        let what = what.into();
+        move |e| PodError::Program {
+            what,
+            source: Box::new(e),
+        }
+    }
+    pub(crate) fn map(what: impl Into<String>) -> impl FnOnce(aya::maps::MapError) -> Self {
+        let what = what.into();
+        move |e| PodError::Map {
+            what,
+            source: Box::new(e),
+        }
+    }
+}

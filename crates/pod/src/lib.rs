@@ -1,0 +1,22 @@
+//! nsfast pod: pods on veth or netkit pairs with BPF host routing.
+//!
+//! Module map:
+//! - [`pod`]       — `add` / `del` / `list` / `check`: namespaces, device pairs, addresses,
+//!   routes, attachments and endpoint entries, each undone on failure.
+//! - [`datapath`]  — load `bpf/pod.bpf.c` against a host's pinned maps; TCX and netkit
+//!   attachment and pinning; endpoint table and counters.
+//! - [`state`]     — per-host state: bpffs pins and JSON records under /run/nsfast/pod.
+//! - [`topology`]  — reusable two-host test/bench topology (hosts joined by a veth wire, pods).
+//! - [`abi`]       — mirrors of the BPF types and names.
+//! - [`error`]     — [`PodError`].
+
+pub mod abi;
+pub mod datapath;
+pub mod error;
+pub mod pod;
+pub mod state;
+pub mod topology;
+
+pub use error::PodError;
+pub use pod::{add, del, list, AddOptions, Added, Listing, ModeRequest, PodIp};
+pub use state::{Datapath, Host, PodRecord};

@@ -1,0 +1,599 @@
+//! `pod add / del / list`: the pod's namespace, its device pair, addresses and routes, the
+//! BPF attachments and the endpoint entry, each undone if a later step fails.
+
+use std::net::{IpAddr, Ipv4Addr};
+use std::path::PathBuf;
+use std::str::FromStr;
+
+use nsfast_sys::net::{self, NetkitMode};
+use nsfast_sys::netns::{self, NetNs};
+use serde::Serialize;
+use tracing::{info, warn};
+
+use crate::abi::{self, Endpoint};
+use crate::datapath;
+use crate::error::PodError;
+use crate::state::{CniAttachment, Datapath, Host, PodRecord};
+
+/// The link-local gateway every pod routes through (answered by the BPF ARP responder on
+/// veth and netkit L2; netkit L3 needs no ARP).
+pub const GATEWAY: Ipv4Addr = Ipv4Addr::new(169, 254, 1, 1);
+/// Default name of the pod's device.
+pub const POD_IF: &str = "eth0";
+
+/// `--mode`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ModeRequest {
+    /// veth pair + TCX programs.
+    Veth,
+    /// netkit L3 (the default netkit mode).
+    Netkit,
+    /// netkit L2 (ARP answered by the peer program).
+    NetkitL2,
+    /// netkit if the kernel has it, else veth.
+    Auto,
+}
+
+impl FromStr for ModeRequest {
+    type Err = PodError;
+    fn from_str(s: &str) -> Result<Self, PodError> {
+        match s {
+            "veth" => Ok(Self::Veth),
+            "netkit" | "netkit-l3" => Ok(Self::Netkit),
+            "netkit-l2" => Ok(Self::NetkitL2),
+            "auto" => Ok(Self::Auto),
+            _ => Err(PodError::BadMode(s.into())),
+        }
+    }
+}
+
+/// An IPv4 address with prefix (`10.244.1.5/24`; a bare address is /32).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PodIp {
+    pub ip: Ipv4Addr,
+    pub prefix: u8,
+}
+
+impl FromStr for PodIp {
+    type Err = PodError;
+    fn from_str(s: &str) -> Result<Self, PodError> {
+        let bad = || PodError::BadIp(s.into());
+        let (a, p) = match s.split_once('/') {
+            Some((a, p)) => (a, p.parse::<u8>().map_err(|_| bad())?),
+            None => (s, 32),
+        };
+        let ip: Ipv4Addr = a.parse().map_err(|_| bad())?;
+        if !(8..=32).contains(&p) || ip.is_unspecified() || ip.is_loopback() || ip.is_multicast() {
+            return Err(bad());
+        }
+        Ok(Self { ip, prefix: p })
+    }
+}
+
+/// Validates a pod name: 1-40 of [a-z0-9-], starting with a letter or digit.
+pub fn valid_pod_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 40
+        && !name.starts_with('-')
+        && name
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+}
+
+fn valid_ifname(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 15
+        && name != "."
+        && name != ".."
+        && !name
+            .chars()
+            .any(|c| c == '/' || c == ':' || c.is_whitespace())
+}
+
+/// FNV-1a, for short stable device names.
+fn fnv(s: &str) -> u64 {
+    s.bytes().fold(0xcbf29ce484222325u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x100000001b3)
+    })
+}
+
+/// The host-side device name of pod `name` on `host`: `nsf` + 8 hex digits.
+pub fn host_ifname(host: &Host, name: &str) -> String {
+    format!("nsf{:08x}", fnv(&format!("{}/{name}", host.key)) as u32)
+}
+
+/// What to make.
+#[derive(Debug, Clone)]
+pub struct AddOptions {
+    pub name: String,
+    pub ip: PodIp,
+    pub mode: ModeRequest,
+    /// `--host NS`; `None`: the caller's namespace.
+    pub host: Option<String>,
+    /// Uplinks to attach the wire program to (once per host).
+    pub uplinks: Vec<String>,
+    /// An existing namespace (name or path) to put the pod in; `None`: create one named after
+    /// the pod.
+    pub netns: Option<String>,
+    /// The pod's device name.
+    pub pod_if: String,
+    pub cni: Option<CniAttachment>,
+}
+
+impl AddOptions {
+    pub fn new(name: &str, ip: PodIp) -> Self {
+        Self {
+            name: name.into(),
+            ip,
+            mode: ModeRequest::Veth,
+            host: None,
+            uplinks: Vec::new(),
+            netns: None,
+            pod_if: POD_IF.into(),
+            cni: None,
+        }
+    }
+}
+
+/// Result of `add`.
+#[derive(Debug, Clone, Serialize)]
+pub struct Added {
+    pub record: PodRecord,
+    /// How the mode was chosen, e.g. "auto: kernel lacks netkit, using veth".
+    pub mode_note: String,
+}
+
+/// Resolves `--mode` against the running kernel without changing anything.
+pub fn resolve_mode(m: ModeRequest) -> Result<(Datapath, String), PodError> {
+    let kver = nsfast_sys::kernel::release();
+    let has = || net::probe_netkit().unwrap_or(false);
+    Ok(match m {
+        ModeRequest::Veth => (Datapath::Veth, "veth (requested)".into()),
+        ModeRequest::Netkit | ModeRequest::NetkitL2 => {
+            if !has() {
+                return Err(PodError::NoNetkit(kver));
+            }
+            if m == ModeRequest::Netkit {
+                (Datapath::NetkitL3, "netkit L3 (requested)".into())
+            } else {
+                (Datapath::NetkitL2, "netkit L2 (requested)".into())
+            }
+        }
+        ModeRequest::Auto => {
+            if has() {
+                (
+                    Datapath::NetkitL3,
+                    format!("auto: kernel {kver} has netkit, using netkit L3"),
+                )
+            } else {
+                (
+                    Datapath::Veth,
+                    format!("auto: kernel {kver} lacks netkit, using veth + TCX"),
+                )
+            }
+        }
+    })
+}
+
+/// Undo steps of a half-made pod, run in reverse on failure.
+#[derive(Default)]
+struct Undo {
+    host_link: Option<String>,
+    pins: Vec<PathBuf>,
+    endpoint: Option<(Ipv4Addr, u32)>,
+}
+
+impl Undo {
+    fn run(self, host: &Host) {
+        if let Some((ip, idx)) = self.endpoint {
+            let _ = datapath::endpoint_remove(host, ip, idx);
+        }
+        for p in self.pins.iter().rev() {
+            let _ = datapath::unpin(p);
+        }
+        if let Some(l) = self.host_link {
+            let _ = net::delete_link(Some(&host.ns), &l);
+        }
+    }
+}
+
+/// Makes a pod. Input is checked before anything changes; on error everything made is
+/// removed again.
+pub fn add(opts: &AddOptions) -> Result<Added, PodError> {
+    if !valid_pod_name(&opts.name) {
+        return Err(PodError::BadName(opts.name.clone()));
+    }
+    if !valid_ifname(&opts.pod_if) {
+        return Err(PodError::BadIfName(opts.pod_if.clone()));
+    }
+    for u in &opts.uplinks {
+        if !valid_ifname(u) {
+            return Err(PodError::BadIfName(u.clone()));
+        }
+    }
+    let host = Host::open(opts.host.as_deref())?;
+    for u in &opts.uplinks {
+        if !net::link_exists(Some(&host.ns), u)? {
+            return Err(PodError::NoUplink {
+                dev: u.clone(),
+                host: host.display.clone(),
+            });
+        }
+    }
+    if opts.netns.is_none() && netns::list_named().contains(&opts.name) {
+        return Err(PodError::Netns(netns::NetnsError::Exists(
+            opts.name.clone(),
+        )));
+    }
+    let (dp, mode_note) = resolve_mode(opts.mode)?;
+    info!("pod {}: {mode_note}", opts.name);
+
+    let _lock = host.lock()?;
+    let cleanup_empty = |host: &Host| {
+        let _ = host.gc_if_empty();
+    };
+    let precheck = || -> Result<(), PodError> {
+        if host.record(&opts.name)?.is_some() {
+            return Err(PodError::Exists {
+                name: opts.name.clone(),
+                host: host.display.clone(),
+            });
+        }
+        if let Some(other) = host.records()?.into_iter().find(|r| r.ip == opts.ip.ip) {
+            return Err(PodError::IpInUse {
+                ip: opts.ip.ip,
+                other: other.name,
+                host: host.display.clone(),
+            });
+        }
+        Ok(())
+    };
+    if let Err(e) = precheck() {
+        cleanup_empty(&host);
+        return Err(e);
+    }
+
+    // The pod's namespace: made here (deleted again on error by the owned handle) or given.
+    let (pod_ns, netns_name, owned) = match &opts.netns {
+        None => (NetNs::create(&opts.name)?, opts.name.clone(), true),
+        Some(p) => (NetNs::open(p)?, p.clone(), false),
+    };
+    let mut undo = Undo::default();
+    match build(&host, &pod_ns, opts, dp, &mut undo) {
+        Ok(mut record) => {
+            record.netns = netns_name;
+            record.netns_owned = owned;
+            if let Err(e) = host.write_record(&record) {
+                undo.run(&host);
+                cleanup_empty(&host);
+                return Err(e);
+            }
+            if owned {
+                let _ = pod_ns.persist();
+            }
+            Ok(Added { record, mode_note })
+        }
+        Err(e) => {
+            warn!("pod {}: add failed, undoing: {e}", opts.name);
+            undo.run(&host);
+            drop(pod_ns); // deletes a namespace made here
+            cleanup_empty(&host);
+            Err(e)
+        }
+    }
+}
+
+fn mac_str(m: [u8; 6]) -> String {
+    m.iter()
+        .map(|b| format!("{b:02x}"))
+        .collect::<Vec<_>>()
+        .join(":")
+}
+
+fn build(
+    host: &Host,
+    pod_ns: &NetNs,
+    opts: &AddOptions,
+    dp: Datapath,
+    undo: &mut Undo,
+) -> Result<PodRecord, PodError> {
+    let host_if = host_ifname(host, &opts.name);
+    let tmp_if = format!("nsp{}", &host_if[3..]);
+    let hns = Some(&host.ns);
+    let pns = Some(pod_ns);
+    if net::link_exists(hns, &host_if)? {
+        return Err(PodError::Io {
+            what: format!("device {host_if} already exists in host {}", host.display),
+            source: std::io::Error::from(std::io::ErrorKind::AlreadyExists),
+        });
+    }
+    undo.host_link = Some(host_if.clone());
+    match dp {
+        Datapath::Veth => net::create_veth_into(hns, &host_if, &tmp_if, pod_ns, &opts.pod_if)?,
+        Datapath::NetkitL3 | Datapath::NetkitL2 => {
+            let mode = if dp == Datapath::NetkitL3 {
+                NetkitMode::L3
+            } else {
+                NetkitMode::L2
+            };
+            net::create_netkit(hns, &host_if, &tmp_if, pod_ns, &opts.pod_if, mode)?
+        }
+    }
+    let host_ifindex = net::link_index(hns, &host_if)?;
+    let host_mac = net::link_mac(hns, &host_if)?;
+    let pod_mac = net::link_mac(pns, &opts.pod_if)?;
+
+    // Pod side: its address, and everything via the host.
+    net::add_address(pns, &opts.pod_if, IpAddr::V4(opts.ip.ip), opts.ip.prefix)?;
+    if dp == Datapath::NetkitL3 {
+        net::add_route(
+            pns,
+            IpAddr::V4(Ipv4Addr::UNSPECIFIED),
+            0,
+            None,
+            Some(&opts.pod_if),
+        )?;
+    } else {
+        net::add_link_route(pns, GATEWAY, 32, &opts.pod_if)?;
+        net::add_route(
+            pns,
+            IpAddr::V4(Ipv4Addr::UNSPECIFIED),
+            0,
+            Some(IpAddr::V4(GATEWAY)),
+            None,
+        )?;
+    }
+    // Host side: a /32 route to the pod (for the stack's own traffic) and forwarding, which
+    // bpf_fib_lookup requires.
+    net::add_route(hns, IpAddr::V4(opts.ip.ip), 32, None, Some(&host_if))?;
+    net::set_sysctl(hns, "net.ipv4.ip_forward", "1")?;
+
+    datapath::prepare_pins(host)?;
+    match dp {
+        Datapath::Veth => {
+            let pin = datapath::link_pin(host, &host_if);
+            datapath::attach_tcx(host, abi::PROG_FROM_CONTAINER, &host_if, &pin)?;
+            undo.pins.push(pin);
+        }
+        Datapath::NetkitL3 | Datapath::NetkitL2 => {
+            datapath::attach_netkit(
+                host,
+                &host_if,
+                host_ifindex,
+                dp == Datapath::NetkitL3,
+                &mut undo.pins,
+            )?;
+        }
+    }
+    for u in &opts.uplinks {
+        let pin = datapath::uplink_pin(host, u);
+        if !pin.exists() {
+            // Shared by the host's pods: removed with the host's last pod, not undone here.
+            datapath::attach_tcx(host, abi::PROG_FROM_WIRE, u, &pin)?;
+            info!("uplink {u}: wire program attached (tcx ingress)");
+        }
+    }
+    let mut flags = 0;
+    if dp != Datapath::Veth {
+        flags |= abi::EP_NETKIT;
+    }
+    if dp == Datapath::NetkitL3 {
+        flags |= abi::EP_L3;
+    }
+    datapath::endpoint_insert(
+        host,
+        opts.ip.ip,
+        Endpoint {
+            ifindex: host_ifindex,
+            flags,
+            pod_mac,
+            host_mac,
+        },
+    )?;
+    undo.endpoint = Some((opts.ip.ip, host_ifindex));
+    Ok(PodRecord {
+        name: opts.name.clone(),
+        ip: opts.ip.ip,
+        prefix: opts.ip.prefix,
+        gateway: GATEWAY,
+        datapath: dp,
+        host: host.display.clone(),
+        netns: String::new(),
+        netns_owned: false,
+        host_if,
+        host_ifindex,
+        pod_if: opts.pod_if.clone(),
+        pod_mac: mac_str(pod_mac),
+        host_mac: mac_str(host_mac),
+        link_pins: undo.pins.clone(),
+        cni: opts.cni.clone(),
+    })
+}
+
+/// Deletes pod `name` on `host`: endpoint, programs, devices, routes, the namespace if `add`
+/// made it, the record; with the host's last pod also its maps, uplink programs and state
+/// directories. `Ok(None)` if there was no such pod (nothing changed).
+pub fn del(name: &str, host: Option<&str>) -> Result<Option<PodRecord>, PodError> {
+    if !valid_pod_name(name) {
+        return Err(PodError::BadName(name.into()));
+    }
+    let host = Host::open(host)?;
+    if !host.state_dir().exists() {
+        return Ok(None);
+    }
+    let _lock = host.lock()?;
+    let Some(r) = host.record(name)? else {
+        let _ = host.gc_if_empty();
+        return Ok(None);
+    };
+    remove(&host, &r)?;
+    host.gc_if_empty()?;
+    Ok(Some(r))
+}
+
+/// Deletes every pod of `host` and the host's maps, uplink programs and state directories
+/// (including pins an interrupted run left without a record).
+pub fn del_all(host: Option<&str>) -> Result<Vec<PodRecord>, PodError> {
+    let host = Host::open(host)?;
+    if !host.state_dir().exists() && !host.pin_dir().exists() {
+        return Ok(Vec::new());
+    }
+    remove_where(&host, |_| false)
+}
+
+/// Tears down what `r` describes (lock held).
+fn remove(host: &Host, r: &PodRecord) -> Result<(), PodError> {
+    datapath::endpoint_remove(host, r.ip, r.host_ifindex)?;
+    for p in &r.link_pins {
+        datapath::unpin(p)?;
+    }
+    net::delete_link(Some(&host.ns), &r.host_if)?;
+    if r.netns_owned {
+        netns::delete_named(&r.netns)?;
+    }
+    host.remove_record(&r.name)
+}
+
+/// `pod list` output for one host.
+#[derive(Debug, Clone, Serialize)]
+pub struct Listing {
+    pub host: String,
+    pub pods: Vec<PodRecord>,
+    pub uplinks: Vec<String>,
+    /// Datapath counters of the host (all its pods), by name.
+    pub counters: std::collections::BTreeMap<String, u64>,
+}
+
+/// Lists the pods of `host` with the host's datapath counters.
+pub fn list(host: Option<&str>) -> Result<Listing, PodError> {
+    let host = Host::open(host)?;
+    let pods = host.records()?;
+    let counters = abi::COUNTERS
+        .iter()
+        .map(|s| s.to_string())
+        .zip(datapath::counters(&host)?)
+        .collect();
+    Ok(Listing {
+        host: host.display.clone(),
+        uplinks: datapath::uplinks(&host),
+        pods,
+        counters,
+    })
+}
+
+/// Problems found by [`check`].
+pub fn check(host: &Host, r: &PodRecord) -> Vec<String> {
+    let mut bad = Vec::new();
+    match net::link_index(Some(&host.ns), &r.host_if) {
+        Ok(i) if i == r.host_ifindex => {}
+        Ok(i) => bad.push(format!(
+            "host device {} has ifindex {i}, expected {}",
+            r.host_if, r.host_ifindex
+        )),
+        Err(e) => bad.push(format!("host device {}: {e}", r.host_if)),
+    }
+    for p in &r.link_pins {
+        if !p.exists() {
+            bad.push(format!("BPF link pin {} missing", p.display()));
+        }
+    }
+    if r.datapath == Datapath::Veth {
+        match datapath::tcx_ingress_programs(host, &r.host_if) {
+            Ok(v)
+                if v.iter()
+                    .any(|n| n == abi::kernel_name(abi::PROG_FROM_CONTAINER)) => {}
+            Ok(v) => bad.push(format!(
+                "{} has tcx ingress programs {v:?}, expected {}",
+                r.host_if,
+                abi::PROG_FROM_CONTAINER
+            )),
+            Err(e) => bad.push(format!("query {}: {e}", r.host_if)),
+        }
+    }
+    match datapath::endpoint_get(host, r.ip) {
+        Ok(Some(ep)) if ep.ifindex == r.host_ifindex => {}
+        Ok(_) => bad.push(format!("endpoint {} missing from the BPF map", r.ip)),
+        Err(e) => bad.push(format!("endpoint map: {e}")),
+    }
+    match NetNs::open(&r.netns) {
+        Ok(ns) => match net::link_ipv4_addresses(Some(&ns), &r.pod_if) {
+            Ok(a) if a.contains(&(r.ip, r.prefix)) => {}
+            Ok(a) => bad.push(format!(
+                "pod device {} has addresses {a:?}, expected {}/{}",
+                r.pod_if, r.ip, r.prefix
+            )),
+            Err(e) => bad.push(format!("pod device {}: {e}", r.pod_if)),
+        },
+        Err(e) => bad.push(format!("pod namespace {}: {e}", r.netns)),
+    }
+    bad
+}
+
+/// Deletes every pod on `host` whose record fails `keep` (used by CNI GC). Returns the names.
+pub fn remove_where(
+    host: &Host,
+    keep: impl Fn(&PodRecord) -> bool,
+) -> Result<Vec<PodRecord>, PodError> {
+    let _lock = host.lock()?;
+    let mut gone = Vec::new();
+    for r in host.records()? {
+        if !keep(&r) {
+            remove(host, &r)?;
+            gone.push(r);
+        }
+    }
+    host.gc_if_empty()?;
+    Ok(gone)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_ips() {
+        assert_eq!(
+            "10.244.1.5/24".parse::<PodIp>().unwrap(),
+            PodIp {
+                ip: Ipv4Addr::new(10, 244, 1, 5),
+                prefix: 24
+            }
+        );
+        assert_eq!("10.0.0.1".parse::<PodIp>().unwrap().prefix, 32);
+        for bad in [
+            "",
+            "10.0.0.1/33",
+            "10.0.0.1/4",
+            "x/24",
+            "0.0.0.0/24",
+            "::1/64",
+            "127.0.0.1",
+        ] {
+            let e = bad.parse::<PodIp>().unwrap_err().to_string();
+            assert!(e.contains(&format!("{bad:?}")), "{e}");
+        }
+    }
+
+    #[test]
+    fn validates_names() {
+        assert!(valid_pod_name("web-1"));
+        assert!(!valid_pod_name("Web"));
+        assert!(!valid_pod_name("-a"));
+        assert!(!valid_pod_name(""));
+        assert!(!valid_pod_name(&"a".repeat(41)));
+        assert!(valid_ifname("eth0"));
+        assert!(!valid_ifname("a/b"));
+        assert!(!valid_ifname("sixteen-chars-xx"));
+    }
+
+    #[test]
+    fn parses_modes() {
+        assert_eq!("auto".parse::<ModeRequest>().unwrap(), ModeRequest::Auto);
+        assert_eq!(
+            "netkit".parse::<ModeRequest>().unwrap(),
+            ModeRequest::Netkit
+        );
+        let e = "tap".parse::<ModeRequest>().unwrap_err().to_string();
+        assert!(e.contains("\"tap\"") && e.contains("veth"), "{e}");
+    }
+}

@@ -1,0 +1,287 @@
+//! Where a host's pods are remembered between invocations.
+//!
+//! Two places per host network namespace, both keyed by the namespace's inode
+//! (`netns-<inode>`), so the same host reached by name (`--host NS`) or as the current
+//! namespace (the CNI plugin) shares one state:
+//! - bpffs `<bpffs>/nsfast-pod/<key>/`: the pinned endpoint and counter maps and one pinned
+//!   BPF link per attachment (`link-<ifname>`, `uplink-<ifname>`). Pins keep the programs
+//!   attached after `nsfast pod add` exits; removing a pin detaches its program.
+//! - `/run/nsfast/pod/<key>/`: one JSON record per pod (what `del`/`list`/CNI `CHECK` need:
+//!   names, devices, netns ownership) and a lock file serialising concurrent changes.
+//!
+//! Both live on memory file systems: like the namespaces and links they describe, they do not
+//! survive a reboot. When a host's last pod goes, both directories are removed.
+
+use std::fs::{self, File};
+use std::net::Ipv4Addr;
+use std::path::{Path, PathBuf};
+
+use nsfast_sys::netns::NetNs;
+use serde::{Deserialize, Serialize};
+
+use crate::error::PodError;
+
+/// Root of the per-host state directories.
+pub const STATE_ROOT: &str = "/run/nsfast/pod";
+/// Directory under the bpffs mount.
+pub const PIN_SUBDIR: &str = "nsfast-pod";
+
+/// The bpffs mount used for pins: `$NSFAST_BPFFS` or /sys/fs/bpf.
+pub fn bpffs_root() -> PathBuf {
+    std::env::var_os("NSFAST_BPFFS")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/sys/fs/bpf"))
+}
+
+const BPF_FS_MAGIC: i64 = 0xcafe4a11;
+
+/// Makes sure the bpffs root is a bpffs mount, mounting one there if it is not (as systemd
+/// and Cilium do at boot).
+pub fn ensure_bpffs() -> Result<PathBuf, PodError> {
+    let root = bpffs_root();
+    // Concurrent callers (threads or processes) serialise on a lock of the directory itself,
+    // so bpffs is mounted once, not stacked (a second mount would hide the first one's pins).
+    let dir = File::open(&root).map_err(PodError::io(format!("open {}", root.display())))?;
+    let _lock =
+        nix::fcntl::Flock::lock(dir, nix::fcntl::FlockArg::LockExclusive).map_err(|(_, e)| {
+            PodError::Io {
+                what: format!("lock {}", root.display()),
+                source: e.into(),
+            }
+        })?;
+    let st = nix::sys::statfs::statfs(&root).map_err(|e| PodError::Io {
+        what: format!("statfs {}", root.display()),
+        source: e.into(),
+    })?;
+    if st.filesystem_type().0 as i64 != BPF_FS_MAGIC {
+        tracing::info!("mounting bpffs at {} (it was not mounted)", root.display());
+        nix::mount::mount(
+            Some("bpf"),
+            &root,
+            Some("bpf"),
+            nix::mount::MsFlags::empty(),
+            Some("mode=0700"),
+        )
+        .map_err(|e| PodError::Io {
+            what: format!("mount bpffs at {}", root.display()),
+            source: e.into(),
+        })?;
+    }
+    Ok(root)
+}
+
+/// A host network namespace and its state paths.
+#[derive(Debug)]
+pub struct Host {
+    pub ns: NetNs,
+    /// `--host` name, or "current" for the caller's namespace.
+    pub display: String,
+    pub key: String,
+}
+
+impl Host {
+    /// `Some(name)`: the named namespace under /run/netns; `None`: the caller's namespace.
+    pub fn open(name: Option<&str>) -> Result<Self, PodError> {
+        let (ns, display) = match name {
+            Some(n) => (
+                NetNs::open(n).map_err(|_| PodError::NoHost(n.to_string()))?,
+                n.to_string(),
+            ),
+            None => (NetNs::current()?, "current".to_string()),
+        };
+        let key = format!("netns-{}", ns.inode());
+        Ok(Self { ns, display, key })
+    }
+
+    pub fn state_dir(&self) -> PathBuf {
+        Path::new(STATE_ROOT).join(&self.key)
+    }
+
+    pub fn pin_dir(&self) -> PathBuf {
+        bpffs_root().join(PIN_SUBDIR).join(&self.key)
+    }
+
+    pub fn record_path(&self, pod: &str) -> PathBuf {
+        self.state_dir().join(format!("{pod}.json"))
+    }
+
+    /// Takes the host's lock (created with the state directory) until the guard drops.
+    /// A lock whose directory was removed meanwhile (the host's last pod went) is retaken.
+    pub fn lock(&self) -> Result<HostLock, PodError> {
+        use std::os::unix::fs::MetadataExt;
+        let dir = self.state_dir();
+        let path = dir.join(".lock");
+        for _ in 0..50 {
+            create_dir_all_racy(&dir)?;
+            let f = match File::create(&path) {
+                Ok(f) => f,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+                Err(e) => return Err(PodError::io(format!("create {}", path.display()))(e)),
+            };
+            let lock = nix::fcntl::Flock::lock(f, nix::fcntl::FlockArg::LockExclusive).map_err(
+                |(_, e)| PodError::Io {
+                    what: format!("lock {}", path.display()),
+                    source: e.into(),
+                },
+            )?;
+            let held = lock.metadata().map(|m| m.ino()).ok();
+            let now = fs::metadata(&path).map(|m| m.ino()).ok();
+            if held.is_some() && held == now {
+                return Ok(HostLock { _lock: lock });
+            }
+        }
+        Err(PodError::Io {
+            what: format!("lock {}: it keeps disappearing", path.display()),
+            source: std::io::Error::from(std::io::ErrorKind::WouldBlock),
+        })
+    }
+
+    /// Every pod record of this host, sorted by name.
+    pub fn records(&self) -> Result<Vec<PodRecord>, PodError> {
+        let mut out = Vec::new();
+        let Ok(rd) = fs::read_dir(self.state_dir()) else {
+            return Ok(out);
+        };
+        for e in rd.flatten() {
+            let p = e.path();
+            if p.extension().is_some_and(|x| x == "json") {
+                out.push(read_record(&p)?);
+            }
+        }
+        out.sort_by(|a, b| a.name.cmp(&b.name));
+        Ok(out)
+    }
+
+    pub fn record(&self, pod: &str) -> Result<Option<PodRecord>, PodError> {
+        let p = self.record_path(pod);
+        if !p.exists() {
+            return Ok(None);
+        }
+        read_record(&p).map(Some)
+    }
+
+    pub fn write_record(&self, r: &PodRecord) -> Result<(), PodError> {
+        let p = self.record_path(&r.name);
+        let tmp = p.with_extension("json.tmp");
+        let body = serde_json::to_vec_pretty(r).map_err(|e| PodError::State {
+            path: p.clone(),
+            source: e,
+        })?;
+        fs::write(&tmp, body).map_err(PodError::io(format!("write {}", tmp.display())))?;
+        fs::rename(&tmp, &p).map_err(PodError::io(format!("write {}", p.display())))
+    }
+
+    pub fn remove_record(&self, pod: &str) -> Result<(), PodError> {
+        match fs::remove_file(self.record_path(pod)) {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(PodError::io("remove pod record")(e)),
+        }
+    }
+
+    /// Removes the host's pins and state directory if no pod is left. Called with the lock
+    /// held; the lock file goes with the directory.
+    pub fn gc_if_empty(&self) -> Result<bool, PodError> {
+        if !self.records()?.is_empty() {
+            return Ok(false);
+        }
+        let pins = self.pin_dir();
+        if pins.exists() {
+            fs::remove_dir_all(&pins)
+                .map_err(PodError::io(format!("remove {}", pins.display())))?;
+        }
+        let parent = bpffs_root().join(PIN_SUBDIR);
+        let _ = fs::remove_dir(&parent); // only if empty
+        let dir = self.state_dir();
+        fs::remove_dir_all(&dir).map_err(PodError::io(format!("remove {}", dir.display())))?;
+        let _ = fs::remove_dir(STATE_ROOT);
+        let _ = fs::remove_dir("/run/nsfast");
+        Ok(true)
+    }
+}
+
+/// `create_dir_all` that tolerates a parent being removed concurrently (by another host's
+/// cleanup of the shared, then empty, parent directory).
+pub fn create_dir_all_racy(dir: &Path) -> Result<(), PodError> {
+    let mut last = None;
+    for _ in 0..20 {
+        match fs::create_dir_all(dir) {
+            Ok(()) => return Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => last = Some(e),
+            Err(e) => return Err(PodError::io(format!("create {}", dir.display()))(e)),
+        }
+    }
+    Err(PodError::io(format!("create {}", dir.display()))(
+        last.unwrap_or_else(|| std::io::Error::from(std::io::ErrorKind::NotFound)),
+    ))
+}
+
+fn read_record(p: &Path) -> Result<PodRecord, PodError> {
+    let body = fs::read(p).map_err(PodError::io(format!("read {}", p.display())))?;
+    serde_json::from_slice(&body).map_err(|e| PodError::State {
+        path: p.to_path_buf(),
+        source: e,
+    })
+}
+
+/// Held while a host's pods change.
+#[derive(Debug)]
+pub struct HostLock {
+    _lock: nix::fcntl::Flock<File>,
+}
+
+/// The device pair behind a pod.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Datapath {
+    /// veth pair, TCX program on the host end.
+    Veth,
+    /// netkit pair in L3 mode, programs on the primary.
+    NetkitL3,
+    /// netkit pair in L2 mode.
+    NetkitL2,
+}
+
+impl Datapath {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Datapath::Veth => "veth",
+            Datapath::NetkitL3 => "netkit-l3",
+            Datapath::NetkitL2 => "netkit-l2",
+        }
+    }
+}
+
+/// What `pod add` made, as remembered for `del`, `list` and CNI `CHECK`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PodRecord {
+    pub name: String,
+    pub ip: Ipv4Addr,
+    pub prefix: u8,
+    pub gateway: Ipv4Addr,
+    pub datapath: Datapath,
+    /// `--host` name or "current".
+    pub host: String,
+    /// The pod's namespace: a name under /run/netns or a path (CNI_NETNS).
+    pub netns: String,
+    /// Whether `pod add` created the namespace (then `del` deletes it).
+    pub netns_owned: bool,
+    pub host_if: String,
+    pub host_ifindex: u32,
+    pub pod_if: String,
+    pub pod_mac: String,
+    pub host_mac: String,
+    /// Pins of the BPF links attached for this pod.
+    pub link_pins: Vec<PathBuf>,
+    /// CNI attachment, if made by nsfast-cni: (container id, network name).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cni: Option<CniAttachment>,
+}
+
+/// The CNI identity of a pod made by `nsfast-cni`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CniAttachment {
+    pub container_id: String,
+    pub network: String,
+    pub ifname: String,
+}

@@ -1,0 +1,464 @@
+//! BPF_PROG_TEST_RUN tests of the pod programs' decisions (`bpf/pod.bpf.c`,
+//! `bpf/lib/pod_route.h`): verdicts, rewritten frames and counters, each run inside a
+//! throwaway network namespace (the FIB cases use a veth pair there). Needs root.
+
+use std::net::Ipv4Addr;
+
+use aya::maps::{HashMap as BpfHashMap, MapData, PerCpuArray};
+use aya::programs::{SchedClassifier, TestRun, TestRunOptions};
+use aya::Ebpf;
+use nsfast_pod::abi::{self, cnt, Endpoint};
+use nsfast_sys::net;
+use nsfast_sys::netns::NetNs;
+use nsfast_testsupport::require_root;
+use nsfast_testsupport::world::{unique, VethPair};
+
+const TC_ACT_OK: u32 = 0;
+const TC_ACT_REDIRECT: u32 = 7;
+const NETKIT_NEXT: u32 = u32::MAX; // -1
+
+const POD_MAC: [u8; 6] = [0x02, 0, 0, 0, 0, 0xa1];
+const HOST_MAC: [u8; 6] = [0x02, 0, 0, 0, 0, 0xb1];
+const SRC_POD_MAC: [u8; 6] = [0x02, 0, 0, 0, 0, 0xa2];
+const SRC_HOST_MAC: [u8; 6] = [0x02, 0, 0, 0, 0, 0xb2];
+const POD_A: Ipv4Addr = Ipv4Addr::new(10, 251, 1, 10);
+const POD_B: Ipv4Addr = Ipv4Addr::new(10, 251, 1, 11);
+
+struct Harness {
+    ebpf: Ebpf,
+}
+
+impl Harness {
+    fn new() -> Self {
+        let mut ebpf = Ebpf::load(nsfast_bpf::POD).expect("load pod object");
+        for p in [
+            abi::PROG_FROM_CONTAINER,
+            abi::PROG_FROM_WIRE,
+            abi::PROG_NETKIT_PEER_L2,
+            abi::PROG_NETKIT_PEER_L3,
+            abi::PROG_NETKIT_PRIMARY,
+        ] {
+            let prog: &mut SchedClassifier = ebpf.program_mut(p).unwrap().try_into().unwrap();
+            prog.load()
+                .unwrap_or_else(|e| panic!("verifier rejects {p}: {e:?}"));
+        }
+        Self { ebpf }
+    }
+
+    fn endpoint(&mut self, ip: Ipv4Addr, ep: Endpoint) {
+        let mut m: BpfHashMap<&mut MapData, u32, Endpoint> =
+            BpfHashMap::try_from(self.ebpf.map_mut(abi::MAP_ENDPOINTS).unwrap()).unwrap();
+        m.insert(abi::ip_key(ip), ep, 0).unwrap();
+    }
+
+    /// Two pods: A (destination, ifindex 100) and B (source, ifindex 101).
+    fn with_pods(mut self) -> Self {
+        self.endpoint(
+            POD_A,
+            Endpoint {
+                ifindex: 100,
+                flags: 0,
+                pod_mac: POD_MAC,
+                host_mac: HOST_MAC,
+            },
+        );
+        self.endpoint(
+            POD_B,
+            Endpoint {
+                ifindex: 101,
+                flags: 0,
+                pod_mac: SRC_POD_MAC,
+                host_mac: SRC_HOST_MAC,
+            },
+        );
+        self
+    }
+
+    fn counter(&self, i: u32) -> u64 {
+        let a: PerCpuArray<&MapData, u64> =
+            PerCpuArray::try_from(self.ebpf.map(abi::MAP_COUNTERS).unwrap()).unwrap();
+        a.get(&i, 0).unwrap().iter().sum()
+    }
+
+    /// Runs `prog` on `frame` (optionally with `__sk_buff.ifindex`): (verdict, frame out).
+    fn run(&self, prog: &str, frame: &[u8], ifindex: Option<u32>) -> (u32, Vec<u8>) {
+        let p: &SchedClassifier = self.ebpf.program(prog).unwrap().try_into().unwrap();
+        let mut out = vec![0u8; frame.len() + 256];
+        // struct __sk_buff up to and including `ifindex` (offset 40).
+        let mut ctx = [0u8; 44];
+        if let Some(i) = ifindex {
+            ctx[40..44].copy_from_slice(&i.to_ne_bytes());
+        }
+        let r = p
+            .test_run(TestRunOptions {
+                data_in: Some(frame),
+                data_out: Some(&mut out),
+                ctx_in: ifindex.map(|_| &ctx[..]),
+                ..Default::default()
+            })
+            .expect("BPF_PROG_TEST_RUN");
+        out.truncate(r.data_size_out as usize);
+        (r.return_value, out)
+    }
+}
+
+fn eth(dst: [u8; 6], src: [u8; 6], proto: u16) -> Vec<u8> {
+    let mut v = Vec::new();
+    v.extend_from_slice(&dst);
+    v.extend_from_slice(&src);
+    v.extend_from_slice(&proto.to_be_bytes());
+    v
+}
+
+/// Ethernet + IPv4 + UDP (checksums left zero: the programs do not check them).
+fn udp_frame(src: Ipv4Addr, dst: Ipv4Addr, dst_mac: [u8; 6]) -> Vec<u8> {
+    let mut v = eth(dst_mac, SRC_POD_MAC, 0x0800);
+    let payload = b"nsfast";
+    let tot = 20 + 8 + payload.len() as u16;
+    v.extend_from_slice(&[0x45, 0]);
+    v.extend_from_slice(&tot.to_be_bytes());
+    v.extend_from_slice(&[0, 1, 0x40, 0, 64, 17, 0, 0]);
+    v.extend_from_slice(&src.octets());
+    v.extend_from_slice(&dst.octets());
+    let sum = ip_checksum(&v[14..34]);
+    v[24..26].copy_from_slice(&sum.to_be_bytes());
+    v.extend_from_slice(&4000u16.to_be_bytes());
+    v.extend_from_slice(&5000u16.to_be_bytes());
+    v.extend_from_slice(&(8 + payload.len() as u16).to_be_bytes());
+    v.extend_from_slice(&[0, 0]);
+    v.extend_from_slice(payload);
+    v
+}
+
+/// The IPv4 header checksum of `hdr` (with its checksum field as it is: 0 to compute, the
+/// stored value to verify, which then gives 0).
+fn ip_checksum(hdr: &[u8]) -> u16 {
+    let mut sum: u32 = hdr
+        .chunks(2)
+        .map(|c| u32::from(u16::from_be_bytes([c[0], c[1]])))
+        .sum();
+    while sum > 0xffff {
+        sum = (sum & 0xffff) + (sum >> 16);
+    }
+    !(sum as u16)
+}
+
+/// Checks that `out` is `orig` with the TTL one lower and a valid header checksum.
+fn assert_routed(orig: &[u8], out: &[u8]) {
+    assert_eq!(out[22], orig[22] - 1, "TTL decremented");
+    assert_eq!(
+        ip_checksum(&out[14..34]),
+        0,
+        "IPv4 header checksum still valid"
+    );
+    let mut a = orig[14..].to_vec();
+    let mut b = out[14..].to_vec();
+    for v in [&mut a, &mut b] {
+        v[8] = 0;
+        v[10] = 0;
+        v[11] = 0;
+    }
+    assert_eq!(a, b, "nothing else in the IP packet changed");
+}
+
+fn arp_request(sender_mac: [u8; 6], sip: Ipv4Addr, tip: Ipv4Addr) -> Vec<u8> {
+    let mut v = eth([0xff; 6], sender_mac, 0x0806);
+    v.extend_from_slice(&[0, 1, 0x08, 0, 6, 4, 0, 1]);
+    v.extend_from_slice(&sender_mac);
+    v.extend_from_slice(&sip.octets());
+    v.extend_from_slice(&[0; 6]);
+    v.extend_from_slice(&tip.octets());
+    v
+}
+
+/// Runs `f` on a thread inside a throwaway namespace.
+fn in_netns(f: impl FnOnce() + Send) {
+    require_root();
+    let ns = NetNs::create(&unique("nsft-pb")).expect("netns");
+    ns.run(f).expect("test body");
+}
+
+#[test]
+fn pod_to_local_pod_is_redirected_into_the_peer_with_macs_rewritten() {
+    in_netns(|| {
+        let h = Harness::new().with_pods();
+        let f = udp_frame(POD_B, POD_A, SRC_HOST_MAC);
+        let (rc, out) = h.run(abi::PROG_FROM_CONTAINER, &f, None);
+        assert_eq!(rc, TC_ACT_REDIRECT);
+        assert_eq!(&out[0..6], &POD_MAC, "destination MAC = the pod's");
+        assert_eq!(
+            &out[6..12],
+            &HOST_MAC,
+            "source MAC = its host-side device's"
+        );
+        assert_routed(&f, &out);
+        assert_eq!(h.counter(cnt::POD_TO_POD), 1);
+        assert_eq!(h.counter(cnt::POD_TO_STACK), 0);
+        // TTL 1: not forwarded here; the stack answers with ICMP time exceeded.
+        let mut ttl1 = f.clone();
+        ttl1[22] = 1;
+        ttl1[24..26].copy_from_slice(&[0, 0]);
+        let sum = ip_checksum(&ttl1[14..34]);
+        ttl1[24..26].copy_from_slice(&sum.to_be_bytes());
+        assert_eq!(
+            h.run(abi::PROG_FROM_CONTAINER, &ttl1, None),
+            (TC_ACT_OK, ttl1.clone())
+        );
+        assert_eq!(h.run(abi::PROG_FROM_WIRE, &ttl1, None), (TC_ACT_OK, ttl1));
+        assert_eq!(h.counter(cnt::POD_TO_POD), 1);
+    });
+}
+
+#[test]
+fn unknown_destination_without_route_goes_to_the_stack_unchanged() {
+    in_netns(|| {
+        let h = Harness::new().with_pods();
+        let f = udp_frame(POD_B, Ipv4Addr::new(10, 9, 9, 9), SRC_HOST_MAC);
+        let (rc, out) = h.run(abi::PROG_FROM_CONTAINER, &f, None);
+        assert_eq!(rc, TC_ACT_OK);
+        assert_eq!(out, f);
+        assert_eq!(h.counter(cnt::POD_TO_STACK), 1);
+        assert_eq!(h.counter(cnt::POD_TO_POD), 0);
+    });
+}
+
+#[test]
+fn arp_request_from_a_pod_is_answered_with_the_host_mac() {
+    in_netns(|| {
+        let h = Harness::new().with_pods();
+        let gw = Ipv4Addr::new(169, 254, 1, 1);
+        let f = arp_request(SRC_POD_MAC, POD_B, gw);
+        let (rc, out) = h.run(abi::PROG_FROM_CONTAINER, &f, None);
+        assert_eq!(
+            rc, TC_ACT_REDIRECT,
+            "sent back out of the asking pod's host device"
+        );
+        assert_eq!(&out[0..6], &SRC_POD_MAC);
+        assert_eq!(&out[6..12], &SRC_HOST_MAC);
+        assert_eq!(&out[20..22], &[0, 2], "ARP reply");
+        assert_eq!(&out[22..28], &SRC_HOST_MAC, "sender MAC = host-side MAC");
+        assert_eq!(&out[28..32], &gw.octets(), "sender IP = the asked address");
+        assert_eq!(&out[32..38], &SRC_POD_MAC);
+        assert_eq!(&out[38..42], &POD_B.octets());
+        assert_eq!(h.counter(cnt::ARP_REPLY), 1);
+
+        // Gratuitous ARP and ARP from an unknown address are left to the stack.
+        let g = arp_request(SRC_POD_MAC, POD_B, POD_B);
+        assert_eq!(h.run(abi::PROG_FROM_CONTAINER, &g, None), (TC_ACT_OK, g));
+        let u = arp_request(SRC_POD_MAC, Ipv4Addr::new(10, 9, 9, 9), gw);
+        assert_eq!(h.run(abi::PROG_FROM_CONTAINER, &u, None), (TC_ACT_OK, u));
+        assert_eq!(h.counter(cnt::ARP_REPLY), 1);
+    });
+}
+
+#[test]
+fn ipv6_and_malformed_frames_pass_untouched() {
+    in_netns(|| {
+        let h = Harness::new().with_pods();
+        let mut v6 = eth(SRC_HOST_MAC, SRC_POD_MAC, 0x86dd);
+        v6.extend_from_slice(&[0x60; 40]);
+        assert_eq!(h.run(abi::PROG_FROM_CONTAINER, &v6, None), (TC_ACT_OK, v6));
+        assert_eq!(h.counter(cnt::NOT_IPV4), 1);
+        // An IPv4 header with a bad IHL (< 5) to a known pod: not touched.
+        let mut bad = udp_frame(POD_B, POD_A, SRC_HOST_MAC);
+        bad[14] = 0x44;
+        assert_eq!(
+            h.run(abi::PROG_FROM_CONTAINER, &bad, None),
+            (TC_ACT_OK, bad)
+        );
+        assert_eq!(h.counter(cnt::POD_TO_POD), 0);
+    });
+}
+
+#[test]
+fn wire_to_pod_is_redirected_into_the_pod_and_others_go_to_the_stack() {
+    in_netns(|| {
+        let mut h = Harness::new().with_pods();
+        let wire_mac = [0x02, 0, 0, 0, 0, 0xee];
+        let f = udp_frame(Ipv4Addr::new(10, 251, 2, 10), POD_A, wire_mac);
+        let (rc, out) = h.run(abi::PROG_FROM_WIRE, &f, None);
+        assert_eq!(rc, TC_ACT_REDIRECT);
+        assert_eq!(&out[0..6], &POD_MAC);
+        assert_eq!(&out[6..12], &HOST_MAC);
+        assert_routed(&f, &out);
+        assert_eq!(h.counter(cnt::WIRE_TO_POD), 1);
+
+        let other = udp_frame(
+            Ipv4Addr::new(10, 251, 2, 10),
+            Ipv4Addr::new(10, 250, 0, 1),
+            wire_mac,
+        );
+        assert_eq!(h.run(abi::PROG_FROM_WIRE, &other, None), (TC_ACT_OK, other));
+        assert_eq!(h.counter(cnt::WIRE_TO_STACK), 1);
+
+        // An L3 (netkit) pod has no Ethernet header to rewrite: left to the stack.
+        let l3 = Ipv4Addr::new(10, 251, 1, 30);
+        h.endpoint(
+            l3,
+            Endpoint {
+                ifindex: 102,
+                flags: abi::EP_NETKIT | abi::EP_L3,
+                ..Default::default()
+            },
+        );
+        let f3 = udp_frame(Ipv4Addr::new(10, 251, 2, 10), l3, wire_mac);
+        assert_eq!(h.run(abi::PROG_FROM_WIRE, &f3, None), (TC_ACT_OK, f3));
+        assert_eq!(h.counter(cnt::WIRE_TO_STACK), 2);
+        assert_eq!(h.counter(cnt::WIRE_TO_POD), 1);
+    });
+}
+
+#[test]
+fn netkit_peer_program_uses_netkit_verdicts() {
+    in_netns(|| {
+        let h = Harness::new().with_pods();
+        let f = udp_frame(POD_B, POD_A, SRC_HOST_MAC);
+        let (rc, out) = h.run(abi::PROG_NETKIT_PEER_L2, &f, None);
+        assert_eq!(
+            rc, TC_ACT_REDIRECT,
+            "NETKIT_REDIRECT == TC_ACT_REDIRECT == 7"
+        );
+        assert_eq!(&out[0..6], &POD_MAC);
+        let other = udp_frame(POD_B, Ipv4Addr::new(10, 9, 9, 9), SRC_HOST_MAC);
+        assert_eq!(
+            h.run(abi::PROG_NETKIT_PEER_L2, &other, None),
+            (NETKIT_NEXT, other.clone())
+        );
+        assert_eq!(h.run(abi::PROG_NETKIT_PRIMARY, &other, None).0, NETKIT_NEXT);
+    });
+}
+
+/// pod -> wire: bpf_fib_lookup through a real route in a throwaway namespace.
+#[test]
+fn pod_to_remote_uses_the_fib_then_redirect_neigh_or_mac_rewrite() {
+    require_root();
+    let w = VethPair::new();
+    let ns = Some(&w.client);
+    let dev = VethPair::CLIENT_IF;
+    let ifindex = net::link_index(ns, dev).unwrap();
+    let dev_mac = net::link_mac(ns, dev).unwrap();
+    let remote = Ipv4Addr::new(10, 77, 1, 1);
+    let gw = std::net::IpAddr::V4(VethPair::SERVER_V4);
+    net::add_route(
+        ns,
+        std::net::IpAddr::V4(Ipv4Addr::new(10, 77, 0, 0)),
+        16,
+        Some(gw),
+        None,
+    )
+    .unwrap();
+    w.client
+        .run(|| {
+            let h = Harness::new().with_pods();
+            let f = udp_frame(POD_B, remote, SRC_HOST_MAC);
+
+            // Forwarding off: bpf_fib_lookup refuses (FWD_DISABLED) -> stack.
+            std::fs::write("/proc/sys/net/ipv4/ip_forward", "0").unwrap();
+            assert_eq!(
+                h.run(abi::PROG_FROM_CONTAINER, &f, Some(ifindex)),
+                (TC_ACT_OK, f.clone())
+            );
+            assert_eq!(h.counter(cnt::POD_TO_STACK), 1);
+
+            std::fs::write("/proc/sys/net/ipv4/ip_forward", "1").unwrap();
+            // No neighbour entry for the gateway yet: bpf_redirect_neigh.
+            let (rc, _) = h.run(abi::PROG_FROM_CONTAINER, &f, Some(ifindex));
+            assert_eq!(rc, TC_ACT_REDIRECT);
+            assert_eq!(h.counter(cnt::FIB_NEIGH), 1);
+
+            // Local destination: the stack.
+            let local = udp_frame(POD_B, VethPair::CLIENT_V4, SRC_HOST_MAC);
+            assert_eq!(
+                h.run(abi::PROG_FROM_CONTAINER, &local, Some(ifindex)),
+                (TC_ACT_OK, local)
+            );
+            assert_eq!(h.counter(cnt::POD_TO_STACK), 2);
+        })
+        .unwrap();
+    // With a neighbour entry: MACs from the FIB, plain bpf_redirect.
+    let gw_mac = [0x02, 0, 0, 0, 0, 0x77];
+    net::add_neighbour(ns, dev, gw, gw_mac).unwrap();
+    w.client
+        .run(|| {
+            let h = Harness::new().with_pods();
+            let f = udp_frame(POD_B, remote, SRC_HOST_MAC);
+            let (rc, out) = h.run(abi::PROG_FROM_CONTAINER, &f, Some(ifindex));
+            assert_eq!(rc, TC_ACT_REDIRECT);
+            assert_eq!(&out[0..6], &gw_mac, "destination MAC = the gateway's");
+            assert_eq!(&out[6..12], &dev_mac, "source MAC = the egress device's");
+            assert_routed(&f, &out);
+            assert_eq!(h.counter(cnt::FIB_REDIRECT), 1);
+            assert_eq!(h.counter(cnt::FIB_NEIGH), 0);
+        })
+        .unwrap();
+}
+
+/// The raw netkit `BPF_LINK_CREATE` (`nsfast_sys::bpf::netkit`). On a netkit kernel (the VM
+/// matrix): attaching the peer program on the primary's ifindex works, on the peer's ifindex
+/// it is refused (EACCES), on a veth it is not a netkit device (ENXIO). Without netkit (this
+/// host) the kernel's stub answers EINVAL, and nsfast never gets that far (see the probe).
+#[test]
+fn netkit_link_create_attaches_on_the_primary_only() {
+    use nsfast_sys::bpf::netkit;
+    use std::os::fd::AsFd;
+    require_root();
+    let w = VethPair::new();
+    let has_netkit = net::probe_netkit().unwrap();
+    let pod = NetNs::create(&unique("nsft-nk")).unwrap();
+    if has_netkit {
+        net::create_netkit(
+            Some(&w.client),
+            "nk0",
+            "nktmp0",
+            &pod,
+            "eth0",
+            net::NetkitMode::L3,
+        )
+        .unwrap();
+    }
+    let veth_idx = net::link_index(Some(&w.client), VethPair::CLIENT_IF).unwrap();
+    let nk_idx = has_netkit.then(|| net::link_index(Some(&w.client), "nk0").unwrap());
+    w.client
+        .run(|| {
+            let h = Harness::new();
+            let prog: &SchedClassifier = h
+                .ebpf
+                .program(abi::PROG_NETKIT_PEER_L3)
+                .unwrap()
+                .try_into()
+                .unwrap();
+            let fd = prog.fd().unwrap();
+            let on_veth = netkit::link_create(fd.as_fd(), veth_idx, netkit::BPF_NETKIT_PEER)
+                .expect_err("netkit attach on a veth");
+            if let Some(idx) = nk_idx {
+                assert_eq!(on_veth.raw_os_error(), Some(libc::ENXIO), "{on_veth}");
+                let link = netkit::link_create(fd.as_fd(), idx, netkit::BPF_NETKIT_PEER)
+                    .expect("netkit attach on the primary");
+                drop(link); // closing the only reference detaches
+            } else {
+                assert_eq!(on_veth.raw_os_error(), Some(libc::EINVAL), "{on_veth}");
+            }
+        })
+        .unwrap();
+    if has_netkit {
+        // The peer's ifindex is refused: programs go on the primary.
+        let peer_idx = net::link_index(Some(&pod), "eth0").unwrap();
+        pod.run(|| {
+            let h = Harness::new();
+            let prog: &SchedClassifier = h
+                .ebpf
+                .program(abi::PROG_NETKIT_PEER_L3)
+                .unwrap()
+                .try_into()
+                .unwrap();
+            let e = netkit::link_create(
+                prog.fd().unwrap().as_fd(),
+                peer_idx,
+                netkit::BPF_NETKIT_PEER,
+            )
+            .expect_err("attach on the peer");
+            assert_eq!(e.raw_os_error(), Some(libc::EACCES), "{e}");
+        })
+        .unwrap();
+    }
+}
