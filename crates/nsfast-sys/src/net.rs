@@ -93,27 +93,61 @@ pub fn link_up(ns: Option<&NetNs>, name: &str) -> Result<(), NetError> {
 
 /// Creates a veth pair `name_a` (in `ns_a`) <-> `name_b` (in `ns_b`), both up.
 pub fn create_veth(ns_a: &NetNs, name_a: &str, ns_b: &NetNs, name_b: &str) -> Result<(), NetError> {
-    let fd_b = ns_b.as_fd().as_raw_fd();
-    with_handle(Some(ns_a), |h| async move {
+    create_pair_into(
+        Some(ns_a),
+        LinkVeth::new(name_a, name_b).build(),
+        name_a,
+        name_b,
+        ns_b,
+        name_b,
+    )
+}
+
+/// Adds the pair described by `msg` in `host` (ends `host_name` and `tmp_name`), moves
+/// `tmp_name` into `pod`, renames it `pod_name` there and sets both ends up. On error the pair
+/// is deleted again. Shared by veth and netkit pairs.
+fn create_pair_into(
+    host: Option<&NetNs>,
+    msg: rtnetlink::packet_route::link::LinkMessage,
+    host_name: &str,
+    tmp_name: &str,
+    pod: &NetNs,
+    pod_name: &str,
+) -> Result<(), NetError> {
+    let fd_pod = pod.as_fd().as_raw_fd();
+    let r = with_handle(host, |h| async move {
         h.link()
-            .add(LinkVeth::new(name_a, name_b).build())
+            .add(msg)
             .execute()
             .await
-            .map_err(nl(format!("add veth {name_a}/{name_b}")))?;
-        let idx_b = index_of(&h, name_b).await?;
+            .map_err(nl(format!("add {host_name}/{tmp_name}")))?;
+        let idx_b = index_of(&h, tmp_name).await?;
         h.link()
-            .set(LinkUnspec::new_with_index(idx_b).setns_by_fd(fd_b).build())
+            .set(
+                LinkUnspec::new_with_index(idx_b)
+                    .setns_by_fd(fd_pod)
+                    .build(),
+            )
             .execute()
             .await
-            .map_err(nl(format!("move {name_b} to its namespace")))?;
-        let idx_a = index_of(&h, name_a).await?;
+            .map_err(nl(format!("move {tmp_name} to its namespace")))?;
+        let idx_a = index_of(&h, host_name).await?;
         h.link()
             .set(LinkUnspec::new_with_index(idx_a).up().build())
             .execute()
             .await
-            .map_err(nl(format!("set {name_a} up")))
-    })?;
-    link_up(Some(ns_b), name_b)
+            .map_err(nl(format!("set {host_name} up")))
+    })
+    .and_then(|()| {
+        if tmp_name != pod_name {
+            rename_link(Some(pod), tmp_name, pod_name)?;
+        }
+        link_up(Some(pod), pod_name)
+    });
+    if r.is_err() {
+        let _ = delete_link(host, host_name);
+    }
+    r
 }
 
 /// Deletes link `name` (and, for a veth, its peer). Missing is not an error.
@@ -324,49 +358,21 @@ pub fn create_netkit(
     mode: NetkitMode,
 ) -> Result<(), NetError> {
     use rtnetlink::packet_route::link::{NetkitMode as M, NetkitPolicy};
-    let fd_pod = pod.as_fd().as_raw_fd();
     let m = match mode {
         NetkitMode::L2 => M::L2,
         NetkitMode::L3 => M::L3,
     };
-    let r = with_handle(host, |h| async move {
-        h.link()
-            .add(
-                rtnetlink::LinkNetkit::new(primary, peer, m)
-                    .policy(NetkitPolicy::Pass)
-                    .peer_policy(NetkitPolicy::Drop)
-                    .build(),
-            )
-            .execute()
-            .await
-            .map_err(nl(format!("add netkit {primary}/{peer}")))?;
-        let idx_b = index_of(&h, peer).await?;
-        h.link()
-            .set(
-                LinkUnspec::new_with_index(idx_b)
-                    .setns_by_fd(fd_pod)
-                    .build(),
-            )
-            .execute()
-            .await
-            .map_err(nl(format!("move {peer} to its namespace")))?;
-        let idx_a = index_of(&h, primary).await?;
-        h.link()
-            .set(LinkUnspec::new_with_index(idx_a).up().build())
-            .execute()
-            .await
-            .map_err(nl(format!("set {primary} up")))
-    })
-    .and_then(|()| {
-        if peer != pod_name {
-            rename_link(Some(pod), peer, pod_name)?;
-        }
-        link_up(Some(pod), pod_name)
-    });
-    if r.is_err() {
-        let _ = delete_link(host, primary);
-    }
-    r
+    create_pair_into(
+        host,
+        rtnetlink::LinkNetkit::new(primary, peer, m)
+            .policy(NetkitPolicy::Pass)
+            .peer_policy(NetkitPolicy::Drop)
+            .build(),
+        primary,
+        peer,
+        pod,
+        pod_name,
+    )
 }
 
 /// Whether the running kernel can create netkit devices. The probe runs in a private,
@@ -443,38 +449,12 @@ pub fn create_veth_into(
     pod: &NetNs,
     pod_name: &str,
 ) -> Result<(), NetError> {
-    let fd_pod = pod.as_fd().as_raw_fd();
-    let r = with_handle(host, |h| async move {
-        h.link()
-            .add(LinkVeth::new(host_name, tmp_name).build())
-            .execute()
-            .await
-            .map_err(nl(format!("add veth {host_name}/{tmp_name}")))?;
-        let idx_b = index_of(&h, tmp_name).await?;
-        h.link()
-            .set(
-                LinkUnspec::new_with_index(idx_b)
-                    .setns_by_fd(fd_pod)
-                    .build(),
-            )
-            .execute()
-            .await
-            .map_err(nl(format!("move {tmp_name} to its namespace")))?;
-        let idx_a = index_of(&h, host_name).await?;
-        h.link()
-            .set(LinkUnspec::new_with_index(idx_a).up().build())
-            .execute()
-            .await
-            .map_err(nl(format!("set {host_name} up")))
-    })
-    .and_then(|()| {
-        if tmp_name != pod_name {
-            rename_link(Some(pod), tmp_name, pod_name)?;
-        }
-        link_up(Some(pod), pod_name)
-    });
-    if r.is_err() {
-        let _ = delete_link(host, host_name);
-    }
-    r
+    create_pair_into(
+        host,
+        LinkVeth::new(host_name, tmp_name).build(),
+        host_name,
+        tmp_name,
+        pod,
+        pod_name,
+    )
 }
