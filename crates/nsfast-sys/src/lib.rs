@@ -8,6 +8,8 @@
 //! - [`kernel`]  — running kernel version, cached.
 //! - [`bpf`]     — raw `bpf(2)` calls aya 0.14 does not expose (program query on a cgroup).
 //! - [`signals`] — block SIGINT/SIGTERM and wait for them synchronously.
+//! - [`sched`]   — CPU pinning (sched_setaffinity), allowed CPUs.
+//! - [`procstat`] — /proc/stat per-CPU times (softirq) and /proc/PID/stat CPU time.
 //!
 //! All `unsafe` in nsfast's plumbing lives in this crate, each block with a `// SAFETY:` note.
 
@@ -17,4 +19,6 @@ pub mod kernel;
 pub mod net;
 pub mod netns;
 pub mod ports;
+pub mod procstat;
+pub mod sched;
 pub mod signals;

@@ -20,6 +20,11 @@ enum Command {
     /// Same-host TCP shortcut between sockets (sockops + sk_msg), across network namespaces.
     #[command(subcommand)]
     Sockmap(cmd::sockmap::SockmapCmd),
+    /// Every path side by side (host, veth, routed, sockmap, ...): tables, JSON and SVG charts.
+    Bench(cmd::bench::BenchArgs),
+    /// Internal: one side of one `nsfast bench` measurement.
+    #[command(hide = true)]
+    BenchWorker(cmd::bench::WorkerArgs),
 }
 
 fn main() -> ExitCode {
@@ -27,6 +32,8 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Sockmap(c) => cmd::sockmap::run(c),
+        Command::Bench(a) => cmd::bench::run(a),
+        Command::BenchWorker(a) => cmd::bench::worker(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
