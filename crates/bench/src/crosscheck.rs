@@ -89,10 +89,10 @@ pub fn run(
     scpu: usize,
     duration: Duration,
 ) -> Result<Vec<CrossCheck>, BenchError> {
-    let mut out = Vec::new();
-    out.push(sockperf(runner, b, placement, ccpu, scpu, duration)?);
-    out.push(iperf3(runner, b, placement, ccpu, scpu, duration)?);
-    Ok(out)
+    Ok(vec![
+        sockperf(runner, b, placement, ccpu, scpu, duration)?,
+        iperf3(runner, b, placement, ccpu, scpu, duration)?,
+    ])
 }
 
 fn sockperf(
@@ -124,7 +124,14 @@ fn sockperf(
     let secs = format!("{}", duration.as_secs_f64().ceil().max(1.0) as u64 + 1);
     let srv = command_in(
         &prog,
-        &["sr".into(), "--tcp".into(), "-i".into(), ip.clone(), "-p".into(), port.clone()],
+        &[
+            "sr".into(),
+            "--tcp".into(),
+            "-i".into(),
+            ip.clone(),
+            "-p".into(),
+            port.clone(),
+        ],
         b.server_ns(),
         b.server.cgroup.path(),
         Some(scpu),
@@ -155,7 +162,10 @@ fn sockperf(
     let text = read_all(&mut client);
     c.tool_value = parse_sockperf_p50(&text);
     if c.tool_value.is_none() {
-        c.note = Some(format!("could not parse sockperf output: {}", client.stderr_text()));
+        c.note = Some(format!(
+            "could not parse sockperf output: {}",
+            client.stderr_text()
+        ));
     }
     let sizes = Sizes {
         request: SOCKPERF_MSG,
@@ -198,7 +208,14 @@ fn iperf3(
     let port = "15201".to_string();
     let srv = command_in(
         &prog,
-        &["-s".into(), "-1".into(), "-B".into(), ip.clone(), "-p".into(), port.clone()],
+        &[
+            "-s".into(),
+            "-1".into(),
+            "-B".into(),
+            ip.clone(),
+            "-p".into(),
+            port.clone(),
+        ],
         b.server_ns(),
         b.server.cgroup.path(),
         Some(scpu),
@@ -230,7 +247,10 @@ fn iperf3(
     let text = read_all(&mut client);
     c.tool_value = parse_iperf3_gbps(&text);
     if c.tool_value.is_none() {
-        c.note = Some(format!("could not parse iperf3 output: {}", client.stderr_text()));
+        c.note = Some(format!(
+            "could not parse iperf3 output: {}",
+            client.stderr_text()
+        ));
     }
     server.kill();
     let ours = runner.measure_with(

@@ -45,7 +45,9 @@ pub enum BenchError {
     #[error("this process may run on no CPU at all (sched_getaffinity returned an empty set)")]
     NoCpus,
     /// The benchmark needs root (namespaces, cgroups).
-    #[error("nsfast bench needs root (it creates network namespaces and cgroups); run it with sudo")]
+    #[error(
+        "nsfast bench needs root (it creates network namespaces and cgroups); run it with sudo"
+    )]
     NotRoot,
     /// Every selected topology was skipped, or `host` was.
     #[error("{0}")]

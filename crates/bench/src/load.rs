@@ -197,7 +197,12 @@ fn read_full(s: &mut TcpStream, buf: &mut [u8], stop: &AtomicBool) -> io::Result
     while got < buf.len() {
         match s.read(&mut buf[got..]) {
             Ok(0) if got == 0 => return Ok(false),
-            Ok(0) => return Err(io::Error::new(ErrorKind::UnexpectedEof, "truncated message")),
+            Ok(0) => {
+                return Err(io::Error::new(
+                    ErrorKind::UnexpectedEof,
+                    "truncated message",
+                ))
+            }
             Ok(n) => got += n,
             Err(e) if timed_out(&e) || e.kind() == ErrorKind::Interrupted => {
                 if stop.load(Ordering::Relaxed) {
@@ -261,11 +266,13 @@ pub fn run_client(
     sizes: Sizes,
     duration: Duration,
 ) -> Result<ClientResult, LoadError> {
-    let io_err = |op: &'static str| move |source| LoadError::Io {
-        workload,
-        op,
-        addr,
-        source,
+    let io_err = |op: &'static str| {
+        move |source| LoadError::Io {
+            workload,
+            op,
+            addr,
+            source,
+        }
     };
     let mut r = ClientResult {
         workload: Some(workload),
@@ -284,7 +291,8 @@ pub fn run_client(
             let mut now = start;
             while now < deadline {
                 s.write_all(&req).map_err(io_err("send to"))?;
-                read_reply(&mut s, &mut resp).map_err(|e| reply_err(e, workload, addr, r.transactions))?;
+                read_reply(&mut s, &mut resp)
+                    .map_err(|e| reply_err(e, workload, addr, r.transactions))?;
                 let t = Instant::now();
                 let _ = hist.record((t - now).as_nanos().max(1) as u64);
                 now = t;
@@ -302,7 +310,8 @@ pub fn run_client(
             while now < deadline {
                 let mut s = connect(addr).map_err(io_err("connect to"))?;
                 s.write_all(&req).map_err(io_err("send to"))?;
-                read_reply(&mut s, &mut resp).map_err(|e| reply_err(e, workload, addr, r.transactions))?;
+                read_reply(&mut s, &mut resp)
+                    .map_err(|e| reply_err(e, workload, addr, r.transactions))?;
                 drop(s);
                 let t = Instant::now();
                 let _ = hist.record((t - now).as_nanos().max(1) as u64);
@@ -327,7 +336,12 @@ pub fn run_client(
                     }
                     Ok(n) => r.bytes += n as u64,
                     Err(e) if e.kind() == ErrorKind::Interrupted => {}
-                    Err(e) if matches!(e.kind(), ErrorKind::BrokenPipe | ErrorKind::ConnectionReset) => {
+                    Err(e)
+                        if matches!(
+                            e.kind(),
+                            ErrorKind::BrokenPipe | ErrorKind::ConnectionReset
+                        ) =>
+                    {
                         return Err(LoadError::PeerClosed {
                             workload,
                             addr,
@@ -359,7 +373,7 @@ pub fn run_client(
             loop {
                 // Check the clock every 16 datagrams: a send is far cheaper than a read of it.
                 n = n.wrapping_add(1);
-                if n % 16 == 0 && Instant::now() >= deadline {
+                if n.is_multiple_of(16) && Instant::now() >= deadline {
                     break;
                 }
                 match s.send(&buf) {

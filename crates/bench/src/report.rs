@@ -112,7 +112,7 @@ pub fn fmt_value(v: f64) -> String {
         let s = n.to_string();
         let mut out = String::new();
         for (i, c) in s.chars().enumerate() {
-            if i > 0 && (s.len() - i) % 3 == 0 {
+            if i > 0 && (s.len() - i).is_multiple_of(3) {
                 out.push(',');
             }
             out.push(c);
@@ -154,8 +154,8 @@ pub fn table(outcome: &Outcome) -> String {
         let _ = writeln!(out, "\nplacement {p} ({cpus})");
         let _ = writeln!(
             out,
-            "{:<11} {:<9} {:>12} {:<7} {:>7} {:>8}  {:<22} {:>10}  {}",
-            "workload", "topology", "median", "unit", "× host", "spread", "min – max", "CPU cost", "notes"
+            "{:<11} {:<9} {:>12} {:<7} {:>7} {:>8}  {:<22} {:>10}  notes",
+            "workload", "topology", "median", "unit", "× host", "spread", "min – max", "CPU cost",
         );
         let mut last_w = None;
         for r in rows.iter().filter(|r| r.placement == p) {
@@ -212,7 +212,8 @@ pub fn table(outcome: &Outcome) -> String {
     let _ = writeln!(
         out,
         "\nping is latency (lower is better, × host > 1 is slower); the others are rates. \
-CPU cost = client + server cgroup CPU time + softirq time on the pinned CPUs, per transaction (µs/tx) or per GB (s/GB)."
+CPU cost = client + server cgroup CPU time + ksoftirqd time on the pinned CPUs{}, per transaction (µs/tx) or per GB (s/GB).",
+        if crate::runner::irq_time_accounting() { " + softirq time (IRQ time accounted apart)" } else { " (softirq run in task context is inside the cgroup time: no CONFIG_IRQ_TIME_ACCOUNTING)" }
     );
     if !outcome.cross_check.is_empty() {
         out.push_str(&cross_check_table(&outcome.cross_check));
@@ -233,8 +234,8 @@ pub fn cross_check_table(cc: &[CrossCheck]) -> String {
     );
     let _ = writeln!(
         out,
-        "{:<9} {:<9} {:<9} {:<42} {:>10} {:>10} {:>8}  {}",
-        "topology", "placement", "tool", "metric", "tool", "ours", "diff", "agree"
+        "{:<9} {:<9} {:<9} {:<42} {:>10} {:>10} {:>8}  agree",
+        "topology", "placement", "tool", "metric", "tool", "ours", "diff"
     );
     for c in cc {
         let f = |v: Option<f64>| v.map(fmt_value).unwrap_or_else(|| "–".into());

@@ -11,10 +11,10 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use nsfast_sys::cgroup::Cgroup;
 use serde::{Deserialize, Serialize};
 
+use crate::crosscheck::CrossCheck;
 use crate::load::{ClientResult, ServerCounts};
 use crate::proc::{check_interrupt, command_in, ChildGuard, Launcher};
 use crate::report::Machine;
-use crate::crosscheck::CrossCheck;
 use crate::spec::{Config, Placement, Sizes, Workload};
 use crate::topology::{self, BuildCtx, Built, RunCgroup};
 use crate::worker::{read_report, Role, WorkerReport, WorkerSpec};
@@ -27,9 +27,13 @@ pub struct CpuCost {
     pub client_usec: u64,
     /// cgroup `usage_usec` delta of the server side.
     pub server_usec: u64,
-    /// softirq time on the pinned CPUs (from /proc/stat, USER_HZ resolution).
+    /// softirq time on the pinned CPUs (from /proc/stat, USER_HZ resolution). Without
+    /// CONFIG_IRQ_TIME_ACCOUNTING most of it is already inside the cgroup figures.
     pub softirq_usec: u64,
-    /// client + server + softirq, normalised: µs per transaction or seconds per GB.
+    /// CPU time of ksoftirqd on the pinned CPUs: softirq work charged to no cgroup of ours.
+    pub ksoftirqd_usec: u64,
+    /// What `per_unit` counts: client + server + ksoftirqd (+ softirq when the kernel
+    /// accounts IRQ time apart from tasks), normalised: µs per transaction or seconds per GB.
     pub per_unit: f64,
 }
 
@@ -115,8 +119,7 @@ impl Runner {
     /// on error and on SIGINT/SIGTERM (which the caller must have blocked, see
     /// `nsfast_sys::signals::block_termination`).
     pub fn run(&self, obs: &mut dyn Observer) -> Result<Outcome, BenchError> {
-        // SAFETY: geteuid has no preconditions and only returns a number.
-        if unsafe { libc::geteuid() } != 0 {
+        if !nix::unistd::geteuid().is_root() {
             return Err(BenchError::NotRoot);
         }
         let allowed = nsfast_sys::sched::allowed_cpus().map_err(|e| BenchError::Spawn {
@@ -201,7 +204,11 @@ impl Runner {
                     for b in &built {
                         pb.set_message(format!(
                             "{} {} {} {w} {placement}",
-                            if round == 0 { "warm-up".to_string() } else { format!("round {round}/{}", cfg.rounds) },
+                            if round == 0 {
+                                "warm-up".to_string()
+                            } else {
+                                format!("round {round}/{}", cfg.rounds)
+                            },
                             "·",
                             b.name
                         ));
@@ -229,7 +236,9 @@ impl Runner {
                             },
                         };
                         if let Some(e) = &s.error {
-                            pb.suspend(|| eprintln!("{} {w} {placement} round {round}: {e}", b.name));
+                            pb.suspend(|| {
+                                eprintln!("{} {w} {placement} round {round}: {e}", b.name)
+                            });
                         }
                         if round > 0 {
                             samples.push(s);
@@ -242,9 +251,15 @@ impl Runner {
         pb.finish_and_clear();
         let mut cross_check = Vec::new();
         if cfg.cross_check {
-            for b in built.iter().filter(|b| b.name == "host" || b.name == "veth") {
+            for b in built
+                .iter()
+                .filter(|b| b.name == "host" || b.name == "veth")
+            {
                 for &(placement, ccpu, scpu) in &placements {
-                    obs.note(&format!("cross-check on {} ({placement}): sockperf, iperf3", b.name));
+                    obs.note(&format!(
+                        "cross-check on {} ({placement}): sockperf, iperf3",
+                        b.name
+                    ));
                     let d = cfg.duration.max(Duration::from_secs(2));
                     cross_check.extend(crate::crosscheck::run(self, b, placement, ccpu, scpu, d)?);
                 }
@@ -305,7 +320,16 @@ impl Runner {
         duration: Duration,
         round: u32,
     ) -> Result<Sample, BenchError> {
-        self.measure_with(b, w, self.config.sizes, placement, ccpu, scpu, duration, round)
+        self.measure_with(
+            b,
+            w,
+            self.config.sizes,
+            placement,
+            ccpu,
+            scpu,
+            duration,
+            round,
+        )
     }
 
     /// One measurement. Public so tests and the cross-check can run single ones.
@@ -388,10 +412,17 @@ impl Runner {
                 })
             }
         };
-        let cpus: Vec<usize> = if ccpu == scpu { vec![ccpu] } else { vec![ccpu, scpu] };
+        let cpus: Vec<usize> = if ccpu == scpu {
+            vec![ccpu]
+        } else {
+            vec![ccpu, scpu]
+        };
         let (value, loss) = headline(w, &cres, &scount);
         let mut cpu = after.since(&before, &cpus);
-        let total_us = (cpu.client_usec + cpu.server_usec + cpu.softirq_usec) as f64;
+        let mut total_us = (cpu.client_usec + cpu.server_usec + cpu.ksoftirqd_usec) as f64;
+        if irq_time_accounting() {
+            total_us += cpu.softirq_usec as f64;
+        }
         cpu.per_unit = match w {
             Workload::Stream | Workload::UdpStream => {
                 let gb = scount.bytes as f64 / 1e9;
@@ -445,10 +476,28 @@ pub fn headline(w: Workload, c: &ClientResult, s: &ServerCounts) -> (f64, Option
     }
 }
 
+/// Whether the kernel accounts softirq time apart from tasks (cached; assumed not when the
+/// kernel config cannot be read, the common tick-based default).
+pub fn irq_time_accounting() -> bool {
+    static V: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *V.get_or_init(|| nsfast_sys::procstat::irq_time_accounting().unwrap_or(false))
+}
+
+fn ksoftirqd_pids() -> &'static Vec<Option<u32>> {
+    static V: std::sync::OnceLock<Vec<Option<u32>>> = std::sync::OnceLock::new();
+    V.get_or_init(|| {
+        let n = nsfast_sys::procstat::per_cpu_times()
+            .map(|v| v.len())
+            .unwrap_or(0);
+        (0..n).map(nsfast_sys::procstat::ksoftirqd_pid).collect()
+    })
+}
+
 struct CpuSnapshot {
     client: u64,
     server: u64,
     stat: Vec<Option<nsfast_sys::procstat::CpuTimes>>,
+    ksoftirqd: Vec<u64>,
 }
 
 impl CpuSnapshot {
@@ -457,13 +506,24 @@ impl CpuSnapshot {
             client: client.cpu_usage_usec().unwrap_or(0),
             server: server.cpu_usage_usec().unwrap_or(0),
             stat: nsfast_sys::procstat::per_cpu_times().unwrap_or_default(),
+            ksoftirqd: ksoftirqd_pids()
+                .iter()
+                .map(|p| {
+                    p.and_then(|p| nsfast_sys::procstat::process_cpu_usec(p).ok())
+                        .unwrap_or(0)
+                })
+                .collect(),
         }
     }
 
     fn since(&self, before: &CpuSnapshot, cpus: &[usize]) -> CpuCost {
         let hz = nsfast_sys::procstat::user_hz();
         let mut soft_ticks = 0;
+        let mut ksoft = 0;
         for &c in cpus {
+            if let (Some(a), Some(b)) = (self.ksoftirqd.get(c), before.ksoftirqd.get(c)) {
+                ksoft += a.saturating_sub(*b);
+            }
             if let (Some(Some(a)), Some(Some(b))) = (self.stat.get(c), before.stat.get(c)) {
                 soft_ticks += a.since(b).softirq;
             }
@@ -472,6 +532,7 @@ impl CpuSnapshot {
             client_usec: self.client.saturating_sub(before.client),
             server_usec: self.server.saturating_sub(before.server),
             softirq_usec: soft_ticks * 1_000_000 / hz,
+            ksoftirqd_usec: ksoft,
             per_unit: 0.0,
         }
     }

@@ -231,7 +231,11 @@ pub struct Config {
 }
 
 /// Parses a positive number of seconds (`0.5`, `2`), naming the flag on error.
-pub fn parse_seconds(flag: &'static str, s: &str, allow_zero: bool) -> Result<Duration, BenchError> {
+pub fn parse_seconds(
+    flag: &'static str,
+    s: &str,
+    allow_zero: bool,
+) -> Result<Duration, BenchError> {
     let bad = || BenchError::BadArg {
         flag,
         value: s.into(),
@@ -300,9 +304,17 @@ mod tests {
     fn parses_workloads_and_placements() {
         assert_eq!(Workload::parse("udp-stream").unwrap(), Workload::UdpStream);
         let e = Workload::parse("tcp_rr").unwrap_err().to_string();
-        assert!(e.contains("\"tcp_rr\"") && e.contains("rr, crr, stream"), "{e}");
+        assert!(
+            e.contains("\"tcp_rr\"") && e.contains("rr, crr, stream"),
+            "{e}"
+        );
         assert_eq!(
-            parse_list("--placement", "same-cpu,cross-cpu,same-cpu", Placement::parse).unwrap(),
+            parse_list(
+                "--placement",
+                "same-cpu,cross-cpu,same-cpu",
+                Placement::parse
+            )
+            .unwrap(),
             vec![Placement::SameCpu, Placement::CrossCpu]
         );
         assert!(parse_list("--workloads", "rr,,crr", Workload::parse).is_err());
@@ -313,15 +325,25 @@ mod tests {
 
     #[test]
     fn parses_numbers_with_clear_errors() {
-        assert_eq!(parse_seconds("--duration", "0.5", false).unwrap(), Duration::from_millis(500));
+        assert_eq!(
+            parse_seconds("--duration", "0.5", false).unwrap(),
+            Duration::from_millis(500)
+        );
         assert!(parse_seconds("--duration", "0", false).is_err());
         assert!(parse_seconds("--warmup", "0", true).is_ok());
-        let e = parse_seconds("--duration", "-1", false).unwrap_err().to_string();
+        let e = parse_seconds("--duration", "-1", false)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("--duration") && e.contains("\"-1\""), "{e}");
         assert!(parse_count("--rounds", "0", 1000).is_err());
         assert_eq!(parse_count("--rounds", "3", 1000).unwrap(), 3);
-        assert_eq!(parse_size("--stream-size", "128k", MAX_MESSAGE).unwrap(), 131072);
-        let e = parse_size("--request-size", "-5", MAX_MESSAGE).unwrap_err().to_string();
+        assert_eq!(
+            parse_size("--stream-size", "128k", MAX_MESSAGE).unwrap(),
+            131072
+        );
+        let e = parse_size("--request-size", "-5", MAX_MESSAGE)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("--request-size") && e.contains("\"-5\""), "{e}");
         assert!(parse_size("--udp-size", "70000", MAX_DATAGRAM).is_err());
         let s = Sizes {

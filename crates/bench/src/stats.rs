@@ -50,10 +50,8 @@ pub struct Row {
 
 /// Summarises samples into rows, ordered by placement, workload, then topology run order.
 pub fn summarize(samples: &[Sample], topologies: &[String]) -> Vec<Row> {
-    let mut keys: Vec<(Placement, Workload)> = samples
-        .iter()
-        .map(|s| (s.placement, s.workload))
-        .collect();
+    let mut keys: Vec<(Placement, Workload)> =
+        samples.iter().map(|s| (s.placement, s.workload)).collect();
     keys.sort();
     keys.dedup();
     let mut rows = Vec::new();

@@ -100,7 +100,11 @@ pub fn chart(workload: Workload, placement: Placement, rows: &[&Row], machine: &
     for (i, r) in rows.iter().enumerate() {
         let cx = left + slot * (i as f64 + 0.5);
         let med = r.median.unwrap_or(0.0);
-        let color = if r.topology == "host" { "#888888" } else { "#3b75af" };
+        let color = if r.topology == "host" {
+            "#888888"
+        } else {
+            "#3b75af"
+        };
         let _ = writeln!(
             s,
             r##"<rect class="bar" data-topology="{}" x="{:.1}" y="{:.1}" width="{bar_w:.1}" height="{:.1}" fill="{color}"><title>{}: {} {}</title></rect>"##,
@@ -165,12 +169,17 @@ pub fn chart_path(json: &Path, workload: Workload, placement: Placement) -> Path
         .file_stem()
         .map(|s| s.to_string_lossy().into_owned())
         .unwrap_or_else(|| "bench".into());
-    json.with_file_name(format!("{stem}-{}-{}.svg", workload.name(), placement.name()))
+    json.with_file_name(format!(
+        "{stem}-{}-{}.svg",
+        workload.name(),
+        placement.name()
+    ))
 }
 
 /// Every chart of a summary: (path, svg text).
 pub fn charts(json: &Path, rows: &[Row], machine: &Machine) -> Vec<(PathBuf, String)> {
-    let mut keys: Vec<(Workload, Placement)> = rows.iter().map(|r| (r.workload, r.placement)).collect();
+    let mut keys: Vec<(Workload, Placement)> =
+        rows.iter().map(|r| (r.workload, r.placement)).collect();
     keys.sort();
     keys.dedup();
     keys.into_iter()
@@ -195,7 +204,11 @@ mod tests {
         assert_eq!(nice_max(42_000.0), 50_000.0);
         assert_eq!(nice_max(1.9), 2.0);
         assert_eq!(
-            chart_path(Path::new("out/b.json"), Workload::UdpStream, Placement::SameCpu),
+            chart_path(
+                Path::new("out/b.json"),
+                Workload::UdpStream,
+                Placement::SameCpu
+            ),
             PathBuf::from("out/b-udp-stream-same-cpu.svg")
         );
         assert_eq!(esc("a<b & \"c\""), "a&lt;b &amp; &quot;c&quot;");

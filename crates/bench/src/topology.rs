@@ -38,7 +38,10 @@ pub enum TopologyError {
         source: CgroupError,
     },
     #[error("topology {topology}: {what}")]
-    Other { topology: &'static str, what: String },
+    Other {
+        topology: &'static str,
+        what: String,
+    },
 }
 
 /// What a topology build needs to know about the run.
@@ -281,7 +284,10 @@ fn cgroups(
 /// Sysctls for the namespace a client runs in: crr opens tens of thousands of connections,
 /// so let it reuse TIME_WAIT ports and use the whole ephemeral range (per-namespace settings).
 fn client_sysctls(topology: &'static str, n: &NetNs) -> Result<(), TopologyError> {
-    nl(topology, net::set_sysctl(Some(n), "net.ipv4.tcp_tw_reuse", "1"))?;
+    nl(
+        topology,
+        net::set_sysctl(Some(n), "net.ipv4.tcp_tw_reuse", "1"),
+    )?;
     nl(
         topology,
         net::set_sysctl(Some(n), "net.ipv4.ip_local_port_range", "1024 65535"),
@@ -294,8 +300,14 @@ fn build_host(ctx: &BuildCtx) -> Result<Built, TopologyError> {
     let mut b = Built {
         name: T,
         namespaces: vec![],
-        client: Endpoint { ns: 0, cgroup: client },
-        server: Endpoint { ns: 0, cgroup: server },
+        client: Endpoint {
+            ns: 0,
+            cgroup: client,
+        },
+        server: Endpoint {
+            ns: 0,
+            cgroup: server,
+        },
         server_ip: IpAddr::V4(Ipv4Addr::LOCALHOST),
         cgroup_dir: dir,
         extras: vec![],
@@ -312,8 +324,14 @@ fn build_veth_pair(ctx: &BuildCtx, t: &'static str) -> Result<Built, TopologyErr
     let mut b = Built {
         name: t,
         namespaces: vec![],
-        client: Endpoint { ns: 0, cgroup: client },
-        server: Endpoint { ns: 1, cgroup: server },
+        client: Endpoint {
+            ns: 0,
+            cgroup: client,
+        },
+        server: Endpoint {
+            ns: 1,
+            cgroup: server,
+        },
         server_ip: IpAddr::V4(Ipv4Addr::new(10, 201, 0, 2)),
         cgroup_dir: dir,
         extras: vec![],
@@ -323,8 +341,14 @@ fn build_veth_pair(ctx: &BuildCtx, t: &'static str) -> Result<Built, TopologyErr
     b.namespaces.push(ns(t, format!("{}-{t}-s", ctx.prefix))?);
     let (c, s) = (&b.namespaces[0], &b.namespaces[1]);
     nl(t, net::create_veth(c, "nsfb-c", s, "nsfb-s"))?;
-    nl(t, net::add_address(Some(c), "nsfb-c", ip(10, 201, 0, 1), 24))?;
-    nl(t, net::add_address(Some(s), "nsfb-s", ip(10, 201, 0, 2), 24))?;
+    nl(
+        t,
+        net::add_address(Some(c), "nsfb-c", ip(10, 201, 0, 1), 24),
+    )?;
+    nl(
+        t,
+        net::add_address(Some(s), "nsfb-s", ip(10, 201, 0, 2), 24),
+    )?;
     client_sysctls(t, c)?;
     Ok(b)
 }
@@ -351,26 +375,47 @@ fn build_routed(ctx: &BuildCtx) -> Result<Built, TopologyError> {
     let mut b = Built {
         name: T,
         namespaces: vec![],
-        client: Endpoint { ns: 0, cgroup: client },
-        server: Endpoint { ns: 1, cgroup: server },
+        client: Endpoint {
+            ns: 0,
+            cgroup: client,
+        },
+        server: Endpoint {
+            ns: 1,
+            cgroup: server,
+        },
         server_ip: ip(10, 202, 2, 2),
         cgroup_dir: dir,
         extras: vec![],
         note: None,
     };
-    b.namespaces.push(ns(T, format!("{}-routed-a", ctx.prefix))?);
-    b.namespaces.push(ns(T, format!("{}-routed-b", ctx.prefix))?);
-    b.namespaces.push(ns(T, format!("{}-routed-h", ctx.prefix))?);
+    b.namespaces
+        .push(ns(T, format!("{}-routed-a", ctx.prefix))?);
+    b.namespaces
+        .push(ns(T, format!("{}-routed-b", ctx.prefix))?);
+    b.namespaces
+        .push(ns(T, format!("{}-routed-h", ctx.prefix))?);
     let (a, bb, h) = (&b.namespaces[0], &b.namespaces[1], &b.namespaces[2]);
     nl(T, net::create_veth(a, "eth0", h, "veth-a"))?;
     nl(T, net::create_veth(bb, "eth0", h, "veth-b"))?;
-    nl(T, net::add_address(Some(h), "veth-a", ip(10, 202, 1, 1), 24))?;
-    nl(T, net::add_address(Some(h), "veth-b", ip(10, 202, 2, 1), 24))?;
+    nl(
+        T,
+        net::add_address(Some(h), "veth-a", ip(10, 202, 1, 1), 24),
+    )?;
+    nl(
+        T,
+        net::add_address(Some(h), "veth-b", ip(10, 202, 2, 1), 24),
+    )?;
     nl(T, net::add_address(Some(a), "eth0", ip(10, 202, 1, 2), 24))?;
     nl(T, net::add_address(Some(bb), "eth0", ip(10, 202, 2, 2), 24))?;
     let any = IpAddr::V4(Ipv4Addr::UNSPECIFIED);
-    nl(T, net::add_route(Some(a), any, 0, Some(ip(10, 202, 1, 1)), Some("eth0")))?;
-    nl(T, net::add_route(Some(bb), any, 0, Some(ip(10, 202, 2, 1)), Some("eth0")))?;
+    nl(
+        T,
+        net::add_route(Some(a), any, 0, Some(ip(10, 202, 1, 1)), Some("eth0")),
+    )?;
+    nl(
+        T,
+        net::add_route(Some(bb), any, 0, Some(ip(10, 202, 2, 1)), Some("eth0")),
+    )?;
     nl(T, net::set_sysctl(Some(h), "net.ipv4.ip_forward", "1"))?;
     client_sysctls(T, a)?;
     Ok(b)

@@ -54,7 +54,10 @@ pub fn parse_per_cpu(text: &str) -> Vec<Option<CpuTimes>> {
     for line in text.lines() {
         let mut it = line.split_whitespace();
         let Some(name) = it.next() else { continue };
-        let Some(n) = name.strip_prefix("cpu").and_then(|n| n.parse::<usize>().ok()) else {
+        let Some(n) = name
+            .strip_prefix("cpu")
+            .and_then(|n| n.parse::<usize>().ok())
+        else {
             continue;
         };
         let v: Vec<u64> = it.map(|x| x.parse().unwrap_or(0)).collect();
@@ -93,6 +96,38 @@ pub fn parse_pid_stat_ticks(text: &str) -> Option<u64> {
     let utime: u64 = f.get(11)?.parse().ok()?;
     let stime: u64 = f.get(12)?.parse().ok()?;
     Some(utime + stime)
+}
+
+/// The PID of `ksoftirqd/<cpu>`, the thread that runs softirq work the interrupted task did
+/// not finish (found by scanning `/proc/*/comm`).
+pub fn ksoftirqd_pid(cpu: usize) -> Option<u32> {
+    let want = format!("ksoftirqd/{cpu}");
+    fs::read_dir("/proc").ok()?.flatten().find_map(|e| {
+        let pid: u32 = e.file_name().to_str()?.parse().ok()?;
+        let comm = fs::read_to_string(e.path().join("comm")).ok()?;
+        (comm.trim() == want).then_some(pid)
+    })
+}
+
+/// Whether softirq time is accounted apart from tasks (CONFIG_IRQ_TIME_ACCOUNTING=y), from
+/// `/proc/config.gz` or `/boot/config-$(uname -r)`; `None` when neither can be read.
+pub fn irq_time_accounting() -> Option<bool> {
+    let release = crate::kernel::release();
+    let text = fs::read_to_string(format!("/boot/config-{release}"))
+        .ok()
+        .or_else(|| {
+            let out = std::process::Command::new("zcat")
+                .arg("/proc/config.gz")
+                .output()
+                .ok()?;
+            out.status
+                .success()
+                .then(|| String::from_utf8_lossy(&out.stdout).into_owned())
+        })?;
+    Some(
+        text.lines()
+            .any(|l| l.trim() == "CONFIG_IRQ_TIME_ACCOUNTING=y"),
+    )
 }
 
 #[cfg(test)]

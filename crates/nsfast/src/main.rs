@@ -9,7 +9,11 @@ use clap::{Parser, Subcommand};
 mod cmd;
 
 #[derive(Parser, Debug)]
-#[command(name = "nsfast", version, about = "Fast paths across Linux namespace and VM boundaries")]
+#[command(
+    name = "nsfast",
+    version,
+    about = "Fast paths across Linux namespace and VM boundaries"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -21,7 +25,7 @@ enum Command {
     #[command(subcommand)]
     Sockmap(cmd::sockmap::SockmapCmd),
     /// Every path side by side (host, veth, routed, sockmap, ...): tables, JSON and SVG charts.
-    Bench(cmd::bench::BenchArgs),
+    Bench(Box<cmd::bench::BenchArgs>),
     /// Internal: one side of one `nsfast bench` measurement.
     #[command(hide = true)]
     BenchWorker(cmd::bench::WorkerArgs),
@@ -32,7 +36,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Sockmap(c) => cmd::sockmap::run(c),
-        Command::Bench(a) => cmd::bench::run(a),
+        Command::Bench(a) => cmd::bench::run(*a),
         Command::BenchWorker(a) => cmd::bench::worker(a),
     };
     match result {

@@ -87,9 +87,17 @@ fn config(a: &BenchArgs) -> Result<Config, BenchError> {
         Some(s) => spec::parse_list("--placement", s, Placement::parse)?,
         None => vec![Placement::SameCpu],
     };
-    let (def_rounds, def_dur, def_warm) = if a.quick { ("3", "1", "0.3") } else { ("5", "3", "1") };
+    let (def_rounds, def_dur, def_warm) = if a.quick {
+        ("3", "1", "0.3")
+    } else {
+        ("5", "3", "1")
+    };
     let rounds = spec::parse_count("--rounds", a.rounds.as_deref().unwrap_or(def_rounds), 1000)?;
-    let duration = spec::parse_seconds("--duration", a.duration.as_deref().unwrap_or(def_dur), false)?;
+    let duration = spec::parse_seconds(
+        "--duration",
+        a.duration.as_deref().unwrap_or(def_dur),
+        false,
+    )?;
     let warmup = spec::parse_seconds("--warmup", a.warmup.as_deref().unwrap_or(def_warm), true)?;
     let d = Sizes::default();
     let size = |flag, v: &Option<String>, def: u32, max| match v {
