@@ -16,6 +16,9 @@ use crate::BenchError;
 /// Ours must agree with the established tool within this fraction on host and veth.
 pub const AGREEMENT: f64 = 0.15;
 
+/// Alternating runs of the tool and of ours; medians are compared (this machine is noisy).
+pub const REPS: usize = 3;
+
 /// sockperf's default message size, used for both sides of the latency comparison.
 pub const SOCKPERF_MSG: u32 = 14;
 
@@ -28,8 +31,13 @@ pub struct CrossCheck {
     /// What is compared, e.g. "TCP ping-pong p50 RTT, 14 B".
     pub metric: String,
     pub unit: String,
+    /// Median of the tool's runs.
     pub tool_value: Option<f64>,
+    /// Median of our runs.
     pub ours: Option<f64>,
+    /// Every run of the tool, alternating with ours (tool, ours, tool, ours, ...).
+    pub tool_runs: Vec<f64>,
+    pub our_runs: Vec<f64>,
     /// (ours - tool) / tool, in percent.
     pub diff_pct: Option<f64>,
     pub agree: Option<bool>,
@@ -70,6 +78,8 @@ fn read_all(g: &mut ChildGuard) -> String {
 }
 
 fn compare(mut c: CrossCheck) -> CrossCheck {
+    c.tool_value = crate::stats::median(&c.tool_runs);
+    c.ours = crate::stats::median(&c.our_runs);
     if let (Some(t), Some(o)) = (c.tool_value, c.ours) {
         if t > 0.0 {
             let d = (o - t) / t;
@@ -111,6 +121,8 @@ fn sockperf(
         unit: "µs".into(),
         tool_value: None,
         ours: None,
+        tool_runs: vec![],
+        our_runs: vec![],
         diff_pct: None,
         agree: None,
         note: None,
@@ -119,11 +131,37 @@ fn sockperf(
         c.note = Some("sockperf not installed (apt-get install sockperf)".into());
         return Ok(c);
     };
+    let sizes = Sizes {
+        request: SOCKPERF_MSG,
+        response: SOCKPERF_MSG,
+        ..runner.config.sizes
+    };
+    for _ in 0..REPS {
+        match sockperf_once(&prog, b, scpu, ccpu, duration)? {
+            Ok(v) => c.tool_runs.push(v),
+            Err(note) => c.note = Some(note),
+        }
+        let ours =
+            runner.measure_with(b, Workload::Ping, sizes, placement, ccpu, scpu, duration, 0)?;
+        c.our_runs.extend(ours.value);
+    }
+    Ok(compare(c))
+}
+
+/// One sockperf ping-pong run: the p50 round trip, or why there is none.
+fn sockperf_once(
+    prog: &std::path::Path,
+    b: &Built,
+    scpu: usize,
+    ccpu: usize,
+    duration: Duration,
+) -> Result<Result<f64, String>, BenchError> {
     let ip = b.server_ip.to_string();
     let port = "11111".to_string();
+    // sockperf spends its first 400 ms warming up; give it that on top.
     let secs = format!("{}", duration.as_secs_f64().ceil().max(1.0) as u64 + 1);
     let srv = command_in(
-        &prog,
+        prog,
         &[
             "sr".into(),
             "--tcp".into(),
@@ -139,7 +177,7 @@ fn sockperf(
     let _server = ChildGuard::spawn(srv, format!("sockperf server ({})", b.name))?;
     sleep_interruptible(Duration::from_millis(400))?;
     let cli = command_in(
-        &prog,
+        prog,
         &[
             "pp".into(),
             "--tcp".into(),
@@ -148,7 +186,7 @@ fn sockperf(
             "-p".into(),
             port,
             "-t".into(),
-            secs.clone(),
+            secs,
             "-m".into(),
             SOCKPERF_MSG.to_string(),
             "--full-rtt".into(),
@@ -160,21 +198,8 @@ fn sockperf(
     let mut client = ChildGuard::spawn(cli, format!("sockperf client ({})", b.name))?;
     client.wait(Duration::from_secs(30) + duration)?;
     let text = read_all(&mut client);
-    c.tool_value = parse_sockperf_p50(&text);
-    if c.tool_value.is_none() {
-        c.note = Some(format!(
-            "could not parse sockperf output: {}",
-            client.stderr_text()
-        ));
-    }
-    let sizes = Sizes {
-        request: SOCKPERF_MSG,
-        response: SOCKPERF_MSG,
-        ..runner.config.sizes
-    };
-    let ours = runner.measure_with(b, Workload::Ping, sizes, placement, ccpu, scpu, duration, 0)?;
-    c.ours = ours.value;
-    Ok(compare(c))
+    Ok(parse_sockperf_p50(&text)
+        .ok_or_else(|| format!("could not parse sockperf output: {}", client.stderr_text())))
 }
 
 fn iperf3(
@@ -196,6 +221,8 @@ fn iperf3(
         unit: "Gbit/s".into(),
         tool_value: None,
         ours: None,
+        tool_runs: vec![],
+        our_runs: vec![],
         diff_pct: None,
         agree: None,
         note: None,
@@ -204,10 +231,40 @@ fn iperf3(
         c.note = Some("iperf3 not installed (apt-get install iperf3)".into());
         return Ok(c);
     };
+    let secs = duration.as_secs_f64().ceil().max(1.0) as u64;
+    for _ in 0..REPS {
+        match iperf3_once(&prog, runner, b, scpu, ccpu, secs)? {
+            Ok(v) => c.tool_runs.push(v),
+            Err(note) => c.note = Some(note),
+        }
+        let ours = runner.measure_with(
+            b,
+            Workload::Stream,
+            runner.config.sizes,
+            placement,
+            ccpu,
+            scpu,
+            Duration::from_secs(secs),
+            0,
+        )?;
+        c.our_runs.extend(ours.value);
+    }
+    Ok(compare(c))
+}
+
+/// One iperf3 run: Gbit/s received, or why there is none.
+fn iperf3_once(
+    prog: &std::path::Path,
+    runner: &Runner,
+    b: &Built,
+    scpu: usize,
+    ccpu: usize,
+    secs: u64,
+) -> Result<Result<f64, String>, BenchError> {
     let ip = b.server_ip.to_string();
     let port = "15201".to_string();
     let srv = command_in(
-        &prog,
+        prog,
         &[
             "-s".into(),
             "-1".into(),
@@ -222,9 +279,8 @@ fn iperf3(
     );
     let mut server = ChildGuard::spawn(srv, format!("iperf3 server ({})", b.name))?;
     sleep_interruptible(Duration::from_millis(400))?;
-    let secs = duration.as_secs_f64().ceil().max(1.0) as u64;
     let cli = command_in(
-        &prog,
+        prog,
         &[
             "-c".into(),
             ip,
@@ -243,28 +299,11 @@ fn iperf3(
         Some(ccpu),
     );
     let mut client = ChildGuard::spawn(cli, format!("iperf3 client ({})", b.name))?;
-    client.wait(Duration::from_secs(30) + duration)?;
+    client.wait(Duration::from_secs(30 + secs))?;
     let text = read_all(&mut client);
-    c.tool_value = parse_iperf3_gbps(&text);
-    if c.tool_value.is_none() {
-        c.note = Some(format!(
-            "could not parse iperf3 output: {}",
-            client.stderr_text()
-        ));
-    }
     server.kill();
-    let ours = runner.measure_with(
-        b,
-        Workload::Stream,
-        runner.config.sizes,
-        placement,
-        ccpu,
-        scpu,
-        Duration::from_secs(secs),
-        0,
-    )?;
-    c.ours = ours.value;
-    Ok(compare(c))
+    Ok(parse_iperf3_gbps(&text)
+        .ok_or_else(|| format!("could not parse iperf3 output: {}", client.stderr_text())))
 }
 
 #[cfg(test)]
@@ -286,8 +325,10 @@ sockperf: ---> percentile 50.000 =   12.087\n";
             tool: "x".into(),
             metric: "m".into(),
             unit: "u".into(),
-            tool_value: Some(10.0),
-            ours: Some(11.0),
+            tool_value: None,
+            ours: None,
+            tool_runs: vec![9.0, 10.0, 30.0],
+            our_runs: vec![11.0, 1.0, 12.0],
             diff_pct: None,
             agree: None,
             note: None,

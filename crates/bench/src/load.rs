@@ -169,11 +169,11 @@ pub fn serve(
                     Err(e) => return Err(e),
                 };
                 c.connections += 1;
-                conn.set_nodelay(true)?;
+                conn.set_nodelay(workload != Workload::Stream)?;
                 conn.set_read_timeout(Some(POLL))?;
                 let one_conn = workload != Workload::Crr;
                 match workload {
-                    Workload::Stream => serve_stream(conn, &mut c, stop)?,
+                    Workload::Stream => serve_stream(conn, sizes, &mut c, stop)?,
                     _ => serve_rr(conn, sizes, &mut c, stop)?,
                 }
                 if one_conn {
@@ -242,8 +242,14 @@ fn serve_rr(
     }
 }
 
-fn serve_stream(mut s: TcpStream, c: &mut ServerCounts, stop: &AtomicBool) -> io::Result<()> {
-    let mut buf = vec![0u8; 256 * 1024];
+fn serve_stream(
+    mut s: TcpStream,
+    sizes: Sizes,
+    c: &mut ServerCounts,
+    stop: &AtomicBool,
+) -> io::Result<()> {
+    // Read in the client's write size, as iperf3's server does.
+    let mut buf = vec![0u8; sizes.stream_write as usize];
     loop {
         match s.read(&mut buf) {
             Ok(0) => return Ok(()),
@@ -283,7 +289,7 @@ pub fn run_client(
     let start;
     match workload {
         Workload::Rr | Workload::Ping => {
-            let mut s = connect(addr).map_err(io_err("connect to"))?;
+            let mut s = connect(addr, true).map_err(io_err("connect to"))?;
             let req = vec![0xa5u8; sizes.request as usize];
             let mut resp = vec![0u8; sizes.response as usize];
             start = Instant::now();
@@ -308,7 +314,7 @@ pub fn run_client(
             let deadline = start + duration;
             let mut now = start;
             while now < deadline {
-                let mut s = connect(addr).map_err(io_err("connect to"))?;
+                let mut s = connect(addr, true).map_err(io_err("connect to"))?;
                 s.write_all(&req).map_err(io_err("send to"))?;
                 read_reply(&mut s, &mut resp)
                     .map_err(|e| reply_err(e, workload, addr, r.transactions))?;
@@ -321,7 +327,7 @@ pub fn run_client(
             r.bytes = r.transactions * u64::from(sizes.request + sizes.response);
         }
         Workload::Stream => {
-            let mut s = connect(addr).map_err(io_err("connect to"))?;
+            let mut s = connect(addr, false).map_err(io_err("connect to"))?;
             let buf = vec![0xa5u8; sizes.stream_write as usize];
             start = Instant::now();
             let deadline = start + duration;
@@ -404,9 +410,11 @@ pub fn run_client(
     Ok(r)
 }
 
-fn connect(addr: SocketAddr) -> io::Result<TcpStream> {
+/// Connects; request/response sockets get TCP_NODELAY (as netperf's RR tests), bulk ones keep
+/// Nagle (as iperf3 and netperf's STREAM tests).
+fn connect(addr: SocketAddr, nodelay: bool) -> io::Result<TcpStream> {
     let s = TcpStream::connect_timeout(&addr, Duration::from_secs(5))?;
-    s.set_nodelay(true)?;
+    s.set_nodelay(nodelay)?;
     Ok(s)
 }
 

@@ -107,7 +107,9 @@ impl<'a> Document<'a> {
 
 /// Formats a figure with a sensible number of digits and thousands separators.
 pub fn fmt_value(v: f64) -> String {
-    if v >= 1000.0 {
+    if v == 0.0 {
+        "0".into()
+    } else if v >= 1000.0 {
         let n = v.round() as u64;
         let s = n.to_string();
         let mut out = String::new();
@@ -234,8 +236,8 @@ pub fn cross_check_table(cc: &[CrossCheck]) -> String {
     );
     let _ = writeln!(
         out,
-        "{:<9} {:<9} {:<9} {:<42} {:>10} {:>10} {:>8}  agree",
-        "topology", "placement", "tool", "metric", "tool", "ours", "diff"
+        "{:<9} {:<9} {:<9} {:<48} {:>8} {:>8} {:>8}  {:<5}  runs (tool | ours)",
+        "topology", "placement", "tool", "metric", "tool", "ours", "diff", "agree"
     );
     for c in cc {
         let f = |v: Option<f64>| v.map(fmt_value).unwrap_or_else(|| "–".into());
@@ -249,9 +251,15 @@ pub fn cross_check_table(cc: &[CrossCheck]) -> String {
             (None, Some(n)) => n.clone(),
             (None, None) => "–".to_string(),
         };
+        let runs = |v: &[f64]| {
+            v.iter()
+                .map(|x| fmt_value(*x))
+                .collect::<Vec<_>>()
+                .join(" ")
+        };
         let _ = writeln!(
             out,
-            "{:<9} {:<9} {:<9} {:<42} {:>10} {:>10} {:>8}  {}",
+            "{:<9} {:<9} {:<9} {:<48} {:>8} {:>8} {:>8}  {:<5}  {} | {}",
             c.topology,
             c.placement.name(),
             c.tool,
@@ -259,7 +267,9 @@ pub fn cross_check_table(cc: &[CrossCheck]) -> String {
             f(c.tool_value),
             f(c.ours),
             diff,
-            agree
+            agree,
+            runs(&c.tool_runs),
+            runs(&c.our_runs)
         );
     }
     out
