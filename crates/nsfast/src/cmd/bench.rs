@@ -13,7 +13,7 @@ use nsfast_bench::{svg, topology, BenchError};
 /// Every path side by side: host, veth, routed, sockmap (and later ones), in one run.
 #[derive(Args, Debug)]
 pub struct BenchArgs {
-    /// Short run for demos (3 rounds × 1 s, 0.3 s warm-up; under 2 minutes on 2 vCPUs).
+    /// Short run for demos (5 rounds × 0.6 s, 0.2 s warm-up; about a minute on 2 vCPUs).
     #[arg(long)]
     pub quick: bool,
     /// Comma-separated topologies: host, veth, routed, sockmap, bpf, netkit, slirp4netns,
@@ -23,13 +23,13 @@ pub struct BenchArgs {
     /// Comma-separated workloads: rr, crr, stream, udp-stream, ping [default: all].
     #[arg(long, value_name = "LIST", allow_hyphen_values = true)]
     pub workloads: Option<String>,
-    /// Interleaved rounds (A B C A B C ...) [default: 5, --quick: 3].
+    /// Interleaved rounds (A B C A B C ...) [default: 5, --quick: 5].
     #[arg(long, value_name = "N", allow_hyphen_values = true)]
     pub rounds: Option<String>,
-    /// Seconds per measurement [default: 3, --quick: 1].
+    /// Seconds per measurement [default: 3, --quick: 0.6].
     #[arg(long, value_name = "SECS", allow_hyphen_values = true)]
     pub duration: Option<String>,
-    /// Seconds of warm-up per topology × workload before round 1; 0 disables [default: 1, --quick: 0.3].
+    /// Seconds of warm-up per topology × workload before round 1; 0 disables [default: 1, --quick: 0.2].
     #[arg(long, value_name = "SECS", allow_hyphen_values = true)]
     pub warmup: Option<String>,
     /// Comma-separated CPU placements: same-cpu, cross-cpu [default: same-cpu].
@@ -88,7 +88,7 @@ fn config(a: &BenchArgs) -> Result<Config, BenchError> {
         None => vec![Placement::SameCpu],
     };
     let (def_rounds, def_dur, def_warm) = if a.quick {
-        ("3", "1", "0.3")
+        ("5", "0.6", "0.2")
     } else {
         ("5", "3", "1")
     };
