@@ -412,6 +412,28 @@ impl Runner {
                 })
             }
         };
+        // Both sides count; a mismatch means a bug or a broken path, not a figure to trust.
+        let mismatch = match w {
+            Workload::Rr | Workload::Crr | Workload::Ping
+                if cres.transactions != scount.transactions =>
+            {
+                Some(format!(
+                    "client counted {} transactions, server {}",
+                    cres.transactions, scount.transactions
+                ))
+            }
+            Workload::Stream if cres.bytes != scount.bytes => Some(format!(
+                "client sent {} bytes, server received {}",
+                cres.bytes, scount.bytes
+            )),
+            _ => None,
+        };
+        if let Some(m) = mismatch {
+            return Err(BenchError::Worker {
+                what: format!("{w} on {}", b.name),
+                detail: m,
+            });
+        }
         let cpus: Vec<usize> = if ccpu == scpu {
             vec![ccpu]
         } else {
