@@ -160,6 +160,12 @@ pub fn serve(
                     Err(e) => return Err(e),
                 }
             }
+            // Count what was delivered before the stop but is still queued.
+            sock.set_nonblocking(true)?;
+            while let Ok(n) = sock.recv(&mut buf) {
+                c.datagrams += 1;
+                c.bytes += n as u64;
+            }
         }
         (_, Listener::Tcp(l)) => {
             while !stop.load(Ordering::Relaxed) {

@@ -27,6 +27,13 @@ fn leftovers(prefix: &str) -> Vec<String> {
     if cg.exists() {
         left.push(cg.display().to_string());
     }
+    // Links are made inside the run's namespaces; none may appear in (or leak to) ours.
+    for e in std::fs::read_dir("/sys/class/net").unwrap().flatten() {
+        let n = e.file_name().to_string_lossy().into_owned();
+        if n.starts_with("nsfb-") || n.starts_with("veth-a") || n.starts_with("veth-b") {
+            left.push(format!("link {n}"));
+        }
+    }
     left
 }
 
@@ -67,6 +74,7 @@ fn exercise(b: &Built) {
 fn build_and_teardown_leave_nothing_behind() {
     require_root();
     let prefix = format!("nsfb-{}-tb", std::process::id());
+    let cpus_before = nsfast_sys::sched::allowed_cpus().unwrap();
     {
         let run_cg = RunCgroup::create(&prefix).unwrap();
         let ctx = BuildCtx {
@@ -91,6 +99,8 @@ fn build_and_teardown_leave_nothing_behind() {
         assert!(!leftovers(&prefix).is_empty());
     }
     assert_eq!(leftovers(&prefix), Vec::<String>::new());
+    // Pinning happens only in the workers: the caller's CPU mask is untouched.
+    assert_eq!(nsfast_sys::sched::allowed_cpus().unwrap(), cpus_before);
 }
 
 #[test]
