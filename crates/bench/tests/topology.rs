@@ -132,3 +132,32 @@ fn unknown_topology_is_one_clear_error() {
         "{e}"
     );
 }
+
+#[test]
+fn cleanup_removes_what_a_killed_run_left() {
+    require_root();
+    // A pid that is not running: what a SIGKILLed run would have left.
+    let dead = (3_000_000..4_000_000u32)
+        .find(|p| !Path::new(&format!("/proc/{p}")).exists())
+        .unwrap();
+    let prefix = format!("nsfb-{dead}");
+    let ns = nsfast_sys::netns::NetNs::create(&format!("{prefix}-host"))
+        .unwrap()
+        .persist();
+    drop(ns);
+    let cg = nsfast_sys::cgroup::cgroup2_mount().unwrap().join(&prefix);
+    std::fs::create_dir_all(cg.join("host/client")).unwrap();
+    let mine = format!("nsfb-{}-tc", std::process::id());
+    let live = nsfast_sys::netns::NetNs::create(&mine).unwrap();
+    let removed = nsfast_bench::topology::cleanup_stale();
+    assert!(
+        removed
+            .iter()
+            .any(|r| r.contains(&format!("{prefix}-host"))),
+        "{removed:?}"
+    );
+    assert!(leftovers(&prefix).is_empty(), "{:?}", leftovers(&prefix));
+    // A live run's namespace is left alone.
+    assert!(Path::new("/run/netns").join(&mine).exists());
+    drop(live);
+}
