@@ -38,7 +38,8 @@ pub struct ChildGuard {
     stdout: Option<BufReader<ChildStdout>>,
 }
 
-/// Builds a command that starts inside `ns` and `cgroup`, pinned to `cpu`.
+/// Builds a command that starts inside `ns` and `cgroup`, pinned to `cpu`, and is killed if
+/// the thread that started it dies (so a SIGKILLed run leaves no worker or sockperf behind).
 pub fn command_in(
     program: &Path,
     args: &[String],
@@ -52,6 +53,10 @@ pub fn command_in(
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
     nsfast_sys::netns::configure_command(&mut cmd, Some(ns), Some(&cgroup.join("cgroup.procs")));
+    // SAFETY: the closure runs between fork and exec and makes one prctl call.
+    unsafe {
+        cmd.pre_exec(nsfast_sys::child::die_with_parent_raw);
+    }
     if let Some(cpu) = cpu {
         // SAFETY: the closure runs between fork and exec and only calls sched_setaffinity
         // through `set_affinity_raw`, which allocates nothing.

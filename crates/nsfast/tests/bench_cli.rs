@@ -177,3 +177,67 @@ fn sigint_mid_run_leaves_nothing_behind() {
     // Its cgroups are gone, and a cgroup with a live process cannot be removed: so no worker
     // of that run is still alive.
 }
+
+fn procs_in(dir: &Path) -> Vec<String> {
+    let mut out = Vec::new();
+    if let Ok(t) = std::fs::read_to_string(dir.join("cgroup.procs")) {
+        out.extend(t.lines().map(|l| l.to_string()));
+    }
+    if let Ok(rd) = std::fs::read_dir(dir) {
+        for e in rd.flatten() {
+            if e.path().is_dir() {
+                out.extend(procs_in(&e.path()));
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn sigkill_leaves_no_process_and_cleanup_removes_the_rest() {
+    require_root();
+    let mut child = Command::new(EXE)
+        .args([
+            "bench",
+            "--topologies",
+            "host,veth",
+            "--workloads",
+            "stream,udp-stream",
+            "--rounds",
+            "20",
+            "--duration",
+            "0.5",
+            "--warmup",
+            "0",
+            "--no-progress",
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let pid = child.id();
+    let start = Instant::now();
+    while leftovers(pid).len() < 3 && start.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    std::thread::sleep(Duration::from_millis(800));
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let cg = ["/sys/fs/cgroup/unified", "/sys/fs/cgroup"]
+        .iter()
+        .map(|m| Path::new(m).join(format!("nsfb-{pid}")))
+        .find(|p| p.exists())
+        .expect("a SIGKILLed run leaves its cgroup behind");
+    // Its workers die with it (PR_SET_PDEATHSIG).
+    let end = Instant::now() + Duration::from_secs(5);
+    while !procs_in(&cg).is_empty() && Instant::now() < end {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(procs_in(&cg), Vec::<String>::new());
+    let out = Command::new(EXE)
+        .args(["bench", "--cleanup"])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    assert_eq!(leftovers(pid), Vec::<String>::new());
+}
