@@ -13,6 +13,8 @@
 //! - [`crosscheck`] — run sockperf and iperf3 on the same topology and compare.
 //! - [`sockmap_hook`] — where the `sockmap` topology attaches crate nsfast-sockmap.
 
+#![forbid(unsafe_code)]
+
 pub mod crosscheck;
 pub mod load;
 pub mod proc;

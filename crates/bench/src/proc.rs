@@ -3,7 +3,6 @@
 //! process on every exit path.
 
 use std::io::{BufReader, Read};
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, ChildStdout, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
@@ -53,17 +52,7 @@ pub fn command_in(
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
     nsfast_sys::netns::configure_command(&mut cmd, Some(ns), Some(&cgroup.join("cgroup.procs")));
-    // SAFETY: the closure runs between fork and exec and makes one prctl call.
-    unsafe {
-        cmd.pre_exec(nsfast_sys::child::die_with_parent_raw);
-    }
-    if let Some(cpu) = cpu {
-        // SAFETY: the closure runs between fork and exec and only calls sched_setaffinity
-        // through `set_affinity_raw`, which allocates nothing.
-        unsafe {
-            cmd.pre_exec(move || nsfast_sys::sched::set_affinity_raw(cpu));
-        }
-    }
+    nsfast_sys::child::configure(&mut cmd, cpu);
     cmd
 }
 

@@ -15,8 +15,8 @@
 //! All `unsafe` in nsfast's plumbing lives in this crate, each block with a `// SAFETY:` note.
 
 pub mod bpf;
-pub mod child;
 pub mod cgroup;
+pub mod child;
 pub mod kernel;
 pub mod net;
 pub mod netns;

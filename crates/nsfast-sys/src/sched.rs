@@ -11,10 +11,8 @@ pub fn pin_to_cpu(cpu: usize) -> io::Result<()> {
 /// Pins the calling process to `cpu` using only async-signal-safe calls, for `pre_exec`.
 pub fn set_affinity_raw(cpu: usize) -> io::Result<()> {
     if cpu >= libc::CPU_SETSIZE as usize {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidInput,
-            "cpu number above CPU_SETSIZE",
-        ));
+        // No allocation here: this runs in pre_exec too.
+        return Err(io::Error::from_raw_os_error(libc::EINVAL));
     }
     // SAFETY: cpu_set_t is plain data for which all-zero is the valid empty set.
     let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
