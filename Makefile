@@ -32,8 +32,9 @@ deps:
 build: deps
 	$(CARGO) build --release --workspace --bins
 
+# host / veth / routed / sockmap, every workload, 3 interleaved rounds: table + JSON + SVGs.
 demo: build
-	./scripts/demo.sh
+	$(RELEASE_BIN) bench --quick --json bench-results/bench.json
 
 lint: deps
 	$(CARGO) fmt --all -- --check
@@ -51,8 +52,9 @@ test-vm: deps
 
 test: lint test-root test-vm
 
+# Longer run, both CPU placements, with the sockperf/iperf3 cross-check.
 bench: build
-	$(RELEASE_BIN) bench
+	$(RELEASE_BIN) bench --placement same-cpu,cross-cpu --cross-check --json bench-results/bench.json
 
 clean:
 	$(CARGO) clean

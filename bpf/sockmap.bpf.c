@@ -119,38 +119,56 @@ SEC("sk_msg")
 int nsf_sk_msg(struct sk_msg_md *msg)
 {
 	struct bpf_sock *sk = msg->sk;
+	struct nsf_counters *c;
 	struct nsf_sk_state *st;
-	__u64 *peer;
-	__u64 peer_cookie;
 	__u64 size = msg->size;
-	__u32 zero = 0;
+	__u64 peer_cookie;
+	int redirected = 0;
 
-	/* Referencing nsf_config keeps it reachable (for `status`) from this program, which
-	 * outlives the sockops program while redirected sockets drain. */
-	if (!sk || !bpf_map_lookup_elem(&nsf_config, &zero))
-		goto pass;
+	if (!sk) {
+		__u32 zero = 0;
+
+		/* Never taken in practice; referencing nsf_config here keeps it reachable (for
+		 * `status`) from this program, which outlives the sockops program while redirected
+		 * sockets drain, without a lookup on the hot path. */
+		bpf_map_lookup_elem(&nsf_config, &zero);
+		goto count;
+	}
 	st = bpf_sk_storage_get(&nsf_skstate, sk, 0, 0);
 	if (!st || (st->flags & NSF_SK_TAINTED))
-		goto pass;
-	peer = bpf_map_lookup_elem(&nsf_peers, &st->cookie);
-	if (!peer) {
-		/* Not paired (yet, or any more): this direction uses TCP from now on. */
-		st->flags |= NSF_SK_TAINTED;
-		nsf_count(NSF_STAT_TAINTED, 1);
-		goto pass;
+		goto count;
+	if (!(st->flags & NSF_SK_PEER_CACHED)) {
+		__u64 *peer = bpf_map_lookup_elem(&nsf_peers, &st->cookie);
+
+		if (!peer) {
+			/* Not paired (yet, or any more): this direction uses TCP from now on. */
+			st->flags |= NSF_SK_TAINTED;
+			nsf_count(NSF_STAT_TAINTED, 1);
+			goto count;
+		}
+		/* Cookies are never reused, so the cached peer can only go stale by closing, and
+		 * then the redirect below fails and falls back. */
+		st->peer = *peer;
+		st->flags |= NSF_SK_PEER_CACHED;
 	}
-	peer_cookie = *peer;
+	peer_cookie = st->peer;
 	if (bpf_msg_redirect_hash(msg, &nsf_sockhash, &peer_cookie, BPF_F_INGRESS) != SK_PASS) {
 		/* The peer left the map (closed): fall back to TCP rather than dropping. */
 		st->flags |= NSF_SK_TAINTED;
 		nsf_count(NSF_STAT_REDIRECT_FAILED, 1);
-		goto pass;
+		goto count;
 	}
-	nsf_count(NSF_STAT_REDIRECT_MSGS, 1);
-	nsf_count(NSF_STAT_REDIRECT_BYTES, size);
-	return SK_PASS;
-pass:
-	nsf_count(NSF_STAT_PASS_MSGS, 1);
-	nsf_count(NSF_STAT_PASS_BYTES, size);
+	redirected = 1;
+count:
+	c = nsf_counters();
+	if (c) {
+		if (redirected) {
+			c->v[NSF_STAT_REDIRECT_MSGS] += 1;
+			c->v[NSF_STAT_REDIRECT_BYTES] += size;
+		} else {
+			c->v[NSF_STAT_PASS_MSGS] += 1;
+			c->v[NSF_STAT_PASS_BYTES] += size;
+		}
+	}
 	return SK_PASS;
 }

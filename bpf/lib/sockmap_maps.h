@@ -16,6 +16,7 @@
 /* Per-socket flags in nsf_sk_state.flags */
 #define NSF_SK_PAIRED  1
 #define NSF_SK_TAINTED 2 /* this direction used the kernel path once: never redirect again */
+#define NSF_SK_PEER_CACHED 4 /* nsf_sk_state.peer holds the peer's cookie */
 
 /* Pending roles */
 #define NSF_ROLE_ACTIVE  1
@@ -54,9 +55,15 @@ struct nsf_pending {
 
 struct nsf_sk_state {
 	__u64 cookie;
+	__u64 peer; /* valid with NSF_SK_PEER_CACHED */
 	__u32 flags;
 	__u32 pad;
 	struct nsf_pair_key key;
+};
+
+/* All counters in one per-CPU value: the hot path updates two of them with one lookup. */
+struct nsf_counters {
+	__u64 v[NSF_STAT_MAX];
 };
 
 /* socket cookie -> socket */
@@ -93,9 +100,9 @@ struct {
 
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
-	__uint(max_entries, NSF_STAT_MAX);
+	__uint(max_entries, 1);
 	__type(key, __u32);
-	__type(value, __u64);
+	__type(value, struct nsf_counters);
 } nsf_stats SEC(".maps");
 
 struct {
@@ -113,12 +120,19 @@ struct {
 	__type(value, __u8);
 } nsf_ports SEC(".maps");
 
-NSF_INLINE void nsf_count(__u32 idx, __u64 n)
+NSF_INLINE struct nsf_counters *nsf_counters(void)
 {
-	__u64 *v = bpf_map_lookup_elem(&nsf_stats, &idx);
+	__u32 zero = 0;
 
-	if (v)
-		*v += n;
+	return bpf_map_lookup_elem(&nsf_stats, &zero);
+}
+
+NSF_INLINE void nsf_count(enum nsf_stat idx, __u64 n)
+{
+	struct nsf_counters *c = nsf_counters();
+
+	if (c && idx < NSF_STAT_MAX)
+		c->v[idx] += n;
 }
 
 /* Whether connections to server port `port` take the shortcut. */

@@ -10,13 +10,19 @@
 //! - [`bpf`]     — raw `bpf(2)` calls aya 0.14 does not expose (program query on a cgroup,
 //!   netkit `BPF_LINK_CREATE`, object pin).
 //! - [`signals`] — block SIGINT/SIGTERM and wait for them synchronously.
+//! - [`sched`]   — CPU pinning (sched_setaffinity), allowed CPUs.
+//! - [`child`]   — pre_exec helpers for children (die with the parent).
+//! - [`procstat`] — /proc/stat per-CPU times (softirq) and /proc/PID/stat CPU time.
 //!
 //! All `unsafe` in nsfast's plumbing lives in this crate, each block with a `// SAFETY:` note.
 
 pub mod bpf;
 pub mod cgroup;
+pub mod child;
 pub mod kernel;
 pub mod net;
 pub mod netns;
 pub mod ports;
+pub mod procstat;
+pub mod sched;
 pub mod signals;

@@ -30,6 +30,11 @@ enum Command {
     /// Pods on veth/netkit pairs with BPF host routing (redirect_peer, fib + redirect_neigh).
     #[command(subcommand)]
     Pod(cmd::pod::PodCmd),
+    /// Every path side by side (host, veth, routed, sockmap, ...): tables, JSON and SVG charts.
+    Bench(Box<cmd::bench::BenchArgs>),
+    /// Internal: one side of one `nsfast bench` measurement.
+    #[command(hide = true)]
+    BenchWorker(cmd::bench::WorkerArgs),
 }
 
 fn main() -> ExitCode {
@@ -39,6 +44,8 @@ fn main() -> ExitCode {
         Command::Sockmap(c) => cmd::sockmap::run(c),
         Command::Vsock(c) => cmd::vsock::run(c),
         Command::Pod(c) => cmd::pod::run(c),
+        Command::Bench(a) => cmd::bench::run(*a),
+        Command::BenchWorker(a) => cmd::bench::worker(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

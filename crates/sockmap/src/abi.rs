@@ -38,6 +38,16 @@ pub enum Stat {
 
 pub const STAT_COUNT: u32 = 12;
 
+/// struct nsf_counters: the one per-CPU value of `nsf_stats`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Counters {
+    pub v: [u64; STAT_COUNT as usize],
+}
+
+// SAFETY: Counters is repr(C), Copy, an array of u64 without padding; any bit pattern is valid.
+unsafe impl aya::Pod for Counters {}
+
 /// struct nsf_config
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

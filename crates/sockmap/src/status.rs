@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use aya::maps::{Array, Map, MapData, PerCpuArray, SockHash};
 use serde::Serialize;
 
-use crate::abi::{self, Config, Stat};
+use crate::abi::{self, Config, Counters, Stat};
 use crate::error::SockmapError;
 
 /// Counters summed over CPUs, plus the sockets currently in the map.
@@ -37,18 +37,18 @@ pub struct Stats {
 
 /// Reads the counters and counts the sockets in the map.
 pub fn read_stats<S, H>(
-    stats: PerCpuArray<S, u64>,
+    stats: PerCpuArray<S, Counters>,
     hash: SockHash<H, u64>,
 ) -> Result<Stats, SockmapError>
 where
     S: Borrow<MapData>,
     H: Borrow<MapData>,
 {
+    let per_cpu = stats
+        .get(&0, 0)
+        .map_err(SockmapError::map("read nsf_stats"))?;
     let get = |s: Stat| -> Result<u64, SockmapError> {
-        let v = stats
-            .get(&(s as u32), 0)
-            .map_err(SockmapError::map("read nsf_stats"))?;
-        Ok(v.iter().sum())
+        Ok(per_cpu.iter().map(|c| c.v[s as usize]).sum())
     };
     Ok(Stats {
         sockets: hash.keys().filter(|k| k.is_ok()).count() as u64,
@@ -109,7 +109,7 @@ pub fn instances() -> Result<Vec<Instance>, SockmapError> {
                 continue;
             };
             match name.as_str() {
-                abi::MAP_STATS => stats_map = PerCpuArray::<MapData, u64>::try_from(map).ok(),
+                abi::MAP_STATS => stats_map = PerCpuArray::<MapData, Counters>::try_from(map).ok(),
                 abi::MAP_SOCKHASH => {
                     hash_id = Some(*id);
                     hash_map = SockHash::<MapData, u64>::try_from(map).ok();

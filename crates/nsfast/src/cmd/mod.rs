@@ -1,5 +1,6 @@
 //! One module per subcommand.
 
+pub mod bench;
 pub mod pod;
 pub mod sockmap;
 pub mod vsock;

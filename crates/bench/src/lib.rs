@@ -1,0 +1,79 @@
+//! `nsfast bench`: every path side by side, in one run, as tables, JSON and charts.
+//!
+//! Module map:
+//! - [`spec`]       — workloads, placements, sizes and the run configuration; argument parsing.
+//! - [`load`]       — the built-in load generator: rr, crr, stream, udp-stream, ping (client + server).
+//! - [`worker`]     — the worker process (`nsfast bench-worker SPEC`): one side of one workload.
+//! - [`topology`]   — host / veth / routed / sockmap (+ the registration point for later paths).
+//! - [`proc`]       — start workers in a namespace + cgroup, pinned; kill-on-drop guards; signals.
+//! - [`runner`]     — warm-up, interleaved rounds, CPU accounting, samples.
+//! - [`stats`]      — medians, ratios to `host`, spread.
+//! - [`report`]     — terminal table, JSON document, machine description.
+//! - [`svg`]        — one bar chart per workload and placement, with min–max whiskers.
+//! - [`crosscheck`] — run sockperf and iperf3 on the same topology and compare.
+//! - [`sockmap_hook`] — where the `sockmap` topology attaches crate nsfast-sockmap.
+
+#![forbid(unsafe_code)]
+
+pub mod crosscheck;
+pub mod load;
+pub mod proc;
+pub mod report;
+pub mod runner;
+pub mod sockmap_hook;
+pub mod spec;
+pub mod stats;
+pub mod svg;
+pub mod topology;
+pub mod worker;
+
+/// Errors of a benchmark run; each names the value, process or topology involved.
+#[derive(Debug, thiserror::Error)]
+pub enum BenchError {
+    /// A command-line value is not valid.
+    #[error("invalid value {value:?} for {flag}: expected {valid}")]
+    BadArg {
+        flag: &'static str,
+        value: String,
+        valid: String,
+    },
+    /// A list flag has an empty element.
+    #[error("empty element in {flag} ({value:?}): write a comma-separated list such as host,veth")]
+    EmptyList { flag: &'static str, value: String },
+    /// `--placement cross-cpu` on a machine (or affinity mask) with one CPU.
+    #[error("placement cross-cpu needs two CPUs, but this process may only run on CPU {0}")]
+    CrossCpuNeedsTwo(usize),
+    /// The affinity mask is empty.
+    #[error("this process may run on no CPU at all (sched_getaffinity returned an empty set)")]
+    NoCpus,
+    /// The benchmark needs root (namespaces, cgroups).
+    #[error(
+        "nsfast bench needs root (it creates network namespaces and cgroups); run it with sudo"
+    )]
+    NotRoot,
+    /// Every selected topology was skipped, or `host` was.
+    #[error("{0}")]
+    NothingToRun(String),
+    #[error("start {what}: {source}")]
+    Spawn {
+        what: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{what} did not finish within {secs:.1} s; it was killed")]
+    Timeout { what: String, secs: f64 },
+    #[error("{what} failed: {detail}")]
+    Worker { what: String, detail: String },
+    #[error("interrupted by {0}; everything the run created was removed")]
+    Interrupted(String),
+    #[error(transparent)]
+    Topology(#[from] topology::TopologyError),
+    #[error(transparent)]
+    Cgroup(#[from] nsfast_sys::cgroup::CgroupError),
+    #[error("write {path}: {source}")]
+    Write {
+        path: std::path::PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+}

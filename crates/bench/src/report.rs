@@ -1,0 +1,299 @@
+//! Output: the machine description, the terminal table and the JSON document.
+
+use std::fmt::Write as _;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use serde::{Deserialize, Serialize};
+
+use crate::crosscheck::{CrossCheck, AGREEMENT};
+use crate::runner::Outcome;
+use crate::stats::{summarize, Row};
+
+/// The machine and kernel a run was made on.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct Machine {
+    /// UTC time the run finished, `YYYY-MM-DDTHH:MM:SSZ`.
+    pub date: String,
+    pub kernel: String,
+    pub cpu_model: String,
+    pub cpus: usize,
+    pub mem_total_kib: u64,
+    pub hostname: String,
+    pub nsfast_version: String,
+}
+
+impl Machine {
+    pub fn current() -> Self {
+        let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+        let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
+        Self {
+            date: utc_now(),
+            kernel: nsfast_sys::kernel::release(),
+            cpu_model: cpuinfo
+                .lines()
+                .find_map(|l| l.strip_prefix("model name"))
+                .and_then(|l| l.split_once(':'))
+                .map(|(_, v)| v.trim().to_string())
+                .unwrap_or_default(),
+            cpus: std::thread::available_parallelism()
+                .map(|n| n.get())
+                .unwrap_or(1),
+            mem_total_kib: meminfo
+                .lines()
+                .find_map(|l| l.strip_prefix("MemTotal:"))
+                .and_then(|v| v.split_whitespace().next()?.parse().ok())
+                .unwrap_or(0),
+            hostname: nix::unistd::gethostname()
+                .ok()
+                .and_then(|h| h.into_string().ok())
+                .unwrap_or_default(),
+            nsfast_version: env!("CARGO_PKG_VERSION").into(),
+        }
+    }
+}
+
+/// The current time in UTC as `YYYY-MM-DDTHH:MM:SSZ`.
+pub fn utc_now() -> String {
+    let secs = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    format_utc(secs)
+}
+
+/// Formats seconds since the epoch as `YYYY-MM-DDTHH:MM:SSZ` (civil-from-days).
+pub fn format_utc(secs: u64) -> String {
+    let days = (secs / 86_400) as i64;
+    let rem = secs % 86_400;
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!(
+        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
+}
+
+/// The JSON document `--json` writes.
+#[derive(Debug, Serialize)]
+pub struct Document<'a> {
+    pub tool: &'static str,
+    #[serde(flatten)]
+    pub outcome: &'a Outcome,
+    pub summary: Vec<Row>,
+}
+
+impl<'a> Document<'a> {
+    pub fn new(outcome: &'a Outcome) -> Self {
+        Self {
+            tool: "nsfast bench",
+            outcome,
+            summary: summarize(&outcome.samples, &outcome.topologies),
+        }
+    }
+
+    pub fn to_json(&self) -> String {
+        serde_json::to_string_pretty(self).expect("document serializes")
+    }
+}
+
+/// Formats a figure with a sensible number of digits and thousands separators.
+pub fn fmt_value(v: f64) -> String {
+    if v == 0.0 {
+        "0".into()
+    } else if v >= 1000.0 {
+        let n = v.round() as u64;
+        let s = n.to_string();
+        let mut out = String::new();
+        for (i, c) in s.chars().enumerate() {
+            if i > 0 && (s.len() - i).is_multiple_of(3) {
+                out.push(',');
+            }
+            out.push(c);
+        }
+        out
+    } else if v >= 100.0 {
+        format!("{v:.0}")
+    } else if v >= 10.0 {
+        format!("{v:.1}")
+    } else {
+        format!("{v:.2}")
+    }
+}
+
+/// The terminal table: one row per topology × workload, grouped by placement.
+pub fn table(outcome: &Outcome) -> String {
+    let rows = summarize(&outcome.samples, &outcome.topologies);
+    let c = &outcome.config;
+    let mut out = String::new();
+    let m = &outcome.machine;
+    let _ = writeln!(
+        out,
+        "nsfast bench — {} — kernel {} — {} CPUs — {} rounds × {:.1} s (medians; ratio = median over rounds of topology/host)",
+        m.date,
+        m.kernel,
+        m.cpus,
+        c.rounds,
+        c.duration.as_secs_f64()
+    );
+    let mut placements: Vec<_> = rows.iter().map(|r| r.placement).collect();
+    placements.dedup();
+    for p in placements {
+        let cpus = outcome
+            .samples
+            .iter()
+            .find(|s| s.placement == p)
+            .map(|s| match (s.client_cpu, s.server_cpu) {
+                (Some(c), Some(v)) => format!("client CPU {c}, server CPU {v}"),
+                _ => "client and server unpinned".to_string(),
+            })
+            .unwrap_or_default();
+        let _ = writeln!(out, "\nplacement {p} ({cpus})");
+        let _ = writeln!(
+            out,
+            "{:<11} {:<9} {:>12} {:<7} {:>7} {:>8}  {:<22} {:>10}  notes",
+            "workload", "topology", "median", "unit", "× host", "spread", "min – max", "CPU cost",
+        );
+        let mut last_w = None;
+        for r in rows.iter().filter(|r| r.placement == p) {
+            let w = if last_w == Some(r.workload) {
+                String::new()
+            } else {
+                r.workload.name().to_string()
+            };
+            last_w = Some(r.workload);
+            let f = |v: Option<f64>| v.map(fmt_value).unwrap_or_else(|| "–".into());
+            let ratio = r
+                .ratio_to_host
+                .map(|x| format!("{x:.2}"))
+                .unwrap_or_else(|| "–".into());
+            let spread = r
+                .spread_pct
+                .map(|x| format!("±{:.1}%", x / 2.0))
+                .unwrap_or_else(|| "–".into());
+            let cpu = r
+                .cpu_per_unit
+                .map(|x| format!("{} {}", fmt_value(x), short_cpu_unit(&r.cpu_unit)))
+                .unwrap_or_else(|| "–".into());
+            let mut notes = Vec::new();
+            if let Some(l) = r.loss {
+                notes.push(format!("loss {:.1}%", l * 100.0));
+            }
+            if let Some(p99) = r.p99_us {
+                if r.workload == crate::spec::Workload::Ping {
+                    notes.push(format!("p99 {} µs", fmt_value(p99)));
+                }
+            }
+            if r.failed_rounds > 0 {
+                notes.push(format!(
+                    "{} round(s) failed: {}",
+                    r.failed_rounds,
+                    r.error.clone().unwrap_or_default()
+                ));
+            }
+            let _ = writeln!(
+                out,
+                "{:<11} {:<9} {:>12} {:<7} {:>7} {:>8}  {:<22} {:>10}  {}",
+                w,
+                r.topology,
+                f(r.median),
+                r.unit,
+                ratio,
+                spread,
+                format!("{} – {}", f(r.min), f(r.max)),
+                cpu,
+                notes.join("; ")
+            );
+        }
+    }
+    let _ = writeln!(
+        out,
+        "\nping is latency (lower is better, × host > 1 is slower); the others are rates. \
+CPU cost = client + server cgroup CPU time + ksoftirqd time on the pinned CPUs{}, per transaction (µs/tx) or per GB (s/GB).",
+        if crate::runner::irq_time_accounting() { " + softirq time (IRQ time accounted apart)" } else { " (softirq run in task context is inside the cgroup time: no CONFIG_IRQ_TIME_ACCOUNTING)" }
+    );
+    if !outcome.cross_check.is_empty() {
+        out.push_str(&cross_check_table(&outcome.cross_check));
+    }
+    for s in &outcome.skipped {
+        let _ = writeln!(out, "skipped {}: {}", s.topology, s.reason);
+    }
+    out
+}
+
+/// The cross-check table: tool figure, ours, difference.
+pub fn cross_check_table(cc: &[CrossCheck]) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "\ncross-check (ours must be within {:.0}% on host and veth)",
+        AGREEMENT * 100.0
+    );
+    let _ = writeln!(
+        out,
+        "{:<9} {:<9} {:<9} {:<48} {:>8} {:>8} {:>8}  {:<5}  runs (tool | ours)",
+        "topology", "placement", "tool", "metric", "tool", "ours", "diff", "agree"
+    );
+    for c in cc {
+        let f = |v: Option<f64>| v.map(fmt_value).unwrap_or_else(|| "–".into());
+        let diff = c
+            .diff_pct
+            .map(|d| format!("{d:+.1}%"))
+            .unwrap_or_else(|| "–".into());
+        let agree = match (c.agree, &c.note) {
+            (Some(true), _) => "yes".to_string(),
+            (Some(false), _) => "NO".to_string(),
+            (None, Some(n)) => n.clone(),
+            (None, None) => "–".to_string(),
+        };
+        let runs = |v: &[f64]| {
+            v.iter()
+                .map(|x| fmt_value(*x))
+                .collect::<Vec<_>>()
+                .join(" ")
+        };
+        let _ = writeln!(
+            out,
+            "{:<9} {:<9} {:<9} {:<48} {:>8} {:>8} {:>8}  {:<5}  {} | {}",
+            c.topology,
+            c.placement.name(),
+            c.tool,
+            format!("{} ({})", c.metric, c.unit),
+            f(c.tool_value),
+            f(c.ours),
+            diff,
+            agree,
+            runs(&c.tool_runs),
+            runs(&c.our_runs)
+        );
+    }
+    out
+}
+
+fn short_cpu_unit(u: &str) -> &str {
+    u.strip_prefix("CPU ").unwrap_or(u)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn formats_dates_and_values() {
+        assert_eq!(format_utc(0), "1970-01-01T00:00:00Z");
+        assert_eq!(format_utc(951_782_400), "2000-02-29T00:00:00Z");
+        assert_eq!(format_utc(1_798_588_800), "2026-12-30T00:00:00Z");
+        assert_eq!(fmt_value(61234.4), "61,234");
+        assert_eq!(fmt_value(1234567.0), "1,234,567");
+        assert_eq!(fmt_value(12.345), "12.3");
+        assert_eq!(fmt_value(2.345), "2.35");
+    }
+}

@@ -1,0 +1,133 @@
+//! Medians, spreads and each topology's ratio to `host` (per round, then the median of the
+//! ratios, so a slow moment of the machine that hits one round hits all paths alike).
+
+use serde::Serialize;
+
+use crate::runner::Sample;
+use crate::spec::{Placement, Workload};
+
+/// The median of `v` (mean of the middle two for an even count); `None` when empty.
+pub fn median(v: &[f64]) -> Option<f64> {
+    let mut s: Vec<f64> = v.iter().copied().filter(|x| x.is_finite()).collect();
+    if s.is_empty() {
+        return None;
+    }
+    s.sort_by(|a, b| a.total_cmp(b));
+    let n = s.len();
+    Some(if n % 2 == 1 {
+        s[n / 2]
+    } else {
+        (s[n / 2 - 1] + s[n / 2]) / 2.0
+    })
+}
+
+/// One row of the summary: a topology × workload × placement over all rounds.
+#[derive(Debug, Clone, Serialize)]
+pub struct Row {
+    pub topology: String,
+    pub workload: Workload,
+    pub placement: Placement,
+    pub unit: String,
+    pub rounds: usize,
+    pub failed_rounds: usize,
+    pub median: Option<f64>,
+    pub min: Option<f64>,
+    pub max: Option<f64>,
+    /// Median over rounds of (this topology's figure / host's figure in the same round).
+    pub ratio_to_host: Option<f64>,
+    /// (max - min) / median, in percent.
+    pub spread_pct: Option<f64>,
+    /// Median CPU cost in the workload's CPU unit.
+    pub cpu_per_unit: Option<f64>,
+    pub cpu_unit: String,
+    /// udp-stream: median loss fraction.
+    pub loss: Option<f64>,
+    /// ping: median p99 latency (µs).
+    pub p99_us: Option<f64>,
+    /// The first error seen, if any round failed.
+    pub error: Option<String>,
+}
+
+/// Summarises samples into rows, ordered by placement, workload, then topology run order.
+pub fn summarize(samples: &[Sample], topologies: &[String]) -> Vec<Row> {
+    let mut keys: Vec<(Placement, Workload)> =
+        samples.iter().map(|s| (s.placement, s.workload)).collect();
+    keys.sort();
+    keys.dedup();
+    let mut rows = Vec::new();
+    for (p, w) in keys {
+        for t in topologies {
+            let mine: Vec<&Sample> = samples
+                .iter()
+                .filter(|s| s.placement == p && s.workload == w && &s.topology == t)
+                .collect();
+            if mine.is_empty() {
+                continue;
+            }
+            let vals: Vec<f64> = mine.iter().filter_map(|s| s.value).collect();
+            let ratios: Vec<f64> = mine
+                .iter()
+                .filter_map(|s| {
+                    let host = samples.iter().find(|h| {
+                        h.placement == p
+                            && h.workload == w
+                            && h.topology == "host"
+                            && h.round == s.round
+                    })?;
+                    match (s.value, host.value) {
+                        (Some(a), Some(b)) if b > 0.0 => Some(a / b),
+                        _ => None,
+                    }
+                })
+                .collect();
+            let m = median(&vals);
+            let min = vals.iter().copied().reduce(f64::min);
+            let max = vals.iter().copied().reduce(f64::max);
+            let spread = match (m, min, max) {
+                (Some(m), Some(lo), Some(hi)) if m > 0.0 => Some((hi - lo) / m * 100.0),
+                _ => None,
+            };
+            let cpu: Vec<f64> = mine
+                .iter()
+                .filter_map(|s| s.cpu.map(|c| c.per_unit))
+                .collect();
+            let loss: Vec<f64> = mine.iter().filter_map(|s| s.loss).collect();
+            let p99: Vec<f64> = mine
+                .iter()
+                .filter_map(|s| s.client.as_ref()?.latency_us.map(|l| l.p99))
+                .collect();
+            rows.push(Row {
+                topology: t.clone(),
+                workload: w,
+                placement: p,
+                unit: w.unit().into(),
+                rounds: vals.len(),
+                failed_rounds: mine.len() - vals.len(),
+                median: m,
+                min,
+                max,
+                ratio_to_host: median(&ratios),
+                spread_pct: spread,
+                cpu_per_unit: median(&cpu),
+                cpu_unit: w.cpu_unit().into(),
+                loss: median(&loss),
+                p99_us: median(&p99),
+                error: mine.iter().find_map(|s| s.error.clone()),
+            });
+        }
+    }
+    rows
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn medians() {
+        assert_eq!(median(&[]), None);
+        assert_eq!(median(&[3.0, 1.0, 2.0]), Some(2.0));
+        assert_eq!(median(&[4.0, 1.0, 2.0, 3.0]), Some(2.5));
+        assert_eq!(median(&[f64::NAN, 1.0]), Some(1.0));
+    }
+}

@@ -1,0 +1,474 @@
+//! Topologies: where the client and the server live and how packets get between them. Each is
+//! built in throwaway namespaces and cgroups named with the run's prefix (`nsfb-<pid>`), and
+//! torn down when its [`Built`] is dropped.
+//!
+//! [`registry`] is the registration point: one [`TopologyDef`] per topology, in the order they
+//! are run. A later part of nsfast adds its path (bpf host routing, netkit, slirp4netns,
+//! vpnrelay) by filling in its entry's `probe` and `build`.
+
+use std::any::Any;
+use std::fs;
+use std::io;
+use std::net::{IpAddr, Ipv4Addr};
+use std::path::{Path, PathBuf};
+
+use nsfast_sys::cgroup::{Cgroup, CgroupError};
+use nsfast_sys::net::{self, NetError};
+use nsfast_sys::netns::{NetNs, NetnsError};
+
+/// Errors while building a topology; each names the topology.
+#[derive(Debug, thiserror::Error)]
+pub enum TopologyError {
+    #[error("topology {topology}: {source}")]
+    Netns {
+        topology: &'static str,
+        #[source]
+        source: NetnsError,
+    },
+    #[error("topology {topology}: {source}")]
+    Net {
+        topology: &'static str,
+        #[source]
+        source: NetError,
+    },
+    #[error("topology {topology}: {source}")]
+    Cgroup {
+        topology: &'static str,
+        #[source]
+        source: CgroupError,
+    },
+    #[error("topology {topology}: {what}")]
+    Other {
+        topology: &'static str,
+        what: String,
+    },
+}
+
+/// What a topology build needs to know about the run.
+#[derive(Debug, Clone)]
+pub struct BuildCtx {
+    /// Prefix for every namespace and cgroup of this run, such as `nsfb-1234`.
+    pub prefix: String,
+    /// The run's cgroup directory (created by [`RunCgroup::create`]).
+    pub cgroup_root: PathBuf,
+}
+
+/// A topology that can be built.
+pub struct TopologyDef {
+    pub name: &'static str,
+    pub about: &'static str,
+    /// `Err(reason)` when this machine or build cannot run it.
+    pub probe: fn() -> Result<(), String>,
+    pub build: fn(&BuildCtx) -> Result<Built, TopologyError>,
+}
+
+/// The registered topologies, in run order. `host` is the baseline and comes first.
+pub fn registry() -> Vec<TopologyDef> {
+    vec![
+        TopologyDef {
+            name: "host",
+            about: "both ends in one namespace over loopback (the baseline)",
+            probe: || Ok(()),
+            build: build_host,
+        },
+        TopologyDef {
+            name: "veth",
+            about: "two namespaces on a veth pair",
+            probe: || Ok(()),
+            build: build_veth,
+        },
+        TopologyDef {
+            name: "routed",
+            about: "two pods routed through a host namespace (classic container networking)",
+            probe: || Ok(()),
+            build: build_routed,
+        },
+        TopologyDef {
+            name: "sockmap",
+            about: "veth + the sockmap shortcut (sockops + sk_msg) on the pods' cgroup",
+            probe: crate::sockmap_hook::probe,
+            build: build_sockmap,
+        },
+        TopologyDef {
+            name: "bpf",
+            about: "veth + BPF host routing (bpf_redirect_peer)",
+            probe: || Err("not built into nsfast yet (BPF host routing datapath)".into()),
+            build: not_built,
+        },
+        TopologyDef {
+            name: "netkit",
+            about: "netkit pair with BPF programs",
+            probe: probe_netkit,
+            build: not_built,
+        },
+        TopologyDef {
+            name: "slirp4netns",
+            about: "rootless user-mode networking (slirp4netns)",
+            probe: || Err("not built into nsfast yet (slirp4netns topology)".into()),
+            build: not_built,
+        },
+        TopologyDef {
+            name: "vpnrelay",
+            about: "tunnel through nsfast's vpnrelay",
+            probe: || Err("not built into nsfast yet (vpnrelay)".into()),
+            build: not_built,
+        },
+    ]
+}
+
+/// Topologies run when none are named.
+pub const DEFAULT: [&str; 4] = ["host", "veth", "routed", "sockmap"];
+
+/// Looks a topology up by name; the error lists the valid names.
+pub fn find(name: &str) -> Result<TopologyDef, crate::BenchError> {
+    let all = registry();
+    let valid = all.iter().map(|d| d.name).collect::<Vec<_>>().join(", ");
+    all.into_iter()
+        .find(|d| d.name == name)
+        .ok_or_else(|| crate::BenchError::BadArg {
+            flag: "--topologies",
+            value: name.into(),
+            valid,
+        })
+}
+
+/// Build function of a registered topology whose probe always says why it cannot run.
+fn not_built(_: &BuildCtx) -> Result<Built, TopologyError> {
+    Err(other("placeholder", "not built into nsfast yet"))
+}
+
+fn probe_netkit() -> Result<(), String> {
+    let k = nsfast_sys::kernel::KernelVersion::current();
+    if !k.at_least(6, 7) {
+        return Err(format!("kernel {k} has no netkit (needs 6.7 or later)"));
+    }
+    Err(format!(
+        "not built into nsfast yet (netkit topology); kernel {k} may also lack CONFIG_NETKIT"
+    ))
+}
+
+fn other(topology: &'static str, what: impl Into<String>) -> TopologyError {
+    TopologyError::Other {
+        topology,
+        what: what.into(),
+    }
+}
+
+/// One side of a built topology.
+#[derive(Debug)]
+pub struct Endpoint {
+    /// Index into [`Built::namespaces`].
+    pub ns: usize,
+    pub cgroup: Cgroup,
+}
+
+/// A built topology. Dropping it tears it down: extras (e.g. BPF attachments) first, then
+/// cgroups, then namespaces (which takes their links with them).
+pub struct Built {
+    pub name: &'static str,
+    pub namespaces: Vec<NetNs>,
+    pub client: Endpoint,
+    pub server: Endpoint,
+    /// The address the server listens on and the client connects to.
+    pub server_ip: IpAddr,
+    /// The topology's cgroup directory (parent of the client and server cgroups).
+    pub cgroup_dir: PathBuf,
+    /// Things to keep alive while the topology exists (dropped first).
+    pub extras: Vec<Box<dyn Any>>,
+    /// A note printed with the results (e.g. what was attached).
+    pub note: Option<String>,
+}
+
+impl Built {
+    pub fn client_ns(&self) -> &NetNs {
+        &self.namespaces[self.client.ns]
+    }
+
+    pub fn server_ns(&self) -> &NetNs {
+        &self.namespaces[self.server.ns]
+    }
+}
+
+impl Drop for Built {
+    fn drop(&mut self) {
+        self.extras.clear();
+        for cg in [&self.client.cgroup, &self.server.cgroup] {
+            if let Err(e) = remove_cgroup_retry(cg.path()) {
+                tracing::warn!("cleanup of cgroup {}: {e}", cg.path().display());
+            }
+        }
+        if let Err(e) = remove_cgroup_retry(&self.cgroup_dir) {
+            tracing::warn!("cleanup of cgroup {}: {e}", self.cgroup_dir.display());
+        }
+        // NetNs handles delete their namespaces when dropped.
+        self.namespaces.clear();
+    }
+}
+
+/// Removes a cgroup directory, retrying briefly while exiting processes leave it.
+pub fn remove_cgroup_retry(path: &Path) -> io::Result<()> {
+    for _ in 0..50 {
+        match fs::remove_dir(path) {
+            Ok(()) => return Ok(()),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+            Err(e) if e.raw_os_error() == Some(libc::EBUSY) => {
+                std::thread::sleep(std::time::Duration::from_millis(20))
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    fs::remove_dir(path)
+}
+
+/// The run's cgroup directory `<cgroup2>/<prefix>`; removed (with any children) on drop.
+#[derive(Debug)]
+pub struct RunCgroup {
+    path: PathBuf,
+}
+
+impl RunCgroup {
+    pub fn create(prefix: &str) -> Result<Self, CgroupError> {
+        let cg = Cgroup::create_under_root(prefix)?;
+        Ok(Self {
+            path: cg.path().to_path_buf(),
+        })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+impl Drop for RunCgroup {
+    fn drop(&mut self) {
+        if let Err(e) = remove_cgroup_tree(&self.path) {
+            tracing::warn!("cleanup of cgroup {}: {e}", self.path.display());
+        }
+    }
+}
+
+/// Removes a cgroup and its child cgroups, deepest first.
+pub fn remove_cgroup_tree(path: &Path) -> io::Result<()> {
+    if !path.exists() {
+        return Ok(());
+    }
+    if let Ok(rd) = fs::read_dir(path) {
+        for e in rd.flatten() {
+            if e.file_type().map(|t| t.is_dir()).unwrap_or(false) {
+                remove_cgroup_tree(&e.path())?;
+            }
+        }
+    }
+    remove_cgroup_retry(path)
+}
+
+fn ns(topology: &'static str, name: String) -> Result<NetNs, TopologyError> {
+    NetNs::create(&name).map_err(|source| TopologyError::Netns { topology, source })
+}
+
+fn nl<T>(topology: &'static str, r: Result<T, NetError>) -> Result<T, TopologyError> {
+    r.map_err(|source| TopologyError::Net { topology, source })
+}
+
+fn cgroups(
+    ctx: &BuildCtx,
+    topology: &'static str,
+) -> Result<(PathBuf, Cgroup, Cgroup), TopologyError> {
+    let cg = |source| TopologyError::Cgroup { topology, source };
+    let dir = Cgroup::create(ctx.cgroup_root.join(topology)).map_err(cg)?;
+    let client = Cgroup::create(dir.path().join("client")).map_err(cg)?;
+    let server = Cgroup::create(dir.path().join("server")).map_err(cg)?;
+    Ok((dir.path().to_path_buf(), client, server))
+}
+
+/// Sysctls for the namespace a client runs in: crr opens tens of thousands of connections,
+/// so let it reuse TIME_WAIT ports and use the whole ephemeral range (per-namespace settings).
+fn client_sysctls(topology: &'static str, n: &NetNs) -> Result<(), TopologyError> {
+    nl(
+        topology,
+        net::set_sysctl(Some(n), "net.ipv4.tcp_tw_reuse", "1"),
+    )?;
+    nl(
+        topology,
+        net::set_sysctl(Some(n), "net.ipv4.ip_local_port_range", "1024 65535"),
+    )
+}
+
+fn build_host(ctx: &BuildCtx) -> Result<Built, TopologyError> {
+    const T: &str = "host";
+    let (dir, client, server) = cgroups(ctx, T)?;
+    let mut b = Built {
+        name: T,
+        namespaces: vec![],
+        client: Endpoint {
+            ns: 0,
+            cgroup: client,
+        },
+        server: Endpoint {
+            ns: 0,
+            cgroup: server,
+        },
+        server_ip: IpAddr::V4(Ipv4Addr::LOCALHOST),
+        cgroup_dir: dir,
+        extras: vec![],
+        note: None,
+    };
+    b.namespaces.push(ns(T, format!("{}-host", ctx.prefix))?);
+    client_sysctls(T, &b.namespaces[0])?;
+    Ok(b)
+}
+
+/// Two namespaces joined by a veth pair `eth0`/`eth0` on 10.201.0.0/24.
+fn build_veth_pair(ctx: &BuildCtx, t: &'static str) -> Result<Built, TopologyError> {
+    let (dir, client, server) = cgroups(ctx, t)?;
+    let mut b = Built {
+        name: t,
+        namespaces: vec![],
+        client: Endpoint {
+            ns: 0,
+            cgroup: client,
+        },
+        server: Endpoint {
+            ns: 1,
+            cgroup: server,
+        },
+        server_ip: IpAddr::V4(Ipv4Addr::new(10, 201, 0, 2)),
+        cgroup_dir: dir,
+        extras: vec![],
+        note: None,
+    };
+    b.namespaces.push(ns(t, format!("{}-{t}-c", ctx.prefix))?);
+    b.namespaces.push(ns(t, format!("{}-{t}-s", ctx.prefix))?);
+    let (c, s) = (&b.namespaces[0], &b.namespaces[1]);
+    nl(t, net::create_veth(c, "nsfb-c", s, "nsfb-s"))?;
+    nl(
+        t,
+        net::add_address(Some(c), "nsfb-c", ip(10, 201, 0, 1), 24),
+    )?;
+    nl(
+        t,
+        net::add_address(Some(s), "nsfb-s", ip(10, 201, 0, 2), 24),
+    )?;
+    client_sysctls(t, c)?;
+    Ok(b)
+}
+
+fn build_veth(ctx: &BuildCtx) -> Result<Built, TopologyError> {
+    build_veth_pair(ctx, "veth")
+}
+
+fn build_sockmap(ctx: &BuildCtx) -> Result<Built, TopologyError> {
+    const T: &str = "sockmap";
+    let mut b = build_veth_pair(ctx, T)?;
+    // Both pods' cgroups sit under the topology's cgroup directory: attach there.
+    let (guard, note) = crate::sockmap_hook::attach(&b.cgroup_dir).map_err(|e| other(T, e))?;
+    b.extras.push(guard);
+    b.note = Some(note);
+    Ok(b)
+}
+
+/// Pod A (client) — host — pod B (server): 10.202.1.0/24 and 10.202.2.0/24, the host
+/// namespace forwarding between them, pods routing by default via the host.
+fn build_routed(ctx: &BuildCtx) -> Result<Built, TopologyError> {
+    const T: &str = "routed";
+    let (dir, client, server) = cgroups(ctx, T)?;
+    let mut b = Built {
+        name: T,
+        namespaces: vec![],
+        client: Endpoint {
+            ns: 0,
+            cgroup: client,
+        },
+        server: Endpoint {
+            ns: 1,
+            cgroup: server,
+        },
+        server_ip: ip(10, 202, 2, 2),
+        cgroup_dir: dir,
+        extras: vec![],
+        note: None,
+    };
+    b.namespaces
+        .push(ns(T, format!("{}-routed-a", ctx.prefix))?);
+    b.namespaces
+        .push(ns(T, format!("{}-routed-b", ctx.prefix))?);
+    b.namespaces
+        .push(ns(T, format!("{}-routed-h", ctx.prefix))?);
+    let (a, bb, h) = (&b.namespaces[0], &b.namespaces[1], &b.namespaces[2]);
+    nl(T, net::create_veth(a, "eth0", h, "veth-a"))?;
+    nl(T, net::create_veth(bb, "eth0", h, "veth-b"))?;
+    nl(
+        T,
+        net::add_address(Some(h), "veth-a", ip(10, 202, 1, 1), 24),
+    )?;
+    nl(
+        T,
+        net::add_address(Some(h), "veth-b", ip(10, 202, 2, 1), 24),
+    )?;
+    nl(T, net::add_address(Some(a), "eth0", ip(10, 202, 1, 2), 24))?;
+    nl(T, net::add_address(Some(bb), "eth0", ip(10, 202, 2, 2), 24))?;
+    let any = IpAddr::V4(Ipv4Addr::UNSPECIFIED);
+    nl(
+        T,
+        net::add_route(Some(a), any, 0, Some(ip(10, 202, 1, 1)), Some("eth0")),
+    )?;
+    nl(
+        T,
+        net::add_route(Some(bb), any, 0, Some(ip(10, 202, 2, 1)), Some("eth0")),
+    )?;
+    nl(T, net::set_sysctl(Some(h), "net.ipv4.ip_forward", "1"))?;
+    client_sysctls(T, a)?;
+    Ok(b)
+}
+
+fn ip(a: u8, b: u8, c: u8, d: u8) -> IpAddr {
+    IpAddr::V4(Ipv4Addr::new(a, b, c, d))
+}
+
+/// Namespaces and cgroups left by earlier runs whose process is gone (`nsfb-<pid>-...`).
+pub fn stale_leftovers() -> (Vec<String>, Vec<PathBuf>) {
+    let dead = |name: &str| -> bool {
+        let Some(rest) = name.strip_prefix("nsfb-") else {
+            return false;
+        };
+        let pid = rest.split('-').next().unwrap_or("");
+        match pid.parse::<u32>() {
+            Ok(p) => !Path::new(&format!("/proc/{p}")).exists(),
+            Err(_) => false,
+        }
+    };
+    let ns: Vec<String> = nsfast_sys::netns::list_named()
+        .into_iter()
+        .filter(|n| dead(n))
+        .collect();
+    let cgs = nsfast_sys::cgroup::cgroup2_mount()
+        .ok()
+        .and_then(|m| fs::read_dir(m).ok())
+        .map(|rd| {
+            rd.flatten()
+                .filter(|e| e.file_name().to_str().is_some_and(dead))
+                .map(|e| e.path())
+                .collect()
+        })
+        .unwrap_or_default();
+    (ns, cgs)
+}
+
+/// Removes what [`stale_leftovers`] finds; returns what was removed.
+pub fn cleanup_stale() -> Vec<String> {
+    let (ns, cgs) = stale_leftovers();
+    let mut done = Vec::new();
+    for n in ns {
+        match nsfast_sys::netns::delete_named(&n) {
+            Ok(()) => done.push(format!("network namespace {n}")),
+            Err(e) => tracing::warn!("{e}"),
+        }
+    }
+    for c in cgs {
+        match remove_cgroup_tree(&c) {
+            Ok(()) => done.push(format!("cgroup {}", c.display())),
+            Err(e) => tracing::warn!("remove cgroup {}: {e}", c.display()),
+        }
+    }
+    done
+}

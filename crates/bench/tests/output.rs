@@ -1,0 +1,154 @@
+//! JSON parses back with every round; SVG charts are well-formed XML with one bar per topology.
+//! No root needed: the outcome is synthetic.
+
+use std::time::Duration;
+
+use nsfast_bench::load::{ClientResult, Latency, ServerCounts};
+use nsfast_bench::report::{self, Document, Machine};
+use nsfast_bench::runner::{CpuCost, Outcome, Sample};
+use nsfast_bench::spec::{Config, Placement, Sizes, Workload};
+use nsfast_bench::stats::summarize;
+use nsfast_bench::svg;
+
+fn outcome() -> Outcome {
+    let topologies: Vec<String> = ["host", "veth", "routed"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    let workloads = [Workload::Rr, Workload::Stream, Workload::Ping];
+    let mut samples = Vec::new();
+    for round in 1..=3u32 {
+        for w in workloads {
+            for (i, t) in topologies.iter().enumerate() {
+                let v = 100.0 * (1.0 + round as f64 / 10.0) / (1.0 + i as f64);
+                samples.push(Sample {
+                    round,
+                    topology: t.clone(),
+                    workload: w,
+                    placement: Placement::SameCpu,
+                    client_cpu: Some(0),
+                    server_cpu: Some(0),
+                    value: Some(v),
+                    unit: w.unit().into(),
+                    client: Some(ClientResult {
+                        workload: Some(w),
+                        elapsed_s: 1.0,
+                        transactions: 1000,
+                        bytes: 2000,
+                        datagrams: 0,
+                        latency_us: Some(Latency {
+                            mean: 10.0,
+                            p50: 9.0,
+                            p90: 12.0,
+                            p99: 20.0,
+                            p999: 40.0,
+                            max: 90.0,
+                        }),
+                    }),
+                    server: Some(ServerCounts {
+                        transactions: 1000,
+                        bytes: 1000,
+                        datagrams: 0,
+                        connections: 1,
+                    }),
+                    loss: None,
+                    cpu: Some(CpuCost {
+                        client_usec: 500_000,
+                        server_usec: 500_000,
+                        softirq_usec: 10_000,
+                        ksoftirqd_usec: 0,
+                        per_unit: 1000.0,
+                    }),
+                    error: None,
+                });
+            }
+        }
+    }
+    Outcome {
+        machine: Machine::current(),
+        config: Config {
+            topologies: vec![
+                "host".into(),
+                "veth".into(),
+                "routed".into(),
+                "sockmap".into(),
+            ],
+            workloads: workloads.to_vec(),
+            placements: vec![Placement::SameCpu],
+            rounds: 3,
+            duration: Duration::from_secs(1),
+            warmup: Duration::from_millis(300),
+            sizes: Sizes::default(),
+            json: None,
+            cross_check: false,
+            quick: true,
+        },
+        topologies,
+        skipped: vec![nsfast_bench::runner::Skipped {
+            topology: "sockmap".into(),
+            reason: "sockmap crate not merged yet".into(),
+        }],
+        notes: vec![],
+        samples,
+        cross_check: vec![],
+    }
+}
+
+#[test]
+fn json_parses_back_with_every_round() {
+    let o = outcome();
+    let text = Document::new(&o).to_json();
+    let v: serde_json::Value = serde_json::from_str(&text).expect("valid JSON");
+    let samples: Vec<Sample> =
+        serde_json::from_value(v["samples"].clone()).expect("samples parse back");
+    assert_eq!(samples.len(), o.samples.len());
+    for round in 1..=3 {
+        assert_eq!(samples.iter().filter(|s| s.round == round).count(), 9);
+    }
+    assert_eq!(v["machine"]["kernel"], nsfast_sys::kernel::release());
+    assert_eq!(v["skipped"][0]["topology"], "sockmap");
+    assert_eq!(v["summary"].as_array().unwrap().len(), 9);
+    // Ratio to host: host 1.0, veth 0.5, routed 1/3 in every round.
+    let veth_rr = v["summary"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["topology"] == "veth" && r["workload"] == "rr")
+        .unwrap();
+    assert!((veth_rr["ratio_to_host"].as_f64().unwrap() - 0.5).abs() < 1e-9);
+}
+
+#[test]
+fn svg_is_well_formed_with_one_bar_per_topology() {
+    let o = outcome();
+    let rows = summarize(&o.samples, &o.topologies);
+    let charts = svg::charts(std::path::Path::new("/tmp/x/bench.json"), &rows, &o.machine);
+    assert_eq!(charts.len(), 3);
+    for (path, text) in charts {
+        assert!(path.to_string_lossy().ends_with("-same-cpu.svg"));
+        let doc = roxmltree::Document::parse(&text).expect("well-formed XML");
+        assert_eq!(doc.root_element().tag_name().name(), "svg");
+        let bars: Vec<_> = doc
+            .descendants()
+            .filter(|n| n.attribute("class") == Some("bar"))
+            .map(|n| n.attribute("data-topology").unwrap().to_string())
+            .collect();
+        assert_eq!(bars, o.topologies, "{}", path.display());
+    }
+}
+
+#[test]
+fn table_has_a_row_per_topology_and_workload() {
+    let o = outcome();
+    let t = report::table(&o);
+    assert!(t.contains("placement same-cpu"));
+    for w in ["rr", "stream", "ping"] {
+        assert!(t.lines().any(|l| l.starts_with(w)), "{t}");
+    }
+    assert_eq!(
+        t.lines().filter(|l| l.contains(" routed ")).count(),
+        3,
+        "{t}"
+    );
+    assert!(t.contains("skipped sockmap: sockmap crate not merged yet"));
+}

@@ -1,0 +1,243 @@
+//! `nsfast bench` end to end: bad arguments, a tiny real run (JSON + SVG), and SIGINT in the
+//! middle of a run leaving nothing behind. The real runs need root; they fail without it.
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+const EXE: &str = env!("CARGO_BIN_EXE_nsfast");
+
+fn require_root() {
+    assert!(
+        nix::unistd::geteuid().is_root(),
+        "these tests create network namespaces and cgroups: run them as root"
+    );
+}
+
+fn leftovers(pid: u32) -> Vec<String> {
+    let prefix = format!("nsfb-{pid}");
+    let mut left: Vec<String> = std::fs::read_dir("/run/netns")
+        .map(|rd| {
+            rd.flatten()
+                .filter_map(|e| e.file_name().into_string().ok())
+                .filter(|n| n.starts_with(&format!("{prefix}-")))
+                .collect()
+        })
+        .unwrap_or_default();
+    let cg = Path::new("/sys/fs/cgroup/unified").join(&prefix);
+    let cg2 = Path::new("/sys/fs/cgroup").join(&prefix);
+    for c in [cg, cg2] {
+        if c.exists() {
+            left.push(c.display().to_string());
+        }
+    }
+    left
+}
+
+fn bench(args: &[&str]) -> std::process::Output {
+    Command::new(EXE).arg("bench").args(args).output().unwrap()
+}
+
+#[test]
+fn bad_arguments_give_one_clear_error() {
+    for (args, want) in [
+        (
+            vec!["--topologies", "host,vxlan"],
+            "invalid value \"vxlan\" for --topologies",
+        ),
+        (vec!["--rounds", "0"], "invalid value \"0\" for --rounds"),
+        (
+            vec!["--request-size", "-5"],
+            "invalid value \"-5\" for --request-size",
+        ),
+        (
+            vec!["--udp-size", "-1"],
+            "invalid value \"-1\" for --udp-size",
+        ),
+        (
+            vec!["--duration", "0"],
+            "invalid value \"0\" for --duration",
+        ),
+        (
+            vec!["--workloads", "tcp_rr"],
+            "invalid value \"tcp_rr\" for --workloads",
+        ),
+        (
+            vec!["--placement", "numa"],
+            "invalid value \"numa\" for --placement",
+        ),
+    ] {
+        let out = bench(&args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{args:?} succeeded");
+        assert!(err.contains(want), "{args:?}: {err}");
+        assert_eq!(
+            err.trim().lines().count(),
+            1,
+            "{args:?}: one line expected: {err}"
+        );
+    }
+}
+
+#[test]
+fn tiny_run_writes_json_and_svgs() {
+    require_root();
+    let dir = std::env::temp_dir().join(format!("nsfb-cli-{}", std::process::id()));
+    let json = dir.join("run.json");
+    let out = bench(&[
+        "--topologies",
+        "host,veth,sockmap,netkit",
+        "--workloads",
+        "rr,udp-stream",
+        "--rounds",
+        "2",
+        "--duration",
+        "0.2",
+        "--warmup",
+        "0",
+        "--no-progress",
+        "--json",
+        json.to_str().unwrap(),
+    ]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(stderr.contains("skipping topology netkit"), "{stderr}");
+    assert!(stdout.contains("placement same-cpu"), "{stdout}");
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let samples = v["samples"].as_array().unwrap();
+    assert_eq!(samples.len(), 2 * 2 * 3, "rounds × workloads × topologies");
+    assert!(samples.iter().all(|s| s["error"].is_null()), "{samples:?}");
+    for w in ["rr", "udp-stream"] {
+        let svg = std::fs::read_to_string(dir.join(format!("run-{w}-same-cpu.svg"))).unwrap();
+        assert!(svg.starts_with("<svg") && svg.trim_end().ends_with("</svg>"));
+        assert_eq!(svg.matches("class=\"bar\"").count(), 3);
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn sigint_mid_run_leaves_nothing_behind() {
+    require_root();
+    let mut child = Command::new(EXE)
+        .args([
+            "bench",
+            "--topologies",
+            "host,veth,routed",
+            "--workloads",
+            "stream,crr",
+            "--rounds",
+            "20",
+            "--duration",
+            "0.5",
+            "--warmup",
+            "0",
+            "--no-progress",
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = child.id();
+    // Wait until the run has built its topologies, then interrupt it mid-measurement.
+    let start = Instant::now();
+    while leftovers(pid).len() < 4 && start.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(!leftovers(pid).is_empty(), "the run never built anything");
+    std::thread::sleep(Duration::from_millis(1200));
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid as i32),
+        nix::sys::signal::Signal::SIGINT,
+    )
+    .unwrap();
+    let end = Instant::now() + Duration::from_secs(15);
+    let status = loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            break st;
+        }
+        if Instant::now() > end {
+            let _ = child.kill();
+            panic!("nsfast bench did not stop after SIGINT");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let mut err = String::new();
+    use std::io::Read;
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut err)
+        .unwrap();
+    assert_eq!(status.code(), Some(130), "{err}");
+    assert!(err.contains("interrupted by SIGINT"), "{err}");
+    assert_eq!(leftovers(pid), Vec::<String>::new());
+    // Its cgroups are gone, and a cgroup with a live process cannot be removed: so no worker
+    // of that run is still alive.
+}
+
+fn procs_in(dir: &Path) -> Vec<String> {
+    let mut out = Vec::new();
+    if let Ok(t) = std::fs::read_to_string(dir.join("cgroup.procs")) {
+        out.extend(t.lines().map(|l| l.to_string()));
+    }
+    if let Ok(rd) = std::fs::read_dir(dir) {
+        for e in rd.flatten() {
+            if e.path().is_dir() {
+                out.extend(procs_in(&e.path()));
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn sigkill_leaves_no_process_and_cleanup_removes_the_rest() {
+    require_root();
+    let mut child = Command::new(EXE)
+        .args([
+            "bench",
+            "--topologies",
+            "host,veth",
+            "--workloads",
+            "stream,udp-stream",
+            "--rounds",
+            "20",
+            "--duration",
+            "0.5",
+            "--warmup",
+            "0",
+            "--no-progress",
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let pid = child.id();
+    let start = Instant::now();
+    while leftovers(pid).len() < 3 && start.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    std::thread::sleep(Duration::from_millis(800));
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let cg = ["/sys/fs/cgroup/unified", "/sys/fs/cgroup"]
+        .iter()
+        .map(|m| Path::new(m).join(format!("nsfb-{pid}")))
+        .find(|p| p.exists())
+        .expect("a SIGKILLed run leaves its cgroup behind");
+    // Its workers die with it (PR_SET_PDEATHSIG).
+    let end = Instant::now() + Duration::from_secs(5);
+    while !procs_in(&cg).is_empty() && Instant::now() < end {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(procs_in(&cg), Vec::<String>::new());
+    let out = Command::new(EXE)
+        .args(["bench", "--cleanup"])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    assert_eq!(leftovers(pid), Vec::<String>::new());
+}
