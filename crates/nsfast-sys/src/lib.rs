@@ -8,6 +8,8 @@
 //! - [`kernel`]  — running kernel version, cached.
 //! - [`bpf`]     — raw `bpf(2)` calls aya 0.14 does not expose (program query on a cgroup).
 //! - [`signals`] — block SIGINT/SIGTERM and wait for them synchronously.
+//! - [`probe`]   — kernel feature probe (netkit, TCX, BPF helpers, UDP GSO/GRO, vsock), each with a reason.
+//! - [`vsock`]   — minimal AF_VSOCK stream sockets (listen/accept/connect) over raw syscalls.
 //!
 //! All `unsafe` in nsfast's plumbing lives in this crate, each block with a `// SAFETY:` note.
 
@@ -17,4 +19,6 @@ pub mod kernel;
 pub mod net;
 pub mod netns;
 pub mod ports;
+pub mod probe;
 pub mod signals;
+pub mod vsock;

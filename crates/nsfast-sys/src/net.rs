@@ -7,7 +7,8 @@ use std::net::IpAddr;
 use std::os::fd::{AsFd, AsRawFd};
 
 use futures::TryStreamExt;
-use rtnetlink::{Handle, LinkUnspec, LinkVeth, RouteMessageBuilder};
+use rtnetlink::packet_route::link::NetkitMode;
+use rtnetlink::{Handle, LinkNetkit, LinkUnspec, LinkVeth, RouteMessageBuilder};
 
 use crate::netns::{NetNs, NetnsError};
 
@@ -116,6 +117,18 @@ pub fn create_veth(ns_a: &NetNs, name_a: &str, ns_b: &NetNs, name_b: &str) -> Re
     link_up(Some(ns_b), name_b)
 }
 
+/// Creates a netkit pair `name` <-> `peer` inside `ns` (L3 mode when `l3`), both left down.
+pub fn create_netkit(ns: Option<&NetNs>, name: &str, peer: &str, l3: bool) -> Result<(), NetError> {
+    let mode = if l3 { NetkitMode::L3 } else { NetkitMode::L2 };
+    with_handle(ns, |h| async move {
+        h.link()
+            .add(LinkNetkit::new(name, peer, mode).build())
+            .execute()
+            .await
+            .map_err(nl(format!("add netkit {name}/{peer}")))
+    })
+}
+
 /// Deletes link `name` (and, for a veth, its peer). Missing is not an error.
 pub fn delete_link(ns: Option<&NetNs>, name: &str) -> Result<(), NetError> {
     with_handle(ns, |h| async move {
@@ -133,7 +146,12 @@ pub fn delete_link(ns: Option<&NetNs>, name: &str) -> Result<(), NetError> {
 }
 
 /// Adds `addr/prefix` to link `name`.
-pub fn add_address(ns: Option<&NetNs>, name: &str, addr: IpAddr, prefix: u8) -> Result<(), NetError> {
+pub fn add_address(
+    ns: Option<&NetNs>,
+    name: &str,
+    addr: IpAddr,
+    prefix: u8,
+) -> Result<(), NetError> {
     with_handle(ns, |h| async move {
         let idx = index_of(&h, name).await?;
         h.address()
@@ -159,7 +177,8 @@ pub fn add_route(
         };
         let msg = match dst {
             IpAddr::V4(d) => {
-                let mut b = RouteMessageBuilder::<std::net::Ipv4Addr>::new().destination_prefix(d, prefix);
+                let mut b =
+                    RouteMessageBuilder::<std::net::Ipv4Addr>::new().destination_prefix(d, prefix);
                 if let Some(IpAddr::V4(g)) = gateway {
                     b = b.gateway(g);
                 }
@@ -169,7 +188,8 @@ pub fn add_route(
                 b.build()
             }
             IpAddr::V6(d) => {
-                let mut b = RouteMessageBuilder::<std::net::Ipv6Addr>::new().destination_prefix(d, prefix);
+                let mut b =
+                    RouteMessageBuilder::<std::net::Ipv6Addr>::new().destination_prefix(d, prefix);
                 if let Some(IpAddr::V6(g)) = gateway {
                     b = b.gateway(g);
                 }

@@ -121,10 +121,15 @@ mod tests {
     #[test]
     fn parses_lists_and_ranges() {
         let p = PortList::parse("--ports", "80, 443,8000-8002").unwrap();
-        assert_eq!(p.iter().collect::<Vec<_>>(), vec![80, 443, 8000, 8001, 8002]);
+        assert_eq!(
+            p.iter().collect::<Vec<_>>(),
+            vec![80, 443, 8000, 8001, 8002]
+        );
         assert_eq!(p.to_compact_string(), "80,443,8000-8002");
         assert_eq!(
-            PortList::parse("--ports", "65535").unwrap().to_compact_string(),
+            PortList::parse("--ports", "65535")
+                .unwrap()
+                .to_compact_string(),
             "65535"
         );
     }

@@ -9,7 +9,11 @@ use clap::{Parser, Subcommand};
 mod cmd;
 
 #[derive(Parser, Debug)]
-#[command(name = "nsfast", version, about = "Fast paths across Linux namespace and VM boundaries")]
+#[command(
+    name = "nsfast",
+    version,
+    about = "Fast paths across Linux namespace and VM boundaries"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -20,6 +24,9 @@ enum Command {
     /// Same-host TCP shortcut between sockets (sockops + sk_msg), across network namespaces.
     #[command(subcommand)]
     Sockmap(cmd::sockmap::SockmapCmd),
+    /// Report which kernel features nsfast can use here (netkit, TCX, BPF helpers, UDP GSO/GRO,
+    /// vsock transports and namespace modes), each with yes/no and the reason.
+    Probe(cmd::probe::ProbeArgs),
 }
 
 fn main() -> ExitCode {
@@ -27,6 +34,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Sockmap(c) => cmd::sockmap::run(c),
+        Command::Probe(a) => cmd::probe::run(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
