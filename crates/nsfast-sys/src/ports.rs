@@ -81,8 +81,14 @@ impl PortList {
         let mut it = self.0.iter().copied().peekable();
         while let Some(start) = it.next() {
             let mut end = start;
-            while it.peek() == end.checked_add(1).as_ref() {
-                end = it.next().unwrap_or(end);
+            // checked_add: at 65535 there is no next port (None == peek() at the end would
+            // otherwise loop forever).
+            while let (Some(next), Some(&peek)) = (end.checked_add(1), it.peek()) {
+                if peek != next {
+                    break;
+                }
+                end = peek;
+                it.next();
             }
             out.push(if start == end {
                 start.to_string()
