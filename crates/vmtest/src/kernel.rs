@@ -120,8 +120,10 @@ fn locate(spec: KernelSpec, package: PkgInfo, root: &Path) -> Result<Kernel> {
     for base in ["lib/modules", "usr/lib/modules"] {
         if let Ok(rd) = fs::read_dir(root.join(base)) {
             for e in rd.flatten() {
-                if e.path().is_dir() {
-                    dirs.push(e.path());
+                // lib may be a symlink to usr/lib (made for depmod): count each directory once.
+                let p = e.path().canonicalize().unwrap_or_else(|_| e.path());
+                if p.is_dir() && !dirs.contains(&p) {
+                    dirs.push(p);
                 }
             }
         }

@@ -676,7 +676,7 @@ fn print_summary(
     println!();
     println!("vmtest summary (fetch {fetch:.0} s, build {build:.0} s, total {total:.0} s)");
     println!(
-        "{:<8} {:<44} {:<5} {:>6} {:>6} {:>4} {:>4} {:>4}  result",
+        "{:<8} {:<48} {:<5} {:>6} {:>6} {:>4} {:>4} {:>4}  result",
         "kernel", "package", "accel", "boot", "time", "pass", "fail", "skip"
     );
     let (mut np, mut nf, mut ns) = (0usize, 0usize, 0usize);
@@ -689,7 +689,7 @@ fn print_summary(
         nf += f + r.problems.len();
         ns += s;
         println!(
-            "{:<8} {:<44} {:<5} {:>6} {:>5.0}s {:>4} {:>4} {:>4}  {}",
+            "{:<8} {:<48} {:<5} {:>6} {:>5.0}s {:>4} {:>4} {:>4}  {}",
             r.label,
             r.package.split(' ').next().unwrap_or(""),
             r.accel.map(|a| a.to_string()).unwrap_or_else(|| "-".into()),
