@@ -177,10 +177,9 @@ pub fn trial_load(prog_type: u32, insns: &[Insn]) -> Result<(), LoadRefused> {
     let verifier = text
         .lines()
         .map(str::trim)
-        .filter(|l| {
+        .rfind(|l| {
             !l.is_empty() && !l.starts_with("processed ") && !l.starts_with("verification time")
         })
-        .next_back()
         .map(str::to_string);
     Err(LoadRefused { error, verifier })
 }

@@ -96,11 +96,10 @@ impl VsockListener {
                 )
             };
             match cvt(r) {
-                // SAFETY: r is a new connected socket fd returned by accept4 that we own.
                 Ok(fd) => {
-                    let stream = VsockStream {
-                        fd: unsafe { OwnedFd::from_raw_fd(fd) },
-                    };
+                    // SAFETY: fd is a new connected socket returned by accept4 that we own.
+                    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+                    let stream = VsockStream { fd };
                     return Ok((
                         stream,
                         VsockAddr {
