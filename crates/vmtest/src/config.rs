@@ -171,7 +171,8 @@ impl GuestTest {
 /// A host process started before the guests of one boot profile, stopped after each.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Helper {
-    pub command: Vec<String>,
+    /// Run with `sh -c` (after `{run}` substitution); `exec` the long-running program.
+    pub command: String,
     /// A path (with `{run}`) that must exist before QEMU starts.
     pub ready: Option<String>,
 }
@@ -273,7 +274,7 @@ pub fn parse_guest_suite(text: &str, file: &Path) -> Result<GuestSuite> {
                     bail!("{at}: helper {name:?} has no command");
                 }
                 s.boots.entry(name.to_string()).or_default().helpers.push(Helper {
-                    command: tail.split_whitespace().map(str::to_string).collect(),
+                    command: tail.to_string(),
                     ready,
                 });
             }
@@ -416,6 +417,10 @@ rng boot=rng -- test -e /dev/hwrng
         );
         assert_eq!(v.skip_reason(MajorMinor(7, 2)), None);
         assert_eq!(s.boots["vs"].helpers[0].ready.as_deref(), Some("{run}/s"));
+        assert_eq!(
+            s.boots["vs"].helpers[0].command,
+            "helperprog --sock {run}/s"
+        );
         assert_eq!(s.boots["rng"].qemu_args, ["-device", "virtio-rng-pci"]);
     }
 

@@ -143,7 +143,7 @@ pub fn build(k: &Kernel, p: &Payload, stage: &Path, out: &Path) -> Result<Vec<Mo
     copy_file(&p.busybox, &stage.join("bin/busybox"), 0o755)?;
     copy_file(&p.init_script, &stage.join("init"), 0o755)?;
     for (guest, host) in &p.binaries {
-        copy_file(host, &stage.join(guest.trim_start_matches('/')), 0o755)?;
+        copy_binary(host, &stage.join(guest.trim_start_matches('/')))?;
     }
     let mut libs = BTreeSet::new();
     for (_, host) in &p.binaries {
@@ -264,6 +264,27 @@ fn copy_module(src: &Path, dst: &Path) -> Result<()> {
             fs::write(dst, out.stdout)?;
         }
     }
+    Ok(())
+}
+
+/// Copies an executable without its debug sections (`strip --strip-debug` keeps the symbols,
+/// so backtraces still name functions); a plain copy when strip is missing or fails.
+fn copy_binary(src: &Path, dst: &Path) -> Result<()> {
+    if let Some(parent) = dst.parent() {
+        fs::create_dir_all(parent)?;
+    }
+    let stripped = Command::new("strip")
+        .arg("--strip-debug")
+        .arg("-o")
+        .arg(dst)
+        .arg(src)
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !stripped {
+        tracing::debug!("strip failed for {}; copying it whole", src.display());
+        fs::copy(src, dst).with_context(|| format!("copying {}", src.display()))?;
+    }
+    fs::set_permissions(dst, fs::Permissions::from_mode(0o755))?;
     Ok(())
 }
 

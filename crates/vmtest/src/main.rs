@@ -534,36 +534,19 @@ fn run_kernel(
         let _ = fs::remove_dir_all(&run_dir);
         fs::create_dir_all(&run_dir)?;
         let subst = |s: &str| s.replace("{run}", &run_dir.to_string_lossy());
-        let mut helpers = HelperGuard(Vec::new());
-        for h in &profile_def.helpers {
-            let args: Vec<String> = h.command.iter().map(|s| subst(s)).collect();
-            let mut cmd = Command::new(&args[0]);
-            cmd.args(&args[1..])
-                .stdin(Stdio::null())
-                .stdout(fs::File::create(
-                    logs.join(format!("{profile}-helper.log")),
-                )?)
-                .stderr(Stdio::inherit());
-            qemu::die_with_parent(&mut cmd);
-            let child = cmd.spawn().with_context(|| {
-                format!("starting helper {:?} for boot profile {profile}", args[0])
-            })?;
-            helpers.0.push(child);
-            if let Some(ready) = &h.ready {
-                let p = PathBuf::from(subst(ready));
-                let until = Instant::now() + Duration::from_secs(15);
-                while !p.exists() {
-                    if Instant::now() > until {
-                        bail!(
-                            "helper {:?} did not create {} within 15 s",
-                            args[0],
-                            p.display()
-                        );
-                    }
-                    std::thread::sleep(Duration::from_millis(50));
+        let helpers = match start_helpers(profile_def, &subst, &logs, profile) {
+            Ok(h) => h,
+            Err(e) => {
+                res.problems.push(format!("guest {tag}: {e:#}"));
+                for t in &tests {
+                    res.tests.insert(
+                        t.name.clone(),
+                        Verdict::Fail("not run: boot profile setup failed".into()),
+                    );
                 }
+                continue;
             }
-        }
+        };
         let test_budget: u64 = tests.iter().map(|t| u64::from(t.timeout)).sum();
         let vm_timeout = a.vm_timeout.unwrap_or(a.init_timeout + test_budget + 60);
         let mut spec = BootSpec {
@@ -654,13 +637,70 @@ fn run_kernel(
     Ok(res)
 }
 
-/// Kills helper processes (by their own PIDs) when dropped.
+/// Starts the host helpers of a boot profile, each under `sh -c` in its own process group,
+/// and waits for their `ready` paths.
+fn start_helpers(
+    profile_def: &config::BootProfile,
+    subst: &dyn Fn(&str) -> String,
+    logs: &Path,
+    profile: &str,
+) -> Result<HelperGuard> {
+    use std::os::unix::process::CommandExt;
+    let mut helpers = HelperGuard(Vec::new());
+    for h in &profile_def.helpers {
+        let script = subst(&h.command);
+        let mut cmd = Command::new("sh");
+        cmd.arg("-c")
+            .arg(&script)
+            .stdin(Stdio::null())
+            .stdout(fs::File::create(
+                logs.join(format!("{profile}-helper.log")),
+            )?)
+            .stderr(fs::File::create(
+                logs.join(format!("{profile}-helper.err")),
+            )?)
+            .process_group(0);
+        qemu::die_with_parent(&mut cmd);
+        let child = cmd
+            .spawn()
+            .with_context(|| format!("starting helper {script:?} for boot profile {profile}"))?;
+        helpers.0.push(child);
+        if let Some(ready) = &h.ready {
+            let p = PathBuf::from(subst(ready));
+            let until = Instant::now() + Duration::from_secs(15);
+            while !p.exists() {
+                if let Some(status) = helpers
+                    .0
+                    .last_mut()
+                    .and_then(|c| c.try_wait().ok().flatten())
+                {
+                    bail!(
+                        "helper {script:?} exited ({status}) before creating {}",
+                        p.display()
+                    );
+                }
+                if Instant::now() > until {
+                    bail!(
+                        "helper {script:?} did not create {} within 15 s",
+                        p.display()
+                    );
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+    }
+    Ok(helpers)
+}
+
+/// Kills each helper's process group (its own PID, which it leads) when dropped.
 struct HelperGuard(Vec<std::process::Child>);
 
 impl Drop for HelperGuard {
     fn drop(&mut self) {
+        use nix::sys::signal::{killpg, Signal};
+        use nix::unistd::Pid;
         for c in &mut self.0 {
-            let _ = c.kill();
+            let _ = killpg(Pid::from_raw(c.id() as i32), Signal::SIGKILL);
             let _ = c.wait();
         }
     }
