@@ -463,6 +463,37 @@ mod tests {
     }
 
     #[test]
+    fn probe_all_answers_every_feature_with_a_reason() {
+        let r = probe_all();
+        let mut names: Vec<&str> = r.features.iter().map(|f| f.name).collect();
+        for want in [
+            "netkit",
+            "tcx",
+            "bpf_redirect_peer",
+            "netns_cookie_sockops",
+            "netns_cookie_sk_msg",
+            "udp_gso",
+            "udp_gro",
+            "vsock",
+            "vsock_loopback",
+            "vsock_virtio",
+            "vhost_vsock",
+            "vsock_ns_mode",
+            "vsock_child_ns_mode",
+        ] {
+            assert!(r.get(want).is_some(), "probe has no {want}");
+        }
+        for f in &r.features {
+            assert!(!f.reason.is_empty(), "{} has no reason", f.name);
+        }
+        names.sort();
+        let n = names.len();
+        names.dedup();
+        assert_eq!(names.len(), n, "duplicate feature names");
+        assert_eq!(r.kernel_version, KernelVersion::current());
+    }
+
+    #[test]
     fn udp_probe_answers_without_root() {
         // Always answers; whether yes or no depends on the kernel, but the reason names the option.
         let f = probe_udp_opt("udp_gso", UDP_SEGMENT, "UDP_SEGMENT", 1200);

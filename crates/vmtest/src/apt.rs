@@ -75,6 +75,7 @@ impl Apt {
             "Acquire::IndexTargets::deb::DEP-11-icons::DefaultEnabled=false".to_string(),
             "Acquire::IndexTargets::deb::DEP-11-icons-small::DefaultEnabled=false".to_string(),
             "Acquire::Retries=3".to_string(),
+            "Acquire::http::Timeout=30".to_string(),
         ]
         .into_iter()
         .flat_map(|o| ["-o".to_string(), o])

@@ -313,7 +313,11 @@ fn build_binaries(
             bail!("cargo built no test executables for package {pkg:?} (@cargo-tests)");
         }
         for (name, path) in arts {
-            out.push((format!("/tests/{name}"), path));
+            let guest = format!("/tests/{name}");
+            if out.iter().any(|(g, _)| *g == guest) {
+                bail!("two @cargo-tests executables would both be {guest} (the second from package {pkg:?}); rename one test target");
+            }
+            out.push((guest, path));
         }
     }
     Ok(out)
