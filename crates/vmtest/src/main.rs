@@ -375,7 +375,14 @@ fn load_suite(a: &RunArgs) -> Result<GuestSuite> {
                 bail!("unknown test {t:?} in --test: not in {}", path.display());
             }
         }
-        s.tests.retain(|t| a.only_tests.contains(&t.name));
+        // Tests given with --add-test always run.
+        let added: Vec<&str> = a
+            .add_tests
+            .iter()
+            .filter_map(|l| l.split_whitespace().next())
+            .collect();
+        s.tests
+            .retain(|t| a.only_tests.contains(&t.name) || added.contains(&t.name.as_str()));
     }
     if s.tests.is_empty() {
         bail!("no guest tests to run ({})", path.display());
