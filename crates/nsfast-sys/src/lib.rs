@@ -13,6 +13,8 @@
 //! - [`sched`]   — CPU pinning (sched_setaffinity), allowed CPUs.
 //! - [`child`]   — pre_exec helpers for children (die with the parent).
 //! - [`procstat`] — /proc/stat per-CPU times (softirq) and /proc/PID/stat CPU time.
+//! - [`probe`]   — kernel feature probe (netkit, TCX, BPF helpers, UDP GSO/GRO, vsock), each with a reason.
+//! - [`vsock`]   — minimal AF_VSOCK stream sockets (listen/accept/connect) over raw syscalls.
 //!
 //! All `unsafe` in nsfast's plumbing lives in this crate, each block with a `// SAFETY:` note.
 
@@ -23,6 +25,8 @@ pub mod kernel;
 pub mod net;
 pub mod netns;
 pub mod ports;
+pub mod probe;
 pub mod procstat;
 pub mod sched;
 pub mod signals;
+pub mod vsock;

@@ -378,41 +378,42 @@ pub fn create_netkit(
 /// Whether the running kernel can create netkit devices. The probe runs in a private,
 /// unnamed network namespace made on a short-lived thread, so nothing visible changes.
 pub fn probe_netkit() -> Result<bool, NetError> {
-    let work = || -> Result<bool, NetError> {
-        nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET)
-            .map_err(|e| NetError::Io(std::io::Error::from(e)))?;
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_io()
-            .build()?;
-        rt.block_on(async {
-            let (conn, h, _) = rtnetlink::new_connection()?;
-            let task = tokio::spawn(conn);
-            let r = h
-                .link()
-                .add(
-                    rtnetlink::LinkNetkit::new(
-                        "nsfprobe0",
-                        "nsfprobe1",
-                        rtnetlink::packet_route::link::NetkitMode::L3,
+    match netkit_trial() {
+        Ok(()) => Ok(true),
+        Err(NetError::Netlink {
+            source: rtnetlink::Error::NetlinkError(e),
+            ..
+        }) if e.raw_code() == -libc::EOPNOTSUPP || e.raw_code() == -libc::EINVAL => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
+/// Creates an L3 netkit pair in a private throwaway network namespace that dies with its
+/// thread; returns the kernel's answer as is.
+pub fn netkit_trial() -> Result<(), NetError> {
+    std::thread::scope(|s| {
+        s.spawn(|| -> Result<(), NetError> {
+            nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET)
+                .map_err(|e| NetError::Io(std::io::Error::from(e)))?;
+            // Threads spawned from here (with_handle's) inherit the throwaway namespace.
+            with_handle(None, |h| async move {
+                h.link()
+                    .add(
+                        rtnetlink::LinkNetkit::new(
+                            "nsfprobe0",
+                            "nsfprobe1",
+                            rtnetlink::packet_route::link::NetkitMode::L3,
+                        )
+                        .build(),
                     )
-                    .build(),
-                )
-                .execute()
-                .await;
-            task.abort();
-            match r {
-                Ok(()) => Ok(true),
-                Err(rtnetlink::Error::NetlinkError(e))
-                    if e.raw_code() == -libc::EOPNOTSUPP || e.raw_code() == -libc::EINVAL =>
-                {
-                    Ok(false)
-                }
-                Err(e) => Err(nl("probe netkit")(e)),
-            }
+                    .execute()
+                    .await
+                    .map_err(nl("add netkit nsfprobe0/nsfprobe1"))
+            })
         })
-    };
-    std::thread::scope(|s| s.spawn(work).join())
-        .unwrap_or_else(|_| Err(NetError::Io(std::io::Error::other("probe thread panicked"))))
+        .join()
+    })
+    .unwrap_or_else(|_| Err(NetError::Io(std::io::Error::other("probe thread panicked"))))
 }
 
 /// Adds a link-scope route (`ip route add DST/PREFIX dev DEV scope link`) for an on-link

@@ -35,6 +35,9 @@ enum Command {
     /// Internal: one side of one `nsfast bench` measurement.
     #[command(hide = true)]
     BenchWorker(cmd::bench::WorkerArgs),
+    /// Report which kernel features nsfast can use here (netkit, TCX, BPF helpers, UDP GSO/GRO,
+    /// vsock transports and namespace modes), each with yes/no and the reason.
+    Probe(cmd::probe::ProbeArgs),
 }
 
 fn main() -> ExitCode {
@@ -46,6 +49,7 @@ fn main() -> ExitCode {
         Command::Pod(c) => cmd::pod::run(c),
         Command::Bench(a) => cmd::bench::run(*a),
         Command::BenchWorker(a) => cmd::bench::worker(a),
+        Command::Probe(a) => cmd::probe::run(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -441,7 +441,14 @@ fn tokio_echo_never_stalls_and_fionread_counts_redirected_bytes() {
         after.redirected_bytes >= before.redirected_bytes + 100_000,
         "{after:?}"
     );
-    assert_eq!(fr.value, 100_000, "FIONREAD: {}", fr.detail);
+    // FIONREAD counts bytes queued by redirects on 6.12+ (checked on 6.12, 6.18, 7.2); 6.1
+    // reports 0 (checked in the VM matrix), which `nsfast sockmap run` warns about.
+    let expected = if nsfast_sockmap::fionread_counts_redirects() {
+        100_000
+    } else {
+        0
+    };
+    assert_eq!(fr.value, expected, "FIONREAD: {}", fr.detail);
     assert_eq!(fr.ok, 1, "FIONREAD after reading: {}", fr.detail);
 }
 

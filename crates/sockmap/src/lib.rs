@@ -19,3 +19,9 @@ pub mod status;
 pub use error::SockmapError;
 pub use shortcut::{Options, Shortcut};
 pub use status::{instances, Instance, Stats};
+
+/// Whether FIONREAD on a socket in the sockmap counts bytes queued by redirects. Measured in the
+/// VM matrix: yes on 6.12, 6.18 and 7.2; no on 6.1 (FIONREAD is 0 while redirected bytes wait).
+pub fn fionread_counts_redirects() -> bool {
+    nsfast_sys::kernel::KernelVersion::current().at_least(6, 12)
+}

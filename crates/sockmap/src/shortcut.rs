@@ -234,6 +234,14 @@ impl Shortcut {
                 .map(|p| format!(" except {}", p.to_compact_string()))
                 .unwrap_or_default(),
         );
+        if !crate::fionread_counts_redirects() {
+            warn!(
+                "on this kernel ({}) FIONREAD reports 0 for bytes that arrived through the shortcut \
+                 (fixed by 6.12): programs that size their reads with FIONREAD may wait for data \
+                 that is already there; limit the shortcut with --ports if that matters",
+                nsfast_sys::kernel::release()
+            );
+        }
         Ok((ebpf, cgroup_id))
     }
 

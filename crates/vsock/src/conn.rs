@@ -10,14 +10,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use crate::addr::Address;
 use crate::hybrid::{self, HybridError};
 
-/// `VMADDR_FLAG_TO_HOST`: route to the host even for a CID that is not the host's, so a
-/// guest reaches a sibling VM through a host-side bridge (Linux 5.10+).
-pub const VMADDR_FLAG_TO_HOST: u8 = 0x01;
-/// `SO_VM_SOCKETS_BUFFER_SIZE` / `_MIN_SIZE` / `_MAX_SIZE` at level AF_VSOCK (u64 values).
-pub const SO_VM_SOCKETS_BUFFER_SIZE: libc::c_int = 0;
-pub const SO_VM_SOCKETS_BUFFER_MIN_SIZE: libc::c_int = 1;
-pub const SO_VM_SOCKETS_BUFFER_MAX_SIZE: libc::c_int = 2;
-
 /// Errors opening an address; each names the address.
 #[derive(Debug, thiserror::Error)]
 pub enum ConnError {
@@ -242,126 +234,27 @@ pub fn connect(addr: &Address, opts: SockOpts) -> Result<Conn, ConnError> {
     }
 }
 
-/// AF_VSOCK sockets with the parts the `vsock` crates lack: svm_flags (VMADDR_FLAG_TO_HOST)
-/// and SO_VM_SOCKETS_BUFFER_SIZE. Only ever called for vsock addresses, which nsfast's tests
-/// use inside QEMU guests only.
+/// AF_VSOCK sockets as plain descriptors, over `nsfast_sys::vsock` (which adds what the
+/// `vsock` crates lack: VMADDR_FLAG_TO_HOST and SO_VM_SOCKETS_BUFFER_SIZE). Only ever called
+/// for vsock addresses, which nsfast's tests use inside QEMU guests only.
 pub mod vsock {
-    use super::*;
+    use std::io;
+    use std::os::fd::{AsFd, OwnedFd};
 
-    fn sockaddr(cid: u32, port: u32, flags: u8) -> libc::sockaddr_vm {
-        // SAFETY: sockaddr_vm is a plain C struct; all-zero bytes are a valid value.
-        let mut sa: libc::sockaddr_vm = unsafe { std::mem::zeroed() };
-        sa.svm_family = libc::AF_VSOCK as libc::sa_family_t;
-        sa.svm_cid = cid;
-        sa.svm_port = port;
-        // svm_flags is the first byte of svm_zero in the libc definition.
-        sa.svm_zero[0] = flags;
-        sa
-    }
-
-    fn socket() -> io::Result<OwnedFd> {
-        // SAFETY: socket(2) takes no pointers; a non-negative result is a new fd we own.
-        let fd = unsafe { libc::socket(libc::AF_VSOCK, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0) };
-        if fd < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // SAFETY: fd was just returned by socket(2) and nothing else owns it.
-        Ok(unsafe { OwnedFd::from_raw_fd(fd) })
-    }
-
-    fn set_buffer(fd: &OwnedFd, size: u64) -> io::Result<()> {
-        // Raise the maximum first, or a size above the default maximum is clamped.
-        for opt in [SO_VM_SOCKETS_BUFFER_MAX_SIZE, SO_VM_SOCKETS_BUFFER_SIZE] {
-            // SAFETY: the option value is a u64 that lives across the call; its size is passed.
-            let r = unsafe {
-                libc::setsockopt(
-                    fd.as_raw_fd(),
-                    libc::AF_VSOCK,
-                    opt,
-                    (&size as *const u64).cast(),
-                    std::mem::size_of::<u64>() as libc::socklen_t,
-                )
-            };
-            if r < 0 {
-                return Err(io::Error::last_os_error());
-            }
-        }
-        Ok(())
-    }
-
-    fn check(r: libc::c_int) -> io::Result<()> {
-        if r < 0 {
-            Err(io::Error::last_os_error())
-        } else {
-            Ok(())
-        }
-    }
+    use nsfast_sys::vsock::{VsockAddr, VsockListener, VsockStream};
 
     pub fn connect(cid: u32, port: u32, to_host: bool, buffer: Option<u64>) -> io::Result<OwnedFd> {
-        let fd = socket()?;
-        if let Some(b) = buffer {
-            set_buffer(&fd, b)?;
-        }
-        let sa = sockaddr(cid, port, if to_host { VMADDR_FLAG_TO_HOST } else { 0 });
-        loop {
-            // SAFETY: fd is a live socket; sa is a valid sockaddr_vm and its size is passed.
-            let r = unsafe {
-                libc::connect(
-                    fd.as_raw_fd(),
-                    (&sa as *const libc::sockaddr_vm).cast(),
-                    std::mem::size_of::<libc::sockaddr_vm>() as libc::socklen_t,
-                )
-            };
-            match check(r) {
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                other => break other?,
-            }
-        }
-        Ok(fd)
+        VsockStream::connect_with(VsockAddr { cid, port }, to_host, buffer).map(OwnedFd::from)
     }
 
     pub fn listen(cid: u32, port: u32, buffer: Option<u64>) -> io::Result<OwnedFd> {
-        let fd = socket()?;
-        if let Some(b) = buffer {
-            set_buffer(&fd, b)?;
-        }
-        let sa = sockaddr(cid, port, 0);
-        // SAFETY: fd is a live socket; sa is a valid sockaddr_vm and its size is passed.
-        check(unsafe {
-            libc::bind(
-                fd.as_raw_fd(),
-                (&sa as *const libc::sockaddr_vm).cast(),
-                std::mem::size_of::<libc::sockaddr_vm>() as libc::socklen_t,
-            )
-        })?;
-        // SAFETY: listen on our own bound socket.
-        check(unsafe { libc::listen(fd.as_raw_fd(), 128) })?;
-        Ok(fd)
+        VsockListener::bind_with(VsockAddr { cid, port }, buffer).map(OwnedFd::from)
     }
 
+    /// Accepts on a listening vsock socket: (socket, peer CID, peer port).
     pub fn accept(l: &OwnedFd) -> io::Result<(OwnedFd, u32, u32)> {
-        // SAFETY: all-zero is a valid sockaddr_vm.
-        let mut sa: libc::sockaddr_vm = unsafe { std::mem::zeroed() };
-        let mut len = std::mem::size_of::<libc::sockaddr_vm>() as libc::socklen_t;
-        loop {
-            // SAFETY: l is a listening socket; sa/len describe writable storage of that size.
-            let fd = unsafe {
-                libc::accept4(
-                    l.as_raw_fd(),
-                    (&mut sa as *mut libc::sockaddr_vm).cast(),
-                    &mut len,
-                    libc::SOCK_CLOEXEC,
-                )
-            };
-            if fd < 0 {
-                let e = io::Error::last_os_error();
-                if e.kind() == io::ErrorKind::Interrupted {
-                    continue;
-                }
-                return Err(e);
-            }
-            // SAFETY: accept4 returned a new descriptor that nothing else owns.
-            return Ok((unsafe { OwnedFd::from_raw_fd(fd) }, sa.svm_cid, sa.svm_port));
-        }
+        let l = VsockListener::from_fd(l.as_fd().try_clone_to_owned()?);
+        let (s, peer) = l.accept()?;
+        Ok((s.into(), peer.cid, peer.port))
     }
 }

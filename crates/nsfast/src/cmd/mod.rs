@@ -2,5 +2,6 @@
 
 pub mod bench;
 pub mod pod;
+pub mod probe;
 pub mod sockmap;
 pub mod vsock;

@@ -1,0 +1,799 @@
+//! `vmtest` — nsfast's kernel-matrix VM test harness.
+//!
+//! For each kernel in `tests/vm/kernels.txt`: fetch the Debian kernel packages with a private
+//! apt configuration (cached under `build/vm/`), build an initramfs with busybox, the needed
+//! modules and the project's test binaries, boot it under QEMU, run the guest tests of
+//! `tests/vm/guest-tests.txt`, and print a per-kernel summary. Exits 1 if any guest test fails,
+//! a result is missing, a guest times out, or a guest kernel WARNs, BUGs, oopses or panics.
+//!
+//! Module map:
+//! - [`config`]    — parse the kernel matrix and the guest test list.
+//! - [`apt`]       — private apt configuration per suite; Debian version order.
+//! - [`kernel`]    — resolve, download and unpack a kernel; module dependencies.
+//! - [`initramfs`] — stage the guest tree, depmod it, write a newc cpio.
+//! - [`qemu`]      — accelerator choice, boot, console streaming, time limits.
+//! - [`report`]    — console markers, guest dmesg, kernel trouble.
+
+mod apt;
+mod config;
+mod initramfs;
+mod kernel;
+mod qemu;
+mod report;
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::io::BufRead;
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use clap::{Args, Parser, Subcommand};
+
+use config::{GuestSuite, GuestTest, Matrix};
+use qemu::{Accel, AccelChoice, BootSpec, Ending};
+use report::GuestRun;
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "vmtest",
+    about = "Boot Debian kernels under QEMU and run nsfast's guest tests"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Cmd,
+}
+
+#[derive(Subcommand, Debug)]
+enum Cmd {
+    /// Fetch kernels, build initramfs images, boot every kernel and run the guest tests.
+    Run(RunArgs),
+    /// Only resolve, download and unpack the kernels (and busybox); print what was chosen.
+    Fetch(CommonArgs),
+}
+
+#[derive(Args, Debug, Clone)]
+struct CommonArgs {
+    /// Workspace root (holds tests/vm/ and Cargo.toml) [default: this source tree].
+    #[arg(long, value_name = "DIR")]
+    root_dir: Option<PathBuf>,
+    /// Kernel matrix file [default: ROOT/tests/vm/kernels.txt].
+    #[arg(long)]
+    kernels: Option<PathBuf>,
+    /// Cache and work folder [default: ROOT/build/vm].
+    #[arg(long)]
+    build_dir: Option<PathBuf>,
+    /// Only these kernels (labels from the matrix file; repeatable).
+    #[arg(long = "kernel", value_name = "LABEL")]
+    only_kernels: Vec<String>,
+    /// Never run `apt-get update`; use the package lists already cached.
+    #[arg(long)]
+    offline: bool,
+    /// Refresh package lists older than this many hours.
+    #[arg(long, default_value_t = 24)]
+    lists_max_age_hours: u64,
+}
+
+#[derive(Args, Debug)]
+struct RunArgs {
+    #[command(flatten)]
+    common: CommonArgs,
+    /// Guest test list [default: ROOT/tests/vm/guest-tests.txt].
+    #[arg(long)]
+    tests: Option<PathBuf>,
+    /// Only tests with these names (repeatable).
+    #[arg(long = "test", value_name = "NAME")]
+    only_tests: Vec<String>,
+    /// An extra test line, in the test list's syntax (`NAME [ATTRS] -- COMMAND`); repeatable.
+    #[arg(long = "add-test", value_name = "LINE")]
+    add_tests: Vec<String>,
+    /// CPU accelerator.
+    #[arg(long, value_enum, default_value_t = AccelChoice::Auto)]
+    accel: AccelChoice,
+    /// vCPUs per guest.
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..=8))]
+    cpus: u32,
+    /// Guest memory in MiB.
+    #[arg(long, default_value_t = 1024, value_parser = clap::value_parser!(u32).range(256..=8192))]
+    mem: u32,
+    /// Seconds a guest may take to reach /init.
+    #[arg(long, default_value_t = 120)]
+    init_timeout: u64,
+    /// Seconds a whole guest may take [default: init timeout + the tests' timeouts + 60].
+    #[arg(long)]
+    vm_timeout: Option<u64>,
+    /// Use these binaries instead of building (a cargo target profile folder, e.g. target/release).
+    #[arg(long)]
+    bin_dir: Option<PathBuf>,
+    /// Do not echo guest console lines (they are still logged under BUILD/logs/).
+    #[arg(long, short)]
+    quiet: bool,
+    /// Also echo kernel boot messages before /init.
+    #[arg(long, short)]
+    verbose: bool,
+}
+
+fn default_root() -> PathBuf {
+    let here = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
+    here.canonicalize().unwrap_or(here)
+}
+
+impl CommonArgs {
+    fn root(&self) -> PathBuf {
+        self.root_dir.clone().unwrap_or_else(default_root)
+    }
+
+    fn build_dir(&self) -> PathBuf {
+        self.build_dir
+            .clone()
+            .unwrap_or_else(|| self.root().join("build/vm"))
+    }
+
+    fn matrix(&self) -> Result<Matrix> {
+        let path = self
+            .kernels
+            .clone()
+            .unwrap_or_else(|| self.root().join("tests/vm/kernels.txt"));
+        let text = fs::read_to_string(&path)
+            .with_context(|| format!("reading kernel matrix {}", path.display()))?;
+        let mut m = config::parse_matrix(&text, &path)?;
+        if !self.only_kernels.is_empty() {
+            for k in &self.only_kernels {
+                if !m.kernels.iter().any(|s| &s.label == k) {
+                    let labels: Vec<_> = m.kernels.iter().map(|s| s.label.as_str()).collect();
+                    bail!(
+                        "unknown kernel {k:?} in --kernel: {} lists {}",
+                        path.display(),
+                        labels.join(", ")
+                    );
+                }
+            }
+            m.kernels.retain(|s| self.only_kernels.contains(&s.label));
+        }
+        Ok(m)
+    }
+}
+
+fn main() -> ExitCode {
+    use tracing_subscriber::EnvFilter;
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_target(false)
+        .init();
+    let cli = Cli::parse();
+    let r = match cli.command {
+        Cmd::Run(a) => run(a),
+        Cmd::Fetch(a) => fetch_only(a).map(|()| true),
+    };
+    match r {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::FAILURE,
+        Err(e) => {
+            eprintln!("vmtest: error: {e:#}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+struct Fetched {
+    kernels: Vec<kernel::Kernel>,
+    busybox: PathBuf,
+}
+
+fn fetch_all(c: &CommonArgs) -> Result<Fetched> {
+    let m = c.matrix()?;
+    let build = c.build_dir();
+    fs::create_dir_all(&build).with_context(|| format!("creating {}", build.display()))?;
+    let max_age = Duration::from_secs(c.lists_max_age_hours * 3600);
+    let mut apts: BTreeMap<String, apt::Apt> = BTreeMap::new();
+    let mut get_apt = |suite: &str| -> Result<apt::Apt> {
+        if let Some(a) = apts.get(suite) {
+            return Ok(a.clone());
+        }
+        let a = apt::Apt::new(&build, suite, &m.mirror)?;
+        a.update(max_age, c.offline)?;
+        apts.insert(suite.to_string(), a.clone());
+        Ok(a)
+    };
+    let tools = get_apt(&m.tools_suite)?;
+    let busybox = fetch_busybox(&tools, &build)?;
+    let mut kernels = Vec::new();
+    for spec in &m.kernels {
+        let a = get_apt(&spec.suite)?;
+        let k = kernel::fetch(&a, spec, &build)?;
+        tracing::info!(
+            "kernel {}: {} {} (release {})",
+            spec.label,
+            k.package.name,
+            k.package.version,
+            k.release
+        );
+        kernels.push(k);
+    }
+    Ok(Fetched { kernels, busybox })
+}
+
+fn fetch_busybox(a: &apt::Apt, build: &Path) -> Result<PathBuf> {
+    let info = a
+        .show("busybox-static")?
+        .with_context(|| format!("busybox-static is not in the {} index", a.suite))?;
+    let deb = a.download(&info, &build.join("debs").join(&a.suite))?;
+    let root = build.join("tools").join(format!(
+        "busybox-static_{}",
+        info.version.replace(':', "%3a")
+    ));
+    let stamp = root.join(".unpacked");
+    if !stamp.exists() {
+        fs::create_dir_all(&root)?;
+        kernel::run(Command::new("dpkg-deb").arg("-x").arg(&deb).arg(&root))?;
+        fs::write(&stamp, "")?;
+    }
+    ["bin/busybox", "usr/bin/busybox"]
+        .iter()
+        .map(|p| root.join(p))
+        .find(|p| p.exists())
+        .with_context(|| format!("no busybox binary in {}", deb.display()))
+}
+
+fn fetch_only(c: CommonArgs) -> Result<()> {
+    let f = fetch_all(&c)?;
+    println!("busybox: {}", f.busybox.display());
+    for k in &f.kernels {
+        println!(
+            "{:6} {} {} release {} (vmlinuz {})",
+            k.spec.label,
+            k.package.name,
+            k.package.version,
+            k.release,
+            k.vmlinuz.display()
+        );
+    }
+    Ok(())
+}
+
+/// Builds the guest binaries with cargo; returns (guest path, host path).
+fn build_binaries(
+    root: &Path,
+    suite: &GuestSuite,
+    bin_dir: Option<&Path>,
+) -> Result<Vec<(String, PathBuf)>> {
+    let mut out = Vec::new();
+    if let Some(dir) = bin_dir {
+        for b in &suite.bins {
+            let p = dir.join(b);
+            if !p.exists() {
+                bail!("--bin-dir {}: no binary {b:?} there", dir.display());
+            }
+            out.push((format!("/bin/{b}"), p));
+        }
+        if !suite.cargo_tests.is_empty() {
+            bail!("--bin-dir cannot provide @cargo-tests executables; run without --bin-dir");
+        }
+        return Ok(out);
+    }
+    if !suite.bins.is_empty() {
+        let mut cmd = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
+        cmd.current_dir(root).args([
+            "build",
+            "--release",
+            "--workspace",
+            "--message-format=json-render-diagnostics",
+        ]);
+        for b in &suite.bins {
+            cmd.args(["--bin", b]);
+        }
+        for (name, path) in cargo_artifacts(&mut cmd, false)? {
+            if suite.bins.contains(&name) {
+                out.push((format!("/bin/{name}"), path));
+            }
+        }
+        for b in &suite.bins {
+            if !out.iter().any(|(g, _)| g == &format!("/bin/{b}")) {
+                bail!("cargo built no binary named {b:?} (listed by @bin in the guest test list)");
+            }
+        }
+    }
+    for pkg in &suite.cargo_tests {
+        let mut cmd = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
+        cmd.current_dir(root).args([
+            "test",
+            "--release",
+            "-p",
+            pkg,
+            "--no-run",
+            "--message-format=json-render-diagnostics",
+        ]);
+        let arts = cargo_artifacts(&mut cmd, true)?;
+        if arts.is_empty() {
+            bail!("cargo built no test executables for package {pkg:?} (@cargo-tests)");
+        }
+        for (name, path) in arts {
+            let guest = format!("/tests/{name}");
+            if out.iter().any(|(g, _)| *g == guest) {
+                bail!("two @cargo-tests executables would both be {guest} (the second from package {pkg:?}); rename one test target");
+            }
+            out.push((guest, path));
+        }
+    }
+    Ok(out)
+}
+
+/// Runs a cargo command with JSON messages; returns (target name, executable) of artifacts
+/// that are tests (`tests`) or not.
+fn cargo_artifacts(cmd: &mut Command, tests: bool) -> Result<Vec<(String, PathBuf)>> {
+    cmd.stdout(Stdio::piped()).stderr(Stdio::inherit());
+    let mut child = cmd.spawn().context("running cargo")?;
+    let stdout = child.stdout.take().expect("piped");
+    let mut out = Vec::new();
+    for line in std::io::BufReader::new(stdout).lines() {
+        let line = line?;
+        let Ok(v) = serde_json::from_str::<serde_json::Value>(&line) else {
+            continue;
+        };
+        if v["reason"] != "compiler-artifact" {
+            continue;
+        }
+        let Some(exe) = v["executable"].as_str() else {
+            continue;
+        };
+        if v["profile"]["test"].as_bool() != Some(tests) {
+            continue;
+        }
+        let name = v["target"]["name"]
+            .as_str()
+            .unwrap_or("unknown")
+            .to_string();
+        out.push((name, PathBuf::from(exe)));
+    }
+    let status = child.wait()?;
+    if !status.success() {
+        bail!("{:?} failed ({status})", cmd);
+    }
+    Ok(out)
+}
+
+fn load_suite(a: &RunArgs) -> Result<GuestSuite> {
+    let path = a
+        .tests
+        .clone()
+        .unwrap_or_else(|| a.common.root().join("tests/vm/guest-tests.txt"));
+    let mut text = fs::read_to_string(&path)
+        .with_context(|| format!("reading guest test list {}", path.display()))?;
+    for t in &a.add_tests {
+        text.push('\n');
+        text.push_str(t);
+    }
+    let mut s = config::parse_guest_suite(&text, &path)?;
+    if !a.only_tests.is_empty() {
+        for t in &a.only_tests {
+            if !s.tests.iter().any(|x| &x.name == t) {
+                bail!("unknown test {t:?} in --test: not in {}", path.display());
+            }
+        }
+        // Tests given with --add-test always run.
+        let added: Vec<&str> = a
+            .add_tests
+            .iter()
+            .filter_map(|l| l.split_whitespace().next())
+            .collect();
+        s.tests
+            .retain(|t| a.only_tests.contains(&t.name) || added.contains(&t.name.as_str()));
+    }
+    if s.tests.is_empty() {
+        bail!("no guest tests to run ({})", path.display());
+    }
+    Ok(s)
+}
+
+/// Outcome of one test on one kernel.
+#[derive(Debug, Clone, serde::Serialize)]
+enum Verdict {
+    Pass,
+    Fail(String),
+    Skip(String),
+}
+
+#[derive(Debug, serde::Serialize)]
+struct KernelResult {
+    label: String,
+    package: String,
+    release: String,
+    accel: Option<Accel>,
+    boot_secs: Option<f64>,
+    secs: f64,
+    tests: BTreeMap<String, Verdict>,
+    /// Failures not tied to one test (panic, WARN, timeout, modprobe, missing markers).
+    problems: Vec<String>,
+    modules: Vec<String>,
+}
+
+impl KernelResult {
+    fn passed(&self) -> bool {
+        self.problems.is_empty() && !self.tests.values().any(|v| matches!(v, Verdict::Fail(_)))
+    }
+}
+
+fn run(a: RunArgs) -> Result<bool> {
+    let suite = load_suite(&a)?;
+    let root = a.common.root();
+    let build = a.common.build_dir();
+    let init_script = root.join("tests/vm/init.sh");
+    if !init_script.exists() {
+        bail!("missing guest init script {}", init_script.display());
+    }
+    let started = Instant::now();
+    let fetched = fetch_all(&a.common)?;
+    let fetch_secs = started.elapsed().as_secs_f64();
+    let binaries = build_binaries(&root, &suite, a.bin_dir.as_deref())?;
+    let build_secs = started.elapsed().as_secs_f64() - fetch_secs;
+    let (accel, why) = qemu::detect_accel(a.accel);
+    println!("vmtest: accelerator {accel}: {why}");
+
+    let mut results = Vec::new();
+    for k in &fetched.kernels {
+        results.push(run_kernel(
+            &a,
+            &suite,
+            k,
+            &fetched.busybox,
+            &init_script,
+            &binaries,
+            &build,
+            accel,
+        )?);
+    }
+    let total = started.elapsed().as_secs_f64();
+    let ok = print_summary(&suite, &results, fetch_secs, build_secs, total);
+    let json = build.join("results.json");
+    fs::write(&json, serde_json::to_string_pretty(&results)?)?;
+    println!(
+        "vmtest: results in {}, logs in {}",
+        json.display(),
+        build.join("logs").display()
+    );
+    Ok(ok)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn run_kernel(
+    a: &RunArgs,
+    suite: &GuestSuite,
+    k: &kernel::Kernel,
+    busybox: &Path,
+    init_script: &Path,
+    binaries: &[(String, PathBuf)],
+    build: &Path,
+    accel: Accel,
+) -> Result<KernelResult> {
+    let t0 = Instant::now();
+    let mut res = KernelResult {
+        label: k.spec.label.clone(),
+        package: format!("{} {}", k.package.name, k.package.version),
+        release: k.release.clone(),
+        accel: None,
+        boot_secs: None,
+        secs: 0.0,
+        tests: BTreeMap::new(),
+        problems: Vec::new(),
+        modules: Vec::new(),
+    };
+    // Group applicable tests by boot profile; one guest per profile.
+    let mut groups: BTreeMap<&str, Vec<&GuestTest>> = BTreeMap::new();
+    for t in &suite.tests {
+        match t.skip_reason(k.version) {
+            Some(why) => {
+                res.tests.insert(t.name.clone(), Verdict::Skip(why));
+            }
+            None => groups.entry(t.boot.as_str()).or_default().push(t),
+        }
+    }
+    let logs = build.join("logs").join(&k.spec.label);
+    fs::create_dir_all(&logs)?;
+    for (profile, tests) in groups {
+        let tag = if profile == "default" {
+            k.spec.label.clone()
+        } else {
+            format!("{}/{profile}", k.spec.label)
+        };
+        let tests_txt: String = tests
+            .iter()
+            .map(|t| format!("{}\t{}\t{}\n", t.name, t.timeout, t.command))
+            .collect();
+        let payload = initramfs::Payload {
+            busybox: busybox.to_path_buf(),
+            init_script: init_script.to_path_buf(),
+            binaries: binaries.to_vec(),
+            modules: suite.modules.clone(),
+            tests: tests_txt,
+        };
+        let img_dir = build.join("initramfs");
+        fs::create_dir_all(&img_dir)?;
+        let cpio = img_dir.join(format!("{}-{profile}.cpio", k.spec.label));
+        let notes = initramfs::build(
+            k,
+            &payload,
+            &img_dir.join(format!("{}-{profile}.root", k.spec.label)),
+            &cpio,
+        )?;
+        res.modules = notes
+            .iter()
+            .map(|n| format!("{}:{}", n.name, n.fate))
+            .collect();
+        let absent: Vec<_> = notes
+            .iter()
+            .filter(|n| n.fate == "absent")
+            .map(|n| n.name.as_str())
+            .collect();
+        println!(
+            "vmtest: kernel {tag}: {} (initramfs {:.1} MiB{})",
+            k.release,
+            fs::metadata(&cpio)?.len() as f64 / 1048576.0,
+            if absent.is_empty() {
+                String::new()
+            } else {
+                format!("; modules not in this kernel: {}", absent.join(", "))
+            }
+        );
+
+        let profile_def = &suite.boots[profile];
+        let run_dir = build.join("run").join(tag.replace('/', "-"));
+        let _ = fs::remove_dir_all(&run_dir);
+        fs::create_dir_all(&run_dir)?;
+        let subst = |s: &str| s.replace("{run}", &run_dir.to_string_lossy());
+        let helpers = match start_helpers(profile_def, &subst, &logs, profile) {
+            Ok(h) => h,
+            Err(e) => {
+                res.problems.push(format!("guest {tag}: {e:#}"));
+                for t in &tests {
+                    res.tests.insert(
+                        t.name.clone(),
+                        Verdict::Fail("not run: boot profile setup failed".into()),
+                    );
+                }
+                continue;
+            }
+        };
+        let test_budget: u64 = tests.iter().map(|t| u64::from(t.timeout)).sum();
+        let vm_timeout = a.vm_timeout.unwrap_or(a.init_timeout + test_budget + 60);
+        let mut spec = BootSpec {
+            label: tag.clone(),
+            kernel: k.vmlinuz.clone(),
+            initrd: cpio.clone(),
+            accel,
+            cpus: a.cpus,
+            mem_mb: a.mem,
+            extra_args: profile_def.qemu_args.iter().map(|s| subst(s)).collect(),
+            timeout: Duration::from_secs(vm_timeout),
+            init_timeout: Duration::from_secs(
+                if accel == Accel::Kvm && a.accel == AccelChoice::Auto {
+                    30
+                } else {
+                    a.init_timeout
+                },
+            ),
+            log: logs.join(format!("{profile}-console.log")),
+            echo: !a.quiet,
+            verbose: a.verbose,
+        };
+        let mut g = GuestRun::default();
+        let mut ending = qemu::boot(&spec, &mut g)?;
+        if ending == Ending::NoInit && spec.accel == Accel::Kvm && a.accel == AccelChoice::Auto {
+            println!(
+                "vmtest: kernel {tag}: no /init under KVM within {} s; retrying under TCG",
+                spec.init_timeout.as_secs()
+            );
+            spec.accel = Accel::Tcg;
+            spec.init_timeout = Duration::from_secs(a.init_timeout);
+            g = GuestRun::default();
+            ending = qemu::boot(&spec, &mut g)?;
+        }
+        drop(helpers);
+        res.accel = Some(spec.accel);
+        res.boot_secs = res.boot_secs.or(g.init_after);
+        fs::write(
+            logs.join(format!("{profile}-dmesg.log")),
+            g.dmesg.join("\n") + "\n",
+        )?;
+
+        match &ending {
+            Ending::NoInit => res.problems.push(format!(
+                "TIMEOUT: guest {tag} did not reach /init within {} s (last console line: {:?}; log {})",
+                spec.init_timeout.as_secs(),
+                g.last_line,
+                spec.log.display()
+            )),
+            Ending::TimedOut => res.problems.push(format!(
+                "TIMEOUT: guest {tag} did not power off within {vm_timeout} s{} (last console line: {:?})",
+                g.current
+                    .as_ref()
+                    .map(|(n, _)| format!("; test {n:?} was running"))
+                    .unwrap_or_default(),
+                g.last_line
+            )),
+            Ending::Exited { success: false, status } => {
+                res.problems.push(format!("qemu exited with {status} (see {})", spec.log.display()))
+            }
+            Ending::Exited { .. } => {}
+        }
+        if g.init_after.is_some() && !g.done && matches!(ending, Ending::Exited { .. }) {
+            res.problems.push(format!(
+                "guest {tag} stopped before finishing its tests (last console line: {:?})",
+                g.last_line
+            ));
+        }
+        for p in &g.kernel_problems {
+            res.problems.push(format!("kernel trouble in {tag}: {p}"));
+        }
+        for (m, ok, detail) in &g.modules {
+            if !ok {
+                res.problems
+                    .push(format!("modprobe {m} failed in {tag}: {detail}"));
+            }
+        }
+        for t in &tests {
+            let v = match g.results.get(&t.name) {
+                Some(r) if r.pass => Verdict::Pass,
+                Some(r) => Verdict::Fail(r.detail.clone()),
+                None => Verdict::Fail("no result (guest stopped or timed out first)".into()),
+            };
+            res.tests.insert(t.name.clone(), v);
+        }
+    }
+    res.secs = t0.elapsed().as_secs_f64();
+    Ok(res)
+}
+
+/// Starts the host helpers of a boot profile, each under `sh -c` in its own process group,
+/// and waits for their `ready` paths.
+fn start_helpers(
+    profile_def: &config::BootProfile,
+    subst: &dyn Fn(&str) -> String,
+    logs: &Path,
+    profile: &str,
+) -> Result<HelperGuard> {
+    use std::os::unix::process::CommandExt;
+    let mut helpers = HelperGuard(Vec::new());
+    for h in &profile_def.helpers {
+        let script = subst(&h.command);
+        let mut cmd = Command::new("sh");
+        cmd.arg("-c")
+            .arg(&script)
+            .stdin(Stdio::null())
+            .stdout(fs::File::create(
+                logs.join(format!("{profile}-helper.log")),
+            )?)
+            .stderr(fs::File::create(
+                logs.join(format!("{profile}-helper.err")),
+            )?)
+            .process_group(0);
+        qemu::die_with_parent(&mut cmd);
+        let child = cmd
+            .spawn()
+            .with_context(|| format!("starting helper {script:?} for boot profile {profile}"))?;
+        helpers.0.push(child);
+        if let Some(ready) = &h.ready {
+            let p = PathBuf::from(subst(ready));
+            let until = Instant::now() + Duration::from_secs(15);
+            while !p.exists() {
+                if let Some(status) = helpers
+                    .0
+                    .last_mut()
+                    .and_then(|c| c.try_wait().ok().flatten())
+                {
+                    bail!(
+                        "helper {script:?} exited ({status}) before creating {}",
+                        p.display()
+                    );
+                }
+                if Instant::now() > until {
+                    bail!(
+                        "helper {script:?} did not create {} within 15 s",
+                        p.display()
+                    );
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+    }
+    Ok(helpers)
+}
+
+/// Kills each helper's process group (its own PID, which it leads) when dropped.
+struct HelperGuard(Vec<std::process::Child>);
+
+impl Drop for HelperGuard {
+    fn drop(&mut self) {
+        use nix::sys::signal::{killpg, Signal};
+        use nix::unistd::Pid;
+        for c in &mut self.0 {
+            let _ = killpg(Pid::from_raw(c.id() as i32), Signal::SIGKILL);
+            let _ = c.wait();
+        }
+    }
+}
+
+fn print_summary(
+    suite: &GuestSuite,
+    results: &[KernelResult],
+    fetch: f64,
+    build: f64,
+    total: f64,
+) -> bool {
+    println!();
+    println!("vmtest summary (fetch {fetch:.0} s, build {build:.0} s, total {total:.0} s)");
+    println!(
+        "{:<8} {:<48} {:<5} {:>6} {:>6} {:>4} {:>4} {:>4}  result",
+        "kernel", "package", "accel", "boot", "time", "pass", "fail", "skip"
+    );
+    let (mut np, mut nf, mut ns) = (0usize, 0usize, 0usize);
+    for r in results {
+        let c = |f: fn(&Verdict) -> bool| r.tests.values().filter(|v| f(v)).count();
+        let p = c(|v| matches!(v, Verdict::Pass));
+        let f = c(|v| matches!(v, Verdict::Fail(_)));
+        let s = c(|v| matches!(v, Verdict::Skip(_)));
+        np += p;
+        nf += f + r.problems.len();
+        ns += s;
+        println!(
+            "{:<8} {:<48} {:<5} {:>6} {:>5.0}s {:>4} {:>4} {:>4}  {}",
+            r.label,
+            r.package.split(' ').next().unwrap_or(""),
+            r.accel.map(|a| a.to_string()).unwrap_or_else(|| "-".into()),
+            r.boot_secs
+                .map(|b| format!("{b:.1}s"))
+                .unwrap_or_else(|| "-".into()),
+            r.secs,
+            p,
+            f,
+            s,
+            if r.passed() { "PASS" } else { "FAIL" }
+        );
+    }
+    println!();
+    print!("{:<24}", "test");
+    for r in results {
+        print!(" {:<8}", r.label);
+    }
+    println!();
+    for t in &suite.tests {
+        print!("{:<24}", t.name);
+        for r in results {
+            let cell = match r.tests.get(&t.name) {
+                Some(Verdict::Pass) => "PASS",
+                Some(Verdict::Fail(_)) => "FAIL",
+                Some(Verdict::Skip(_)) => "skip",
+                None => "-",
+            };
+            print!(" {cell:<8}");
+        }
+        println!();
+    }
+    let mut any_detail = false;
+    for r in results {
+        for (name, v) in &r.tests {
+            match v {
+                Verdict::Fail(d) => {
+                    any_detail = true;
+                    println!("FAIL {} {name}: {d}", r.label);
+                }
+                Verdict::Skip(d) => println!("skip {} {name}: {d}", r.label),
+                Verdict::Pass => {}
+            }
+        }
+        for p in &r.problems {
+            any_detail = true;
+            println!("FAIL {}: {p}", r.label);
+        }
+    }
+    let ok = nf == 0;
+    if any_detail {
+        println!("vmtest: guest logs: build/vm/logs/<kernel>/");
+    }
+    println!("vmtest: {np} passed, {nf} failed, {ns} skipped");
+    ok
+}

@@ -1,0 +1,221 @@
+//! Reads a guest's serial console: the markers /init prints (see `tests/vm/init.sh`), the
+//! guest's dmesg, and kernel lines that mean trouble (WARN, BUG, Oops, panic).
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+/// Result of one test as the guest reported it.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct TestResult {
+    pub pass: bool,
+    /// The rest of the marker line (`rc=1`, ...).
+    pub detail: String,
+    /// Wall time on the host between the start and end markers.
+    pub secs: f64,
+}
+
+/// Everything learnt from one guest's console.
+#[derive(Debug, Default, serde::Serialize)]
+pub struct GuestRun {
+    /// Host time from QEMU start to the `NSFAST-INIT` line.
+    pub init_after: Option<f64>,
+    pub release: Option<String>,
+    /// (module, loaded, detail).
+    pub modules: Vec<(String, bool, String)>,
+    pub results: BTreeMap<String, TestResult>,
+    /// The test running now (started, not ended).
+    pub current: Option<(String, f64)>,
+    pub done: bool,
+    #[serde(skip)]
+    pub dmesg: Vec<String>,
+    #[serde(skip)]
+    in_dmesg: bool,
+    /// Kernel WARN/BUG/Oops/panic lines (first line of each report).
+    pub kernel_problems: Vec<String>,
+    pub last_line: String,
+}
+
+/// Kernel console text that fails a run.
+pub const BAD_KERNEL_PATTERNS: &[&str] = &[
+    "------------[ cut here ]------------",
+    "WARNING: CPU:",
+    "BUG:",
+    "kernel BUG at",
+    "Oops:",
+    "Kernel panic",
+    "general protection fault",
+    "UBSAN:",
+    "KASAN:",
+    "Call Trace:",
+];
+
+/// `[    1.234567] text` → `text`, for kernel lines (Debian kernels log with timestamps).
+pub fn kernel_text(line: &str) -> Option<&str> {
+    let t = line.trim_start();
+    let rest = t.strip_prefix('[')?;
+    let (ts, text) = rest.split_once(']')?;
+    let ts = ts.trim();
+    let (a, b) = ts.split_once('.')?;
+    if a.is_empty()
+        || !a.chars().all(|c| c.is_ascii_digit())
+        || !b.chars().all(|c| c.is_ascii_digit())
+    {
+        return None;
+    }
+    Some(text.trim_start())
+}
+
+fn find_marker<'a>(line: &'a str, marker: &str) -> Option<&'a str> {
+    line.find(marker).map(|i| line[i + marker.len()..].trim())
+}
+
+impl GuestRun {
+    /// Feeds one console line seen `at` after QEMU started.
+    pub fn feed(&mut self, line: &str, at: Duration) {
+        let t = at.as_secs_f64();
+        let line = line.trim_end();
+        if !line.is_empty() {
+            self.last_line = line.to_string();
+        }
+        if self.in_dmesg {
+            if line.contains("NSFAST-DMESG-END") {
+                self.in_dmesg = false;
+            } else {
+                self.check_kernel_line(line);
+                self.dmesg.push(line.to_string());
+            }
+            return;
+        }
+        if let Some(rest) = find_marker(line, "NSFAST-INIT ") {
+            self.init_after = Some(t);
+            self.release = rest
+                .split_whitespace()
+                .find_map(|w| w.strip_prefix("release="))
+                .map(str::to_string);
+        } else if let Some(rest) = find_marker(line, "NSFAST-MODULE ") {
+            let mut it = rest.splitn(3, ' ');
+            let name = it.next().unwrap_or("").to_string();
+            let ok = it.next() == Some("ok");
+            self.modules
+                .push((name, ok, it.next().unwrap_or("").to_string()));
+        } else if let Some(rest) = find_marker(line, "NSFAST-TEST-START ") {
+            self.current = Some((rest.to_string(), t));
+        } else if let Some(rest) = find_marker(line, "NSFAST-TEST ") {
+            let mut it = rest.splitn(3, ' ');
+            let name = it.next().unwrap_or("").to_string();
+            let verdict = it.next().unwrap_or("");
+            let detail = it.next().unwrap_or("").to_string();
+            let started = match &self.current {
+                Some((n, s)) if *n == name => *s,
+                _ => t,
+            };
+            self.current = None;
+            self.results.insert(
+                name,
+                TestResult {
+                    pass: verdict == "PASS",
+                    detail,
+                    secs: t - started,
+                },
+            );
+        } else if line.contains("NSFAST-DMESG-BEGIN") {
+            self.in_dmesg = true;
+        } else if line.contains("NSFAST-DONE") {
+            self.done = true;
+        } else {
+            self.check_kernel_line(line);
+        }
+    }
+
+    fn check_kernel_line(&mut self, line: &str) {
+        let Some(text) = kernel_text(line) else {
+            return;
+        };
+        if BAD_KERNEL_PATTERNS.iter().any(|p| text.contains(p))
+            && !self.kernel_problems.iter().any(|k| k == text)
+        {
+            self.kernel_problems.push(text.to_string());
+        }
+    }
+
+    /// Whether the line belongs to the dmesg dump (not echoed live).
+    pub fn in_dmesg(&self) -> bool {
+        self.in_dmesg
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn feed_all(text: &str) -> GuestRun {
+        let mut g = GuestRun::default();
+        for (i, l) in text.lines().enumerate() {
+            g.feed(l, Duration::from_secs(i as u64));
+        }
+        g
+    }
+
+    #[test]
+    fn parses_a_clean_run() {
+        let g = feed_all(
+            "[    0.000000] Linux version 7.2.13\n\
+             NSFAST-INIT release=7.2.13+deb14-cloud-amd64 nproc=2\n\
+             NSFAST-MODULE veth ok\n\
+             NSFAST-MODULE netkit FAIL modprobe: module netkit not found\n\
+             NSFAST-TEST-START probe\n\
+             some output\n\
+             NSFAST-TEST probe PASS rc=0\n\
+             NSFAST-TEST-START bad\n\
+             NSFAST-TEST bad FAIL rc=1\n\
+             NSFAST-DMESG-BEGIN\n\
+             [    0.100000] hello\n\
+             NSFAST-DMESG-END\n\
+             NSFAST-DONE\n",
+        );
+        assert_eq!(g.init_after, Some(1.0));
+        assert_eq!(g.release.as_deref(), Some("7.2.13+deb14-cloud-amd64"));
+        assert_eq!(g.modules.len(), 2);
+        assert!(g.modules[0].1 && !g.modules[1].1);
+        assert!(g.results["probe"].pass);
+        assert_eq!(g.results["probe"].secs, 2.0);
+        assert!(!g.results["bad"].pass);
+        assert_eq!(g.results["bad"].detail, "rc=1");
+        assert_eq!(g.dmesg, ["[    0.100000] hello"]);
+        assert!(g.done);
+        assert!(g.kernel_problems.is_empty());
+    }
+
+    #[test]
+    fn finds_kernel_trouble_but_not_in_test_output() {
+        let g = feed_all(
+            "NSFAST-INIT release=x nproc=2\n\
+             a test printing BUG: something\n\
+             [   12.5] WARNING: CPU: 1 PID: 7 at net/core/dev.c:1 foo+0x1/0x2\n\
+             [   13.000001] Kernel panic - not syncing: sysrq triggered crash\n\
+             NSFAST-DMESG-BEGIN\n\
+             [   12.5] WARNING: CPU: 1 PID: 7 at net/core/dev.c:1 foo+0x1/0x2\n\
+             [   14.0] Oops: general protection fault\n\
+             NSFAST-DMESG-END\n",
+        );
+        assert_eq!(
+            g.kernel_problems,
+            [
+                "WARNING: CPU: 1 PID: 7 at net/core/dev.c:1 foo+0x1/0x2",
+                "Kernel panic - not syncing: sysrq triggered crash",
+                "Oops: general protection fault"
+            ]
+        );
+        assert!(!g.done);
+    }
+
+    #[test]
+    fn markers_found_mid_line() {
+        // A kernel message can land in the middle of a console line.
+        let g = feed_all("[ 1.0] random: crng initNSFAST-TEST t PASS rc=0\n");
+        assert!(g.results["t"].pass);
+        assert_eq!(kernel_text("[    1.234567] hi"), Some("hi"));
+        assert_eq!(kernel_text("[x] hi"), None);
+        assert_eq!(kernel_text("plain"), None);
+    }
+}
