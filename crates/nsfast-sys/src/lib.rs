@@ -8,13 +8,19 @@
 //! - [`kernel`]  — running kernel version, cached.
 //! - [`bpf`]     — raw `bpf(2)` calls aya 0.14 does not expose (program query on a cgroup).
 //! - [`signals`] — block SIGINT/SIGTERM and wait for them synchronously.
+//! - [`udp`]     — batched IPv4 UDP: recvmmsg + GRO, sendmmsg + GSO, transparent sockets, SCM_RIGHTS.
+//! - [`conntrack`] — ctnetlink: dump IPv4 conntrack entries, delete by tuple.
+//! - [`userns`]  — join a rootless user/mount/network namespace set (RootlessKit child) before exec.
 //!
 //! All `unsafe` in nsfast's plumbing lives in this crate, each block with a `// SAFETY:` note.
 
 pub mod bpf;
 pub mod cgroup;
+pub mod conntrack;
 pub mod kernel;
 pub mod net;
 pub mod netns;
 pub mod ports;
 pub mod signals;
+pub mod udp;
+pub mod userns;

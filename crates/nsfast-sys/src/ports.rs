@@ -81,8 +81,14 @@ impl PortList {
         let mut it = self.0.iter().copied().peekable();
         while let Some(start) = it.next() {
             let mut end = start;
-            while it.peek() == end.checked_add(1).as_ref() {
-                end = it.next().unwrap_or(end);
+            // `checked_add` is None at 65535, and so is `peek()` at the end of the set:
+            // compare only when there is a next port to compare with.
+            while let (Some(next), Some(&peek)) = (end.checked_add(1), it.peek()) {
+                if peek != next {
+                    break;
+                }
+                end = next;
+                it.next();
             }
             out.push(if start == end {
                 start.to_string()
@@ -121,10 +127,15 @@ mod tests {
     #[test]
     fn parses_lists_and_ranges() {
         let p = PortList::parse("--ports", "80, 443,8000-8002").unwrap();
-        assert_eq!(p.iter().collect::<Vec<_>>(), vec![80, 443, 8000, 8001, 8002]);
+        assert_eq!(
+            p.iter().collect::<Vec<_>>(),
+            vec![80, 443, 8000, 8001, 8002]
+        );
         assert_eq!(p.to_compact_string(), "80,443,8000-8002");
         assert_eq!(
-            PortList::parse("--ports", "65535").unwrap().to_compact_string(),
+            PortList::parse("--ports", "65535")
+                .unwrap()
+                .to_compact_string(),
             "65535"
         );
     }
