@@ -396,3 +396,24 @@ pub fn link_ipv4_addrs(
         Ok(out)
     })
 }
+
+/// Counts IPv4 rules (any selector) that look up `table`.
+pub fn count_any_rules_to_table(ns: Option<&NetNs>, table: u32) -> Result<usize, NetError> {
+    use netlink_packet_route::rule::RuleAttribute as A;
+    with_handle(ns, |h| async move {
+        let mut n = 0;
+        let mut rules = h.rule().get(rtnetlink::IpVersion::V4).execute();
+        while let Some(msg) = rules.try_next().await.map_err(nl("list rules"))? {
+            let mut t = u32::from(msg.header.table);
+            for a in &msg.attributes {
+                if let A::Table(x) = a {
+                    t = *x;
+                }
+            }
+            if t == table {
+                n += 1;
+            }
+        }
+        Ok(n)
+    })
+}

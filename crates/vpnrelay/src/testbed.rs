@@ -1,0 +1,1 @@
+//! Test world (placeholder, filled below).
