@@ -244,7 +244,10 @@ pub fn add_port_rule(ns: Option<&NetNs>, r: &PortRule) -> Result<(), NetError> {
             .v4()
             .input_interface(r.iif.clone())
             .table_id(r.table)
-            .priority(r.priority);
+            .priority(r.priority)
+            // Without an explicit action the kernel treats the rule as FR_ACT_UNSPEC and
+            // fails every lookup through it (EINVAL): packets are dropped, not routed.
+            .action(netlink_packet_route::rule::RuleAction::ToTable);
         let attrs = &mut req.message_mut().attributes;
         attrs.push(RuleAttribute::IpProtocol(
             netlink_packet_route::IpProtocol::from(r.ip_proto),
