@@ -10,7 +10,11 @@ fn find_clang() -> Option<String> {
         return Some(c);
     }
     for c in ["clang-19", "clang-20", "clang-18", "clang"] {
-        if Command::new(c).arg("--version").output().is_ok_and(|o| o.status.success()) {
+        if Command::new(c)
+            .arg("--version")
+            .output()
+            .is_ok_and(|o| o.status.success())
+        {
             return Some(c.to_string());
         }
     }
@@ -34,7 +38,10 @@ fn main() {
             bpf_dir.display()
         );
     };
-    let arch_inc = format!("/usr/include/{}-linux-gnu", env::var("CARGO_CFG_TARGET_ARCH").unwrap_or("x86_64".into()));
+    let arch_inc = format!(
+        "/usr/include/{}-linux-gnu",
+        env::var("CARGO_CFG_TARGET_ARCH").unwrap_or("x86_64".into())
+    );
     let mut sources = Vec::new();
     for dir in [bpf_dir.clone(), bpf_dir.join("tests"), bpf_dir.join("lib")] {
         for e in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
@@ -47,7 +54,11 @@ fn main() {
     }
     sources.sort();
     for src in &sources {
-        let name = src.file_name().unwrap().to_string_lossy().replace(".bpf.c", ".bpf.o");
+        let name = src
+            .file_name()
+            .unwrap()
+            .to_string_lossy()
+            .replace(".bpf.c", ".bpf.o");
         let obj = out.join(&name);
         compile(&clang, src, &obj, &bpf_dir, &arch_inc);
     }
@@ -55,7 +66,9 @@ fn main() {
 
 fn compile(clang: &str, src: &Path, obj: &Path, bpf_dir: &Path, arch_inc: &str) {
     let output = Command::new(clang)
-        .args(["-target", "bpf", "-g", "-O2", "-Wall", "-Werror", "-mcpu=v3"])
+        .args([
+            "-target", "bpf", "-g", "-O2", "-Wall", "-Werror", "-mcpu=v3",
+        ])
         .arg(format!("-I{}", bpf_dir.display()))
         .arg(format!("-I{}", bpf_dir.join("lib").display()))
         .arg(format!("-I{arch_inc}"))

@@ -51,9 +51,13 @@ pub enum ChildError {
 }
 
 fn send_msg(sock: BorrowedFd<'_>, msg: &str) -> io::Result<()> {
-    nix::sys::socket::send(sock.as_raw_fd(), msg.as_bytes(), nix::sys::socket::MsgFlags::empty())
-        .map(drop)
-        .map_err(io::Error::from)
+    nix::sys::socket::send(
+        sock.as_raw_fd(),
+        msg.as_bytes(),
+        nix::sys::socket::MsgFlags::empty(),
+    )
+    .map(drop)
+    .map_err(io::Error::from)
 }
 
 fn in_subnet(ip: Ipv4Addr, net: Ipv4Addr, prefix: u8) -> bool {
@@ -75,7 +79,11 @@ fn is_tunnel(cfg: &Config, subnets: &[(Ipv4Addr, u8)], e: &Entry) -> bool {
 
 /// Deletes the bridge's tunnel entries that are wrong for the path now in force: NATed ones
 /// (Docker's path) when the relay takes over, un-NATed ones (the relay's) when it hands back.
-pub fn conntrack_handover(cfg: &Config, subnets: &[(Ipv4Addr, u8)], to_relay: bool) -> Result<usize, ChildError> {
+pub fn conntrack_handover(
+    cfg: &Config,
+    subnets: &[(Ipv4Addr, u8)],
+    to_relay: bool,
+) -> Result<usize, ChildError> {
     let mut ct = Conntrack::open()?;
     Ok(ct.delete_where(|e| is_tunnel(cfg, subnets, e) && e.is_src_nat() == to_relay)?)
 }
@@ -93,10 +101,8 @@ fn bridge_subnets(cfg: &Config) -> Result<Vec<(Ipv4Addr, u8)>, ChildError> {
 
 fn install_rules(cfg: &Config) -> Result<(), ChildError> {
     let err = |what: String| move |source| ChildError::Net { what, source };
-    net::add_local_default_route(None, cfg.rule).map_err(err(format!(
-        "local route in table {}",
-        cfg.rule
-    )))?;
+    net::add_local_default_route(None, cfg.rule)
+        .map_err(err(format!("local route in table {}", cfg.rule)))?;
     for (start, end) in cfg.port_ranges() {
         net::add_port_rule(
             None,
@@ -108,7 +114,10 @@ fn install_rules(cfg: &Config) -> Result<(), ChildError> {
                 priority: cfg.rule,
             },
         )
-        .map_err(err(format!("ip rule iif {} dport {start}-{end}", cfg.bridge)))?;
+        .map_err(err(format!(
+            "ip rule iif {} dport {start}-{end}",
+            cfg.bridge
+        )))?;
     }
     Ok(())
 }
@@ -145,7 +154,12 @@ fn listener(port: u16, sockbuf: usize) -> Result<UdpSocket, ChildError> {
 /// The rootless side of a flow: bound to the server's address (IP_TRANSPARENT), connected
 /// to the client, so the kernel delivers the flow's datagrams to it rather than to the
 /// listener.
-fn flow_socket(client: SocketAddrV4, server: SocketAddrV4, cfg: &Config, gro: bool) -> io::Result<UdpSocket> {
+fn flow_socket(
+    client: SocketAddrV4,
+    server: SocketAddrV4,
+    cfg: &Config,
+    gro: bool,
+) -> io::Result<UdpSocket> {
     let s = Socket::new(Domain::IPV4, Type::DGRAM, Some(Protocol::UDP))?;
     udp::set_reuseaddr(s.as_fd())?;
     udp::set_transparent(s.as_fd())?;
@@ -159,18 +173,32 @@ fn flow_socket(client: SocketAddrV4, server: SocketAddrV4, cfg: &Config, gro: bo
 }
 
 /// Asks the parent for a host socket connected to `server`.
-fn open_host(ctl: BorrowedFd<'_>, id: u64, server: SocketAddrV4) -> io::Result<(UdpSocket, SocketAddrV4)> {
+fn open_host(
+    ctl: BorrowedFd<'_>,
+    id: u64,
+    server: SocketAddrV4,
+) -> io::Result<(UdpSocket, SocketAddrV4)> {
     send_msg(ctl, &format!("open {id} {server}"))?;
     let mut buf = [0u8; 512];
     let (n, fd) = udp::recv_fd(ctl, &mut buf)?;
     if n == 0 {
-        return Err(io::Error::new(io::ErrorKind::BrokenPipe, "parent closed the control socket"));
+        return Err(io::Error::new(
+            io::ErrorKind::BrokenPipe,
+            "parent closed the control socket",
+        ));
     }
     let text = String::from_utf8_lossy(&buf[..n]).into_owned();
     let mut it = text.splitn(3, ' ');
-    match (it.next(), it.next().and_then(|s| s.parse::<u64>().ok()), it.next(), fd) {
+    match (
+        it.next(),
+        it.next().and_then(|s| s.parse::<u64>().ok()),
+        it.next(),
+        fd,
+    ) {
         (Some("sock"), Some(rid), Some(addr), Some(fd)) if rid == id => {
-            let local = addr.parse().unwrap_or(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 0));
+            let local = addr
+                .parse()
+                .unwrap_or(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 0));
             Ok((UdpSocket::from(fd), local))
         }
         _ => Err(io::Error::other(format!("parent: {text}"))),
@@ -198,8 +226,14 @@ fn cleanup(cfg: &Config, ctl: BorrowedFd<'_>) -> Result<(), ChildError> {
     let subnets = bridge_subnets(cfg)?;
     let rules = remove_rules(cfg)?;
     let ct = conntrack_handover(cfg, &subnets, false)?;
-    send_msg(ctl, &format!("done removed {rules} rule(s), reset {ct} conntrack entr{}", if ct == 1 { "y" } else { "ies" }))
-        .map_err(ChildError::Control)
+    send_msg(
+        ctl,
+        &format!(
+            "done removed {rules} rule(s), reset {ct} conntrack entr{}",
+            if ct == 1 { "y" } else { "ies" }
+        ),
+    )
+    .map_err(ChildError::Control)
 }
 
 /// Whether offloads are on, after the switches and the kernel's say.
@@ -215,6 +249,7 @@ pub fn offloads(cfg: &Config) -> Offloads {
 
 struct Relay<'a> {
     cfg: &'a Config,
+    subnets: Vec<(Ipv4Addr, u8)>,
     ctl: BorrowedFd<'a>,
     offloads: Offloads,
     flows: HashMap<(SocketAddrV4, SocketAddrV4), Flow>,
@@ -224,6 +259,20 @@ struct Relay<'a> {
 
 impl Relay<'_> {
     fn datagram(&mut self, data: &[u8], client: SocketAddrV4, server: SocketAddrV4) {
+        // A datagram still matching a NATed conntrack entry during the hand-over arrives
+        // with the rootless namespace's own address as source: not a client of the bridge.
+        if !self.subnets.is_empty()
+            && !self
+                .subnets
+                .iter()
+                .any(|&(n, p)| in_subnet(*client.ip(), n, p))
+        {
+            tracing::debug!(
+                "ignoring {client} -> {server}: not from {}",
+                self.cfg.bridge
+            );
+            return;
+        }
         let key = (client, server);
         if let Some(f) = self.flows.get(&key) {
             f.touch();
@@ -276,20 +325,28 @@ impl Relay<'_> {
             .filter(|(_, f)| f.idle() >= idle || f.is_dead())
             .map(|(k, _)| *k)
             .collect();
-        for k in gone {
-            if let Some(f) = self.flows.remove(&k) {
+        let closing: Vec<(Flow, String)> = gone
+            .into_iter()
+            .filter_map(|k| self.flows.remove(&k))
+            .map(|f| {
                 let why = if f.is_dead() {
                     "forwarding error".to_string()
                 } else {
                     format!("idle for {} s", f.idle().as_secs())
                 };
-                let (c, s) = (f.client, f.server);
-                let up = f.up.datagrams.load(std::sync::atomic::Ordering::Relaxed);
-                let down = f.down.datagrams.load(std::sync::atomic::Ordering::Relaxed);
-                f.stop();
-                tracing::info!("flow {c} -> {s} closed: {why} ({up} datagrams up, {down} down)");
-            }
+                f.signal_stop();
+                (f, why)
+            })
+            .collect();
+        if !closing.is_empty() {
             self.refused.clear();
+        }
+        for (f, why) in closing {
+            let (c, s) = (f.client, f.server);
+            let up = f.up.datagrams.load(std::sync::atomic::Ordering::Relaxed);
+            let down = f.down.datagrams.load(std::sync::atomic::Ordering::Relaxed);
+            f.stop();
+            tracing::info!("flow {c} -> {s} closed: {why} ({up} datagrams up, {down} down)");
         }
     }
 }
@@ -328,6 +385,7 @@ fn relay(cfg: &Config, ctl: BorrowedFd<'_>) -> Result<(), ChildError> {
 
     let mut r = Relay {
         cfg,
+        subnets: subnets.clone(),
         ctl,
         offloads,
         flows: HashMap::new(),
@@ -371,14 +429,17 @@ fn relay(cfg: &Config, ctl: BorrowedFd<'_>) -> Result<(), ChildError> {
     };
     tracing::info!("{stop_signal}: handing tunnels back to Docker's path");
     let rules = remove_rules(cfg);
-    for (_, f) in r.flows.drain() {
-        f.stop();
-    }
+    let flows: Vec<Flow> = r.flows.drain().map(|(_, f)| f).collect();
+    flows.iter().for_each(Flow::signal_stop);
+    flows.into_iter().for_each(Flow::stop);
     drop(listeners);
     let ct = conntrack_handover(cfg, &subnets, false);
     let rules = rules?;
     let ct = ct?;
-    let _ = send_msg(ctl, &format!("done removed {rules} rule(s), reset {ct} conntrack entries"));
+    let _ = send_msg(
+        ctl,
+        &format!("done removed {rules} rule(s), reset {ct} conntrack entries"),
+    );
     Ok(())
 }
 
@@ -388,8 +449,20 @@ mod tests {
 
     #[test]
     fn subnet_match() {
-        assert!(in_subnet(Ipv4Addr::new(172, 30, 0, 2), Ipv4Addr::new(172, 30, 0, 1), 24));
-        assert!(!in_subnet(Ipv4Addr::new(172, 31, 0, 2), Ipv4Addr::new(172, 30, 0, 1), 24));
-        assert!(in_subnet(Ipv4Addr::new(1, 2, 3, 4), Ipv4Addr::new(9, 9, 9, 9), 0));
+        assert!(in_subnet(
+            Ipv4Addr::new(172, 30, 0, 2),
+            Ipv4Addr::new(172, 30, 0, 1),
+            24
+        ));
+        assert!(!in_subnet(
+            Ipv4Addr::new(172, 31, 0, 2),
+            Ipv4Addr::new(172, 30, 0, 1),
+            24
+        ));
+        assert!(in_subnet(
+            Ipv4Addr::new(1, 2, 3, 4),
+            Ipv4Addr::new(9, 9, 9, 9),
+            0
+        ));
     }
 }

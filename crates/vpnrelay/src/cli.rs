@@ -108,7 +108,10 @@ fn child(mode: &str, t: &Target) -> ExitCode {
     // SAFETY: the parent passed this descriptor (its socketpair end) to us and nothing else
     // in this process owns it.
     let ctl = unsafe { OwnedFd::from_raw_fd(fd) };
-    let _ = nix::fcntl::fcntl(&ctl, nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::FD_CLOEXEC));
+    let _ = nix::fcntl::fcntl(
+        &ctl,
+        nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::FD_CLOEXEC),
+    );
     let cfg = match Config::from_args(&t.bridge, &t.ports) {
         Ok(c) => c,
         Err(e) => {

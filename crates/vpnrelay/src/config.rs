@@ -174,11 +174,17 @@ mod tests {
     fn rejects_bad_input_naming_it() {
         let e = Config::from_args("br-vpn", "0").unwrap_err().to_string();
         assert_eq!(e, "invalid port \"0\" in <ports>: must be 1-65535");
-        let e = Config::from_args("br-vpn", "70000").unwrap_err().to_string();
+        let e = Config::from_args("br-vpn", "70000")
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("\"70000\""), "{e}");
-        let e = Config::from_args("br-vpn", "51820,,1").unwrap_err().to_string();
+        let e = Config::from_args("br-vpn", "51820,,1")
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("51820,,1"), "{e}");
-        let e = Config::from_args("this-name-is-too-long", "1").unwrap_err().to_string();
+        let e = Config::from_args("this-name-is-too-long", "1")
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("this-name-is-too-long"), "{e}");
         assert!(Config::from_args("br/x", "1").is_err());
     }

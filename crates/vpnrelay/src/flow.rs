@@ -43,6 +43,7 @@ pub struct Flow {
     threads: Vec<JoinHandle<()>>,
 }
 
+#[allow(clippy::too_many_arguments)]
 fn pump(
     name: String,
     from: Arc<UdpSocket>,
@@ -178,6 +179,11 @@ impl Flow {
     /// True when a forwarding thread stopped on an error.
     pub fn is_dead(&self) -> bool {
         self.dead.load(Ordering::Relaxed)
+    }
+
+    /// Asks both threads to stop without waiting (see [`Flow::stop`]).
+    pub fn signal_stop(&self) {
+        self.stop.store(true, Ordering::Relaxed);
     }
 
     /// Stops both threads and waits for them (at most about the receive timeout).

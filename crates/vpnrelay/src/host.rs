@@ -36,8 +36,11 @@ fn spawn_child(mode: Mode, cfg: &Config, rl: &Rootless) -> anyhow::Result<Starte
         SockFlag::SOCK_CLOEXEC,
     )
     .context("control socketpair")?;
-    nix::fcntl::fcntl(&child, nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::empty()))
-        .context("control socket flags")?;
+    nix::fcntl::fcntl(
+        &child,
+        nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::empty()),
+    )
+    .context("control socket flags")?;
     let mut cmd = Command::new("/proc/self/exe");
     cmd.arg("__child")
         .arg(match mode {
@@ -77,9 +80,13 @@ fn recv_text(ctl: BorrowedFd<'_>) -> io::Result<(String, Option<OwnedFd>)> {
 }
 
 fn send_text(ctl: BorrowedFd<'_>, text: &str) -> io::Result<()> {
-    nix::sys::socket::send(ctl.as_raw_fd(), text.as_bytes(), nix::sys::socket::MsgFlags::empty())
-        .map(drop)
-        .map_err(io::Error::from)
+    nix::sys::socket::send(
+        ctl.as_raw_fd(),
+        text.as_bytes(),
+        nix::sys::socket::MsgFlags::empty(),
+    )
+    .map(drop)
+    .map_err(io::Error::from)
 }
 
 /// Reads until a status line (`ready`/`done`/`error`); EOF means the child died.
@@ -104,8 +111,16 @@ fn wait_status(st: &mut Started) -> anyhow::Result<String> {
 }
 
 /// A host socket connected to `server`, without SO_REUSEADDR.
-pub fn host_socket(server: SocketAddrV4, cfg: &Config, gro: bool) -> io::Result<(UdpSocket, SocketAddrV4)> {
-    let s = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::DGRAM, Some(socket2::Protocol::UDP))?;
+pub fn host_socket(
+    server: SocketAddrV4,
+    cfg: &Config,
+    gro: bool,
+) -> io::Result<(UdpSocket, SocketAddrV4)> {
+    let s = socket2::Socket::new(
+        socket2::Domain::IPV4,
+        socket2::Type::DGRAM,
+        Some(socket2::Protocol::UDP),
+    )?;
     let _ = udp::set_buffers(s.as_fd(), cfg.sockbuf);
     if gro {
         udp::enable_gro(s.as_fd())?;
@@ -136,7 +151,11 @@ fn serve(ctl: OwnedFd, cfg: Config, gro: bool) {
         };
         let reply = match server.parse::<SocketAddrV4>() {
             Ok(srv) => match host_socket(srv, &cfg, gro) {
-                Ok((s, local)) => udp::send_fd(ctl.as_fd(), format!("sock {id} {local}").as_bytes(), s.as_fd()),
+                Ok((s, local)) => udp::send_fd(
+                    ctl.as_fd(),
+                    format!("sock {id} {local}").as_bytes(),
+                    s.as_fd(),
+                ),
                 Err(e) => send_text(ctl.as_fd(), &format!("fail {id} host socket to {srv}: {e}")),
             },
             Err(_) => send_text(ctl.as_fd(), &format!("fail {id} bad address {server:?}")),
@@ -184,7 +203,10 @@ pub fn announce(cfg: &Config) -> crate::flow::Offloads {
             }
         }
     }
-    tracing::info!("IPv4 tunnels only: IPv6 UDP to ports {} keeps Docker's normal path", cfg.ports.to_compact_string());
+    tracing::info!(
+        "IPv4 tunnels only: IPv6 UDP to ports {} keeps Docker's normal path",
+        cfg.ports.to_compact_string()
+    );
     off
 }
 
@@ -223,7 +245,11 @@ pub fn transparent(cfg: &Config) -> anyhow::Result<()> {
     tracing::info!(
         "relay running in RootlessKit child PID {}{}: {ready}",
         rl.child_pid,
-        if rl.netns_file.is_some() { " (detached netns)" } else { "" }
+        if rl.netns_file.is_some() {
+            " (detached netns)"
+        } else {
+            ""
+        }
     );
     let ctl = st.ctl.try_clone()?;
     let c2 = cfg.clone();

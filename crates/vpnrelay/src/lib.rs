@@ -6,13 +6,13 @@
 //! - [`config`]  — settings from the command line and `VPNRELAY_*`, validated up front.
 //! - [`state`]   — find RootlessKit's child (plain and `--detach-netns` layouts), lock files.
 //! - [`host`]    — the parent: never enters the user namespace; opens host sockets per flow
-//!                 and hands them to the child over SCM_RIGHTS; `transparent` and `cleanup`.
+//!   and hands them to the child over SCM_RIGHTS; `transparent` and `cleanup`.
 //! - [`child`]   — runs inside the rootless namespaces: ip rule, transparent listeners, flow
-//!                 table, conntrack hand-over, cleanup on exit.
+//!   table, conntrack hand-over, cleanup on exit.
 //! - [`flow`]    — one flow: two threads forwarding batches (GRO in, GSO out).
 //! - [`supervise`] — single-instance supervisor with cleanup and backoff.
 //! - [`testbed`] — builds and tears down a real rootless world (RootlessKit + slirp4netns in a
-//!                 throwaway "host" namespace) for tests and benchmarks. Needs root.
+//!   throwaway "host" namespace) for tests and benchmarks. Needs root.
 //! - [`cli`]     — the `vpnrelay` command line.
 
 pub mod child;

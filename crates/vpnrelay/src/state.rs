@@ -88,9 +88,8 @@ impl Rootless {
         // --detach-netns: RootlessKit ≥ 2 bind-mounts the namespace at <state>/netns, visible
         // in the child's mount namespace (look through /proc/PID/root).
         let netns = dir.join("netns");
-        let seen_by_child = PathBuf::from(format!("/proc/{pid}/root")).join(
-            netns.strip_prefix("/").unwrap_or(&netns),
-        );
+        let seen_by_child = PathBuf::from(format!("/proc/{pid}/root"))
+            .join(netns.strip_prefix("/").unwrap_or(&netns));
         let netns_file = (seen_by_child.exists() || netns.exists()).then_some(netns);
         Ok(Self {
             state_dir: dir,

@@ -1,1 +1,569 @@
-//! Test world (placeholder, filled below).
+//! A real rootless world for tests and benchmarks (needs root to build; everything inside
+//! runs as an unprivileged tenant):
+//!
+//! ```text
+//!  "host" netns (throwaway)                      "server" netns
+//!   vh0 10.201.0.1/24  <------ veth ------>  vs0 10.201.0.2/24   (VPN server, UDP 51820)
+//!   tenant: rootlesskit --net=slirp4netns --mtu=65520 --copy-up=/etc --copy-up=/run
+//!           --disable-host-loopback [--detach-netns]
+//!     rootless netns: tap0 10.0.2.100 (slirp4netns), br-vpn 172.30.0.1/24, nft masquerade
+//!       "gluetun" netns: vg0 172.30.0.2/24 on br-vpn, default via 172.30.0.1
+//! ```
+//!
+//! The tenant is one fixed user, `nsfvpn`, created idempotently (with subordinate ids) and
+//! kept. Dropping a [`World`] kills every process in the world's user namespace and in its
+//! host namespace, deletes the namespaces and the runtime directory.
+
+use std::collections::BTreeSet;
+use std::io;
+use std::net::{Ipv4Addr, SocketAddrV4, UdpSocket};
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use nsfast_sys::netns::NetNs;
+
+/// The fixed test tenant.
+pub const TENANT: &str = "nsfvpn";
+pub const HOST_IP: Ipv4Addr = Ipv4Addr::new(10, 201, 0, 1);
+pub const SERVER_IP: Ipv4Addr = Ipv4Addr::new(10, 201, 0, 2);
+pub const GLUETUN_IP: Ipv4Addr = Ipv4Addr::new(172, 30, 0, 2);
+pub const BRIDGE: &str = "br-vpn";
+pub const VPN_PORT: u16 = 51820;
+
+/// An unprivileged user.
+#[derive(Debug, Clone)]
+pub struct Tenant {
+    pub name: String,
+    pub uid: u32,
+    pub gid: u32,
+}
+
+fn run(cmd: &mut Command) -> anyhow::Result<Output> {
+    let out = cmd
+        .stdin(Stdio::null())
+        .output()
+        .with_context(|| format!("running {cmd:?}"))?;
+    if !out.status.success() {
+        bail!(
+            "{cmd:?} failed ({}): {}{}",
+            out.status,
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    Ok(out)
+}
+
+fn id_of(flag: &str, name: &str) -> Option<u32> {
+    let out = Command::new("id").arg(flag).arg(name).output().ok()?;
+    String::from_utf8_lossy(&out.stdout).trim().parse().ok()
+}
+
+/// Creates the test tenant if missing (with subordinate uid/gid ranges); idempotent.
+pub fn ensure_tenant() -> anyhow::Result<Tenant> {
+    if id_of("-u", TENANT).is_none() {
+        let _ = Command::new("useradd")
+            .args([
+                "-M",
+                "-d",
+                "/nonexistent",
+                "-s",
+                "/usr/sbin/nologin",
+                TENANT,
+            ])
+            .status();
+    }
+    let uid = id_of("-u", TENANT).context("creating the test user nsfvpn (useradd)")?;
+    let gid = id_of("-g", TENANT).context("group of nsfvpn")?;
+    for (file, flag) in [
+        ("/etc/subuid", "--add-subuids"),
+        ("/etc/subgid", "--add-subgids"),
+    ] {
+        let has = std::fs::read_to_string(file)
+            .unwrap_or_default()
+            .lines()
+            .any(|l| l.starts_with(&format!("{TENANT}:")));
+        if !has {
+            run(Command::new("usermod").args([flag, "300000-365535", TENANT]))?;
+        }
+    }
+    Ok(Tenant {
+        name: TENANT.into(),
+        uid,
+        gid,
+    })
+}
+
+/// Options for [`World::build`].
+#[derive(Debug, Clone, Default)]
+pub struct WorldOpts {
+    /// RootlessKit `--detach-netns` (needs RootlessKit ≥ 2.0).
+    pub detach_netns: bool,
+    /// The rootlesskit binary (default: `rootlesskit` from PATH).
+    pub rootlesskit: Option<PathBuf>,
+}
+
+/// A built world; dropping it tears everything down.
+pub struct World {
+    pub prefix: String,
+    pub tenant: Tenant,
+    pub host: NetNs,
+    pub server: NetNs,
+    pub runtime_dir: PathBuf,
+    pub child_pid: u32,
+    pub detach: bool,
+    rootlesskit: Option<Child>,
+    userns_ino: u64,
+    children: Mutex<Vec<Child>>,
+}
+
+fn unique_prefix() -> String {
+    static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    format!(
+        "nsfv{}x{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+impl World {
+    /// Builds the world. Needs root (namespaces, the tenant user, /dev/net/tun mode).
+    pub fn build(opts: &WorldOpts) -> anyhow::Result<World> {
+        if !nix::unistd::geteuid().is_root() {
+            bail!("building the rootless test world needs root (it creates namespaces and the test user {TENANT})");
+        }
+        let tenant = ensure_tenant()?;
+        // Unprivileged slirp4netns needs /dev/net/tun 0666 (the usual default).
+        let tun = Path::new("/dev/net/tun");
+        if let Ok(m) = std::fs::metadata(tun) {
+            if m.mode() & 0o666 != 0o666 {
+                std::fs::set_permissions(tun, std::fs::Permissions::from_mode(0o666))
+                    .context("chmod 0666 /dev/net/tun")?;
+            }
+        }
+        let prefix = unique_prefix();
+        let host = NetNs::create(&format!("{prefix}-host"))?;
+        let server = NetNs::create(&format!("{prefix}-srv"))?;
+        let runtime_dir = std::env::temp_dir().join(format!("{prefix}-xdg"));
+        let mut w = World {
+            prefix: prefix.clone(),
+            tenant: tenant.clone(),
+            host,
+            server,
+            runtime_dir: runtime_dir.clone(),
+            child_pid: 0,
+            detach: opts.detach_netns,
+            rootlesskit: None,
+            userns_ino: 0,
+            children: Mutex::new(Vec::new()),
+        };
+        let (vh, vs) = (format!("{prefix}h"), format!("{prefix}s"));
+        nsfast_sys::net::create_veth(&w.host, &vh, &w.server, &vs)?;
+        nsfast_sys::net::add_address(Some(&w.host), &vh, HOST_IP.into(), 24)?;
+        nsfast_sys::net::add_address(Some(&w.server), &vs, SERVER_IP.into(), 24)?;
+        std::fs::create_dir_all(&runtime_dir)?;
+        nix::unistd::chown(
+            &runtime_dir,
+            Some(tenant.uid.into()),
+            Some(tenant.gid.into()),
+        )?;
+        std::fs::set_permissions(&runtime_dir, std::fs::Permissions::from_mode(0o700))?;
+        let state = w.state_dir();
+        let rk = opts
+            .rootlesskit
+            .clone()
+            .unwrap_or_else(|| PathBuf::from("rootlesskit"));
+        let mut cmd = w.tenant_command(&rk);
+        cmd.args([
+            "--net=slirp4netns",
+            "--mtu=65520",
+            "--copy-up=/etc",
+            "--copy-up=/run",
+            "--disable-host-loopback",
+        ])
+        .arg(format!("--state-dir={}", state.display()));
+        if opts.detach_netns {
+            cmd.arg("--detach-netns");
+        }
+        cmd.args(["sleep", "infinity"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        let child = cmd
+            .spawn()
+            .with_context(|| format!("starting {}", rk.display()))?;
+        w.rootlesskit = Some(child);
+        let pid_file = state.join("child_pid");
+        let until = Instant::now() + Duration::from_secs(20);
+        loop {
+            if let Ok(s) = std::fs::read_to_string(&pid_file) {
+                if let Ok(p) = s.trim().parse() {
+                    w.child_pid = p;
+                    break;
+                }
+            }
+            if let Some(c) = w.rootlesskit.as_mut() {
+                if let Some(st) = c.try_wait()? {
+                    let mut err = String::new();
+                    if let Some(mut e) = c.stderr.take() {
+                        use std::io::Read;
+                        let _ = e.read_to_string(&mut err);
+                    }
+                    bail!("rootlesskit exited ({st}): {err}");
+                }
+            }
+            if Instant::now() > until {
+                bail!("rootlesskit wrote no {} within 20 s", pid_file.display());
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        w.userns_ino = std::fs::metadata(format!("/proc/{}/ns/user", w.child_pid))?.ino();
+        let g = w.gluetun_path();
+        let script = format!(
+            r#"set -e
+mkdir -p {gdir}; touch {g}
+unshare --net={g} true
+ip link add {br} type bridge
+ip addr add 172.30.0.1/24 dev {br}
+ip link set {br} up
+ip link add vg0 type veth peer name vb0
+ip link set vg0 netns {g}
+ip link set vb0 master {br}
+ip link set vb0 up
+nsenter --net={g} sh -c 'ip link set lo up; ip addr add {gip}/24 dev vg0; ip link set vg0 up; ip route add default via 172.30.0.1'
+echo 1 > /proc/sys/net/ipv4/ip_forward
+nft add table ip nat
+nft 'add chain ip nat post {{ type nat hook postrouting priority 100 ; }}'
+nft add rule ip nat post ip saddr 172.30.0.0/24 oifname != {br} masquerade
+"#,
+            gdir = g.parent().unwrap_or(Path::new("/run")).display(),
+            g = g.display(),
+            br = BRIDGE,
+            gip = GLUETUN_IP,
+        );
+        w.rootless_sh(&script)
+            .context("setting up the rootless network")?;
+        Ok(w)
+    }
+
+    /// RootlessKit's state directory (what dockerd-rootless.sh uses).
+    pub fn state_dir(&self) -> PathBuf {
+        self.runtime_dir.join("dockerd-rootless")
+    }
+
+    /// The "gluetun" namespace file, as seen inside the rootless mount namespace.
+    pub fn gluetun_path(&self) -> PathBuf {
+        PathBuf::from(format!("/run/{}/gluetun", self.prefix))
+    }
+
+    /// A command that runs `program` as the tenant in the host namespace with the tenant's
+    /// environment (XDG_RUNTIME_DIR, HOME).
+    pub fn tenant_command(&self, program: impl AsRef<std::ffi::OsStr>) -> Command {
+        let mut cmd = Command::new("setpriv");
+        cmd.arg(format!("--reuid={}", self.tenant.uid))
+            .arg(format!("--regid={}", self.tenant.gid))
+            .arg("--clear-groups")
+            .arg("--")
+            .arg(program)
+            .env_clear()
+            .env(
+                "PATH",
+                std::env::var_os("PATH").unwrap_or_else(|| "/usr/sbin:/usr/bin:/sbin:/bin".into()),
+            )
+            .env("XDG_RUNTIME_DIR", &self.runtime_dir)
+            .env("HOME", &self.runtime_dir);
+        if let Ok(v) = std::env::var("RUST_LOG") {
+            cmd.env("RUST_LOG", v);
+        }
+        self.host.configure_command(&mut cmd, None);
+        cmd
+    }
+
+    fn nsenter_args(&self) -> Vec<String> {
+        let mut a = vec![
+            "nsenter".to_string(),
+            "-U".into(),
+            "--preserve-credentials".into(),
+            "-m".into(),
+            "-t".into(),
+            self.child_pid.to_string(),
+        ];
+        if self.detach {
+            a.push(format!(
+                "--net={}",
+                self.state_dir().join("netns").display()
+            ));
+        } else {
+            a.push("-n".into());
+        }
+        a
+    }
+
+    /// Runs a shell script as the tenant inside the rootless namespaces (like
+    /// `rootlesskit --state-dir ... nsenter`); fails with its output on error.
+    pub fn rootless_sh(&self, script: &str) -> anyhow::Result<String> {
+        let a = self.nsenter_args();
+        let mut cmd = self.tenant_command(&a[0]);
+        cmd.args(&a[1..]).args(["sh", "-c", script]);
+        let out = run(&mut cmd)?;
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+
+    /// A command running `argv` as the tenant inside the "gluetun" namespace.
+    pub fn gluetun_command(&self, argv: &[&str]) -> Command {
+        let a = self.nsenter_args();
+        let mut cmd = self.tenant_command(&a[0]);
+        cmd.args(&a[1..])
+            .arg("nsenter")
+            .arg(format!("--net={}", self.gluetun_path().display()))
+            .args(argv);
+        cmd
+    }
+
+    /// The "gluetun" namespace for threads of this (root) process.
+    pub fn gluetun_ns(&self) -> anyhow::Result<NetNs> {
+        let p = format!(
+            "/proc/{}/root{}",
+            self.child_pid,
+            self.gluetun_path().display()
+        );
+        Ok(NetNs::open(&p)?)
+    }
+
+    /// The command `vpnrelay ARGS` as the tenant in the host namespace.
+    pub fn vpnrelay(&self, bin: &Path, args: &[&str]) -> Command {
+        let mut cmd = self.tenant_command(bin);
+        cmd.args(args);
+        cmd
+    }
+
+    /// Keeps `child` to be killed when the world is dropped.
+    pub fn adopt(&self, child: Child) {
+        self.children
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(child);
+    }
+
+    /// IPv4 rules in the rootless namespace (`ip rule` text).
+    pub fn rules(&self) -> anyhow::Result<String> {
+        self.rootless_sh("ip -4 rule")
+    }
+
+    /// PIDs of processes in this world: in its user namespace or its host namespace.
+    pub fn processes(&self) -> BTreeSet<u32> {
+        let host_ino = self.host.inode();
+        let mut out = BTreeSet::new();
+        let Ok(rd) = std::fs::read_dir("/proc") else {
+            return out;
+        };
+        for e in rd.flatten() {
+            let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
+                continue;
+            };
+            if pid == std::process::id() {
+                continue;
+            }
+            let ino = |ns: &str| {
+                std::fs::metadata(format!("/proc/{pid}/ns/{ns}"))
+                    .map(|m| m.ino())
+                    .ok()
+            };
+            if (self.userns_ino != 0 && ino("user") == Some(self.userns_ino))
+                || ino("net") == Some(host_ino)
+            {
+                out.insert(pid);
+            }
+        }
+        out
+    }
+}
+
+impl Drop for World {
+    fn drop(&mut self) {
+        for c in self
+            .children
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter_mut()
+        {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        for round in 0..3 {
+            let pids = self.processes();
+            if pids.is_empty() {
+                break;
+            }
+            for p in pids {
+                let sig = if round == 0 {
+                    nix::sys::signal::Signal::SIGTERM
+                } else {
+                    nix::sys::signal::Signal::SIGKILL
+                };
+                let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(p as i32), sig);
+            }
+            std::thread::sleep(Duration::from_millis(300));
+        }
+        if let Some(mut c) = self.rootlesskit.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        let _ = std::fs::remove_dir_all(&self.runtime_dir);
+    }
+}
+
+/// A UDP echo server (a stand-in for the VPN server) on a thread in `ns`; it records every
+/// source address it sees.
+pub struct Echo {
+    pub addr: SocketAddrV4,
+    stop: Arc<AtomicBool>,
+    sources: Arc<Mutex<Vec<SocketAddrV4>>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Echo {
+    pub fn start(ns: &NetNs, addr: SocketAddrV4) -> anyhow::Result<Echo> {
+        let sock = ns.run(|| UdpSocket::bind(addr))??;
+        sock.set_read_timeout(Some(Duration::from_millis(200)))?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let sources = Arc::new(Mutex::new(Vec::new()));
+        let (s2, src2) = (stop.clone(), sources.clone());
+        let thread = std::thread::spawn(move || {
+            let mut buf = vec![0u8; 65536];
+            while !s2.load(Ordering::Relaxed) {
+                if let Ok((n, std::net::SocketAddr::V4(from))) = sock.recv_from(&mut buf) {
+                    {
+                        let mut v = src2.lock().unwrap_or_else(|e| e.into_inner());
+                        if v.last() != Some(&from) {
+                            v.push(from);
+                        }
+                    }
+                    let _ = sock.send_to(&buf[..n], from);
+                }
+            }
+        });
+        Ok(Echo {
+            addr,
+            stop,
+            sources,
+            thread: Some(thread),
+        })
+    }
+
+    /// Distinct consecutive sources seen so far.
+    pub fn sources(&self) -> Vec<SocketAddrV4> {
+        self.sources
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    pub fn last_source(&self) -> Option<SocketAddrV4> {
+        self.sources().last().copied()
+    }
+}
+
+impl Drop for Echo {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// A client socket in `ns` bound to `port`, connected to `server`.
+pub fn client(ns: &NetNs, port: u16, server: SocketAddrV4) -> io::Result<UdpSocket> {
+    let s = ns
+        .run(|| -> io::Result<UdpSocket> {
+            let s = UdpSocket::bind((Ipv4Addr::UNSPECIFIED, port))?;
+            s.connect(server)?;
+            Ok(s)
+        })
+        .map_err(|e| io::Error::other(e.to_string()))??;
+    s.set_read_timeout(Some(Duration::from_millis(300)))?;
+    Ok(s)
+}
+
+/// Sends one datagram and waits for its echo.
+pub fn ping(s: &UdpSocket, payload: &[u8]) -> bool {
+    if s.send(payload).is_err() {
+        return false;
+    }
+    let mut buf = [0u8; 2048];
+    let until = Instant::now() + Duration::from_millis(600);
+    while Instant::now() < until {
+        match s.recv(&mut buf) {
+            Ok(n) if &buf[..n] == payload => return true,
+            Ok(_) => continue,
+            Err(_) => return false,
+        }
+    }
+    false
+}
+
+/// Pings every `interval` on a thread until stopped; counts echoes.
+pub struct Pinger {
+    stop: Arc<AtomicBool>,
+    pub sent: Arc<std::sync::atomic::AtomicU64>,
+    pub ok: Arc<std::sync::atomic::AtomicU64>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Pinger {
+    pub fn start(sock: UdpSocket, interval: Duration) -> Pinger {
+        let stop = Arc::new(AtomicBool::new(false));
+        let sent = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let ok = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let (s2, sent2, ok2) = (stop.clone(), sent.clone(), ok.clone());
+        let thread = std::thread::spawn(move || {
+            let mut i = 0u64;
+            while !s2.load(Ordering::Relaxed) {
+                i += 1;
+                sent2.fetch_add(1, Ordering::Relaxed);
+                if ping(&sock, format!("ping {i}").as_bytes()) {
+                    ok2.fetch_add(1, Ordering::Relaxed);
+                }
+                std::thread::sleep(interval);
+            }
+        });
+        Pinger {
+            stop,
+            sent,
+            ok,
+            thread: Some(thread),
+        }
+    }
+
+    pub fn ok(&self) -> u64 {
+        self.ok.load(Ordering::Relaxed)
+    }
+
+    /// Waits until `n` more echoes arrive (false on timeout).
+    pub fn wait_more(&self, n: u64, timeout: Duration) -> bool {
+        let start = self.ok();
+        let until = Instant::now() + timeout;
+        while Instant::now() < until {
+            if self.ok() >= start + n {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        false
+    }
+}
+
+impl Drop for Pinger {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
