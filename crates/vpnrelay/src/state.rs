@@ -85,12 +85,10 @@ impl Rootless {
             }
             return Err(StateError::Dead { pid, file });
         }
-        // --detach-netns: RootlessKit ≥ 2 bind-mounts the namespace at <state>/netns, visible
-        // in the child's mount namespace (look through /proc/PID/root).
+        // --detach-netns: RootlessKit >= 2 bind-mounts the namespace at <state>/netns (only
+        // visible in the child's mount namespace); RootlessKit 1.x never creates that file.
         let netns = dir.join("netns");
-        let seen_by_child = PathBuf::from(format!("/proc/{pid}/root"))
-            .join(netns.strip_prefix("/").unwrap_or(&netns));
-        let netns_file = (seen_by_child.exists() || netns.exists()).then_some(netns);
+        let netns_file = netns.exists().then_some(netns);
         Ok(Self {
             state_dir: dir,
             child_pid: pid,

@@ -222,6 +222,23 @@ impl World {
             }
             std::thread::sleep(Duration::from_millis(50));
         }
+        if opts.detach_netns {
+            // child_pid may be written before the namespace is bind-mounted at <state>/netns.
+            let want = format!(" {} ", state.join("netns").display());
+            let until = Instant::now() + Duration::from_secs(20);
+            while !std::fs::read_to_string(format!("/proc/{}/mountinfo", w.child_pid))
+                .unwrap_or_default()
+                .contains(&want)
+            {
+                if Instant::now() > until {
+                    bail!(
+                        "RootlessKit did not mount {}/netns within 20 s",
+                        state.display()
+                    );
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
         w.userns_ino = std::fs::metadata(format!("/proc/{}/ns/user", w.child_pid))?.ino();
         let g = w.gluetun_path();
         let script = format!(
@@ -294,6 +311,9 @@ nft add rule ip nat post ip saddr 172.30.0.0/24 oifname != {br} masquerade
             self.child_pid.to_string(),
         ];
         if self.detach {
+            // The file is only a namespace inside the child's mount namespace: enter that
+            // first, then the network namespace.
+            a.push("nsenter".into());
             a.push(format!(
                 "--net={}",
                 self.state_dir().join("netns").display()

@@ -246,14 +246,30 @@ fn tunnel_moves_to_the_relay_and_back() {
     handover(&w);
 }
 
-/// `--detach-netns` needs RootlessKit ≥ 2.0 (Debian 12 has 1.1). Set VPNRELAY_ROOTLESSKIT2 to
-/// a 2.x binary (see docs/vpnrelay.md for fetching sid's package without touching apt sources).
+/// RootlessKit >= 2.0 for `--detach-netns` (Debian 12 has 1.1): `$VPNRELAY_ROOTLESSKIT2`, or
+/// Debian unstable's package fetched by scripts/fetch-rootlesskit2.sh (private apt
+/// configuration, `dpkg -x` into build/; the system's apt sources are not touched).
+fn rootlesskit2() -> PathBuf {
+    if let Some(p) = std::env::var_os("VPNRELAY_ROOTLESSKIT2") {
+        return PathBuf::from(p);
+    }
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let out = std::process::Command::new(root.join("scripts/fetch-rootlesskit2.sh"))
+        .stderr(Stdio::inherit())
+        .output()
+        .expect("running scripts/fetch-rootlesskit2.sh");
+    assert!(
+        out.status.success(),
+        "the --detach-netns layout needs RootlessKit >= 2.0 and scripts/fetch-rootlesskit2.sh could not fetch it"
+    );
+    PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
+}
+
+/// `--detach-netns` (RootlessKit >= 2.0): the namespace is bind-mounted at <state>/netns.
 #[test]
 fn detach_netns_layout() {
     let _s = serial();
-    let Some(rk) = std::env::var_os("VPNRELAY_ROOTLESSKIT2").map(PathBuf::from) else {
-        panic!("VPNRELAY_ROOTLESSKIT2 is not set: the --detach-netns layout needs RootlessKit >= 2.0 (make test fetches it)");
-    };
+    let rk = rootlesskit2();
     let w = World::build(&WorldOpts {
         detach_netns: true,
         rootlesskit: Some(rk),
