@@ -13,8 +13,10 @@
 //! - [`supervise`] — single-instance supervisor with cleanup and backoff.
 //! - [`testbed`] — builds and tears down a real rootless world (RootlessKit + slirp4netns in a
 //!   throwaway "host" namespace) for tests and benchmarks. Needs root.
+//! - [`bench`]   — `vpnrelay bench`: slirp4netns vs relay vs direct, interleaved, medians.
 //! - [`cli`]     — the `vpnrelay` command line.
 
+pub mod bench;
 pub mod child;
 pub mod cli;
 pub mod config;

@@ -528,3 +528,25 @@ fn single_instance_cleanup_no_root_and_bad_input() {
     }
     assert_eq!(w.rules().unwrap(), before, "bad input changed the rules");
 }
+
+#[test]
+fn wireguard_tunnel_carries_iperf3_tcp_through_the_relay() {
+    let _s = serial();
+    let w = build(false);
+    let mut wg = testbed::WireGuard::start(&w).expect("WireGuard tunnel over slirp4netns");
+    let port = testbed::WG_PORT.to_string();
+    let relay = Proc::spawn(&w, &["transparent", BRIDGE, &port], &[]);
+    // The running tunnel (persistent keepalive every second) moves to the relay.
+    relay
+        .wait_line("flow 172.30.0.2:", Duration::from_secs(15))
+        .unwrap_or_else(|| panic!("WireGuard flow not relayed; log {:#?}", relay.log()));
+    assert!(
+        relay.count(&format!("-> 10.201.0.2:{port}")) >= 1,
+        "{:#?}",
+        relay.log()
+    );
+    let gbps = wg.iperf3(&w, 3.0).expect("iperf3 through the tunnel");
+    assert!(gbps > 0.0, "iperf3 moved nothing");
+    drop(relay);
+    wg.stop_in(&w);
+}
