@@ -164,76 +164,91 @@ pub fn run(opts: &BenchOpts) -> anyhow::Result<Vec<(String, f64)>> {
     let w = World::build(&WorldOpts::default())?;
     let g = w.gluetun_ns()?;
     let dst = SocketAddrV4::new(SERVER_IP, VPN_PORT);
-    let mut slirp = Vec::new();
-    let mut relay = Vec::new();
-    let mut direct = Vec::new();
-    let mut wg_slirp = Vec::new();
-    let mut wg_relay = Vec::new();
+    // name -> samples, in print order
+    let names = [
+        "udp-gso-slirp4netns",
+        "udp-gso-vpnrelay",
+        "udp-gso-direct",
+        "udp-plain-slirp4netns",
+        "udp-plain-vpnrelay",
+        "udp-plain-direct",
+        "wg-iperf3-slirp4netns",
+        "wg-iperf3-vpnrelay",
+    ];
+    let mut samples: Vec<Vec<f64>> = vec![Vec::new(); names.len()];
     let wg = if opts.wireguard {
         Some(crate::testbed::WireGuard::start(&w)?)
     } else {
         None
     };
     for round in 1..=opts.rounds {
-        let s = udp_stream(&g, &w.server, dst, opts.secs, true)?;
-        let d = udp_stream(&w.host, &w.server, dst, opts.secs, true)?;
-        let (r, wr) = {
+        let mut got = vec![f64::NAN; names.len()];
+        // Interleaved: off, direct, on; sender with GSO (one sendmmsg of 64 datagrams as
+        // one super-datagram) and plain (sendmmsg of single datagrams, as wireguard-go 0.0.2022).
+        for (k, gso) in [(0, true), (3, false)] {
+            got[k] = udp_stream(&g, &w.server, dst, opts.secs, gso)?;
+            got[k + 2] = udp_stream(&w.host, &w.server, dst, opts.secs, gso)?;
+        }
+        if let Some(wg) = &wg {
+            got[6] = wg.iperf3(&w, opts.secs)?;
+        }
+        {
             let _relay = RelayProc::start(&w, &bin)?;
-            let r = udp_stream(&g, &w.server, dst, opts.secs, true)?;
-            let wr = match &wg {
-                Some(wg) => Some(wg.iperf3(&w, opts.secs)?),
-                None => None,
-            };
-            (r, wr)
-        };
-        let ws = match &wg {
-            Some(wg) => Some(wg.iperf3(&w, opts.secs)?),
-            None => None,
-        };
-        eprintln!(
-            "round {round}: udp slirp4netns {s:.2}  relay {r:.2}  direct {d:.2} Gbit/s{}",
-            match (ws, wr) {
-                (Some(a), Some(b)) =>
-                    format!("; wireguard iperf3 slirp4netns {a:.2}  relay {b:.2} Gbit/s"),
-                _ => String::new(),
+            got[1] = udp_stream(&g, &w.server, dst, opts.secs, true)?;
+            got[4] = udp_stream(&g, &w.server, dst, opts.secs, false)?;
+            if let Some(wg) = &wg {
+                got[7] = wg.iperf3(&w, opts.secs)?;
             }
-        );
-        slirp.push(s);
-        relay.push(r);
-        direct.push(d);
-        if let (Some(a), Some(b)) = (ws, wr) {
-            wg_slirp.push(a);
-            wg_relay.push(b);
+        }
+        let line: Vec<String> = names
+            .iter()
+            .zip(&got)
+            .filter(|(_, v)| !v.is_nan())
+            .map(|(n, v)| format!("{n} {v:.2}"))
+            .collect();
+        eprintln!("round {round} (Gbit/s): {}", line.join("  "));
+        for (k, v) in got.into_iter().enumerate() {
+            if !v.is_nan() {
+                samples[k].push(v);
+            }
         }
     }
-    let (ms, mr, md) = (median(&mut slirp), median(&mut relay), median(&mut direct));
+    let med: Vec<f64> = samples.iter_mut().map(|v| median(v)).collect();
     println!(
-        "UDP stream, {DGRAM}-byte datagrams, {} rounds x {} s, medians (Gbit/s received):",
-        opts.rounds, opts.secs
+        "vpnrelay bench: {} rounds x {} s, kernel {}, medians in Gbit/s received",
+        opts.rounds,
+        opts.secs,
+        nsfast_sys::kernel::release()
     );
-    println!("  slirp4netns   {ms:8.2}");
-    println!(
-        "  vpnrelay      {mr:8.2}   {:.1}x slirp4netns, {:.0}% of direct",
-        mr / ms.max(1e-9),
-        100.0 * mr / md.max(1e-9)
-    );
-    println!("  direct host   {md:8.2}");
-    let mut out = vec![
-        ("udp-slirp4netns".to_string(), ms),
-        ("udp-vpnrelay".to_string(), mr),
-        ("udp-direct".to_string(), md),
-    ];
-    if !wg_slirp.is_empty() {
-        let (a, b) = (median(&mut wg_slirp), median(&mut wg_relay));
-        println!("WireGuard (wireguard-go) tunnel, iperf3 TCP, medians (Gbit/s):");
-        println!("  slirp4netns   {a:8.2}");
+    for (label, base) in [
+        ("UDP stream, 1420-byte datagrams, GSO sender", 0),
+        ("UDP stream, 1420-byte datagrams, plain sender", 3),
+    ] {
+        let (s, r, d) = (med[base], med[base + 1], med[base + 2]);
+        println!("{label}:");
+        println!("  slirp4netns  {s:8.2}");
         println!(
-            "  vpnrelay      {b:8.2}   {:.1}x slirp4netns",
-            b / a.max(1e-9)
+            "  vpnrelay     {r:8.2}   {:.1}x slirp4netns, {:.0}% of direct",
+            r / s.max(1e-9),
+            100.0 * r / d.max(1e-9)
         );
-        out.push(("wg-slirp4netns".into(), a));
-        out.push(("wg-vpnrelay".into(), b));
+        println!("  direct host  {d:8.2}");
     }
+    if wg.is_some() {
+        let (s, r) = (med[6], med[7]);
+        println!("WireGuard tunnel (wireguard-go both ends), iperf3 TCP:");
+        println!("  slirp4netns  {s:8.2}");
+        println!(
+            "  vpnrelay     {r:8.2}   {:.1}x slirp4netns",
+            r / s.max(1e-9)
+        );
+    }
+    let out: Vec<(String, f64)> = names
+        .iter()
+        .zip(med)
+        .filter(|(_, v)| *v > 0.0)
+        .map(|(n, v)| (n.to_string(), v))
+        .collect();
     if let Some(mut wg) = wg {
         wg.stop_in(&w);
     }
