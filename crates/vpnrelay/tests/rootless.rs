@@ -20,10 +20,14 @@ fn serial() -> MutexGuard<'static, ()> {
     M.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// The `vpnrelay` binary of this workspace, built on demand with the same profile.
+/// The `vpnrelay` binary of this workspace, built on demand with the same profile
+/// (`VPNRELAY_TEST_BIN` overrides it, e.g. with the static build from ./build.sh).
 fn vpnrelay_bin() -> PathBuf {
     static BIN: OnceLock<PathBuf> = OnceLock::new();
     BIN.get_or_init(|| {
+        if let Some(p) = std::env::var_os("VPNRELAY_TEST_BIN") {
+            return PathBuf::from(p);
+        }
         let exe = std::env::current_exe().expect("test exe");
         let profile_dir = exe
             .parent()
