@@ -686,6 +686,30 @@ mod tests {
     }
 
     #[test]
+    fn coalesces_and_splits_when_gso_is_dropped() {
+        let a = vec![1u8; 1000];
+        let b = vec![2u8; 1000];
+        let c = vec![3u8; 500];
+        let d = vec![4u8; 1000];
+        let mut tx = SendBatch::new(true);
+        tx.push(&a, 1000, None);
+        tx.push(&b, 1000, None);
+        tx.push(&c, 500, None); // shorter: closes the GSO message
+        tx.push(&d, 1000, None); // starts a new one
+        assert_eq!(tx.msgs.len(), 2);
+        assert_eq!((tx.msgs[0].segments, tx.msgs[0].total), (3, 2500));
+        let super_dgram = vec![5u8; 2500];
+        tx.push(&super_dgram, 1000, None); // a GRO super-datagram stays one message
+        assert_eq!(tx.msgs.len(), 3);
+        // Dropping GSO (EIO/EINVAL) resends everything as single datagrams.
+        tx.gso.store(false, Ordering::Relaxed);
+        tx.split_from(0);
+        let sizes: Vec<usize> = tx.msgs.iter().map(|m| m.total).collect();
+        assert_eq!(sizes, vec![1000, 1000, 500, 1000, 1000, 1000, 500]);
+        assert!(tx.msgs.iter().all(|m| m.segments == 1 && m.seg == 0));
+    }
+
+    #[test]
     fn passes_descriptors() {
         let (x, y) = std::os::unix::net::UnixStream::pair().unwrap();
         let u = UdpSocket::bind("127.0.0.1:0").unwrap();

@@ -292,6 +292,44 @@ fn detach_netns_layout() {
 }
 
 #[test]
+fn killing_the_parent_hands_tunnels_back() {
+    let _s = serial();
+    let w = build(false);
+    let echo = Echo::start(&w.server, server()).unwrap();
+    let g = w.gluetun_ns().unwrap();
+    let pinger = Pinger::start(
+        testbed::client(&g, 40020, server()).unwrap(),
+        Duration::from_millis(20),
+    );
+    let mut relay = Proc::spawn(&w, &["transparent", BRIDGE, "51820"], &[]);
+    let line = relay
+        .wait_line("flow 172.30.0.2:40020", Duration::from_secs(15))
+        .unwrap_or_else(|| panic!("no flow; log {:#?}", relay.log()));
+    let relay_src = logged_host_source(&line);
+    assert!(wait_until(Duration::from_secs(5), || echo.last_source()
+        == Some(relay_src)));
+    // SIGKILL the parent (setpriv exec'd into it): the child gets SIGTERM (PR_SET_PDEATHSIG)
+    // and hands the tunnels back by itself.
+    relay.child.kill().unwrap();
+    let _ = relay.child.wait();
+    assert!(
+        wait_until(Duration::from_secs(5), || !w
+            .rules()
+            .unwrap()
+            .contains("4820")),
+        "rule left behind after the parent died"
+    );
+    assert!(
+        wait_until(Duration::from_secs(5), || echo
+            .last_source()
+            .is_some_and(|s| s != relay_src)),
+        "tunnel did not fall back: {:?}",
+        echo.sources()
+    );
+    assert!(pinger.wait_more(10, Duration::from_secs(5)));
+}
+
+#[test]
 fn sigkill_falls_back_to_slirp_and_supervisor_brings_it_back() {
     let _s = serial();
     let w = build(false);
@@ -495,6 +533,19 @@ fn single_instance_cleanup_no_root_and_bad_input() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(!w.rules().unwrap().contains("4820"));
+
+    // Docker down (no RootlessKit state): the supervisor keeps retrying with backoff and
+    // stops promptly on SIGTERM.
+    let mut down = Proc::spawn(
+        &w,
+        &["supervise", "br-other", "51820"],
+        &[("VPNRELAY_DOCKER_STATE", "/nonexistent/state")],
+    );
+    down.wait_line("restarting in 5 s", Duration::from_secs(10))
+        .unwrap_or_else(|| panic!("no backoff line; log {:#?}", down.log()));
+    let t = Instant::now();
+    assert!(down.term().success());
+    assert!(t.elapsed() < Duration::from_secs(3));
 
     // Bad input: one clear error naming the value, nothing changed.
     let before = w.rules().unwrap();
