@@ -12,6 +12,8 @@ use std::path::{Path, PathBuf};
 pub enum StateError {
     #[error("no RootlessKit state at {dir}: {why} (is rootless Docker running for this user? set VPNRELAY_DOCKER_STATE to its state directory, e.g. $XDG_RUNTIME_DIR/dockerd-rootless)")]
     NoState { dir: PathBuf, why: String },
+    #[error("no permission to read {0} (RootlessKit state of another user?): run vpnrelay as the user that runs rootless Docker")]
+    NoAccess(PathBuf),
     #[error("RootlessKit child PID {pid} (from {file}) is not running")]
     Dead { pid: u32, file: PathBuf },
     #[error("no permission to join RootlessKit child PID {pid} (owned by uid {owner}, we are uid {me}): run vpnrelay as the user that runs rootless Docker")]
@@ -54,9 +56,15 @@ impl Rootless {
     pub fn find() -> Result<Self, StateError> {
         let dir = state_dir();
         let file = dir.join("child_pid");
-        let text = fs::read_to_string(&file).map_err(|e| StateError::NoState {
-            dir: dir.clone(),
-            why: format!("cannot read {}: {e}", file.display()),
+        let text = fs::read_to_string(&file).map_err(|e| {
+            if e.kind() == io::ErrorKind::PermissionDenied {
+                StateError::NoAccess(file.clone())
+            } else {
+                StateError::NoState {
+                    dir: dir.clone(),
+                    why: format!("cannot read {}: {e}", file.display()),
+                }
+            }
         })?;
         let pid: u32 = text.trim().parse().map_err(|_| StateError::NoState {
             dir: dir.clone(),

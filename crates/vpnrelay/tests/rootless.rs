@@ -292,6 +292,49 @@ fn detach_netns_layout() {
 }
 
 #[test]
+fn single_datagrams_when_gro_and_gso_are_switched_off() {
+    let _s = serial();
+    let w = build(false);
+    let echo = Echo::start(&w.server, server()).unwrap();
+    let g = w.gluetun_ns().unwrap();
+    let relay = Proc::spawn(
+        &w,
+        &["transparent", BRIDGE, "51820"],
+        &[("VPNRELAY_NO_GRO", "1"), ("VPNRELAY_NO_GSO", "1")],
+    );
+    relay
+        .wait_line("relay running", Duration::from_secs(15))
+        .unwrap_or_else(|| panic!("relay did not start; log {:#?}", relay.log()));
+    assert!(
+        relay.count("UDP GRO off (VPNRELAY_NO_GRO set)") == 1,
+        "{:#?}",
+        relay.log()
+    );
+    assert!(
+        relay.count("UDP GSO off (VPNRELAY_NO_GSO set)") == 1,
+        "{:#?}",
+        relay.log()
+    );
+    let sock = testbed::client(&g, 40030, server()).unwrap();
+    // A burst of equal-sized datagrams (what GSO would coalesce) arrives intact.
+    for i in 0..200u32 {
+        let _ = sock.send(&[i as u8; 1400]);
+    }
+    let mut got = 0;
+    let mut buf = [0u8; 2048];
+    while let Ok(n) = sock.recv(&mut buf) {
+        assert_eq!(n, 1400);
+        got += 1;
+    }
+    assert!(got > 0, "nothing came back through the relay");
+    let line = relay
+        .wait_line("flow 172.30.0.2:40030", Duration::from_secs(5))
+        .unwrap();
+    assert_eq!(echo.last_source(), Some(logged_host_source(&line)));
+    assert!(testbed::ping(&sock, b"single"));
+}
+
+#[test]
 fn killing_the_parent_hands_tunnels_back() {
     let _s = serial();
     let w = build(false);
@@ -581,6 +624,24 @@ fn single_instance_cleanup_no_root_and_bad_input() {
         assert_eq!(errors.len(), 1, "{args:?}: want one error line, got {err}");
         assert!(errors[0].contains(needle), "{args:?}: {err}");
     }
+    // Another user (nobody) pointed at this tenant's Docker: no permission, nothing changed.
+    let state = w.state_dir();
+    let out = std::process::Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
+        .arg(vpnrelay_bin())
+        .args(["transparent", BRIDGE, "51820"])
+        .env("VPNRELAY_DOCKER_STATE", &state)
+        .env("XDG_RUNTIME_DIR", std::env::temp_dir())
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(err.contains("no permission"), "{err}");
+    assert_eq!(
+        err.lines().filter(|l| l.contains("error")).count(),
+        1,
+        "{err}"
+    );
     assert_eq!(w.rules().unwrap(), before, "bad input changed the rules");
 }
 
