@@ -99,6 +99,44 @@ pub fn ensure_tenant() -> anyhow::Result<Tenant> {
     })
 }
 
+/// Programs the world needs, with the Debian package that ships each.
+pub const NEEDS: &[(&str, &str)] = &[
+    ("rootlesskit", "rootlesskit"),
+    ("slirp4netns", "slirp4netns"),
+    ("newuidmap", "uidmap"),
+    ("ip", "iproute2"),
+    ("nft", "nftables"),
+    ("nsenter", "util-linux"),
+    ("setpriv", "util-linux"),
+    ("unshare", "util-linux"),
+    ("useradd", "passwd"),
+];
+
+/// Programs the WireGuard tunnel needs.
+pub const NEEDS_WG: &[(&str, &str)] = &[
+    ("wireguard-go", "wireguard-go"),
+    ("wg", "wireguard-tools"),
+    ("iperf3", "iperf3"),
+];
+
+/// Fails with the missing program and its Debian package.
+pub fn check_programs(needs: &[(&str, &str)]) -> anyhow::Result<()> {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    let mut missing = Vec::new();
+    for (prog, pkg) in needs {
+        let found = std::env::split_paths(&path)
+            .chain(["/usr/sbin", "/sbin"].map(PathBuf::from))
+            .any(|d| d.join(prog).exists());
+        if !found {
+            missing.push(format!("{prog} (Debian package {pkg})"));
+        }
+    }
+    if !missing.is_empty() {
+        bail!("the rootless test world needs: {}", missing.join(", "));
+    }
+    Ok(())
+}
+
 /// Options for [`World::build`].
 #[derive(Debug, Clone, Default)]
 pub struct WorldOpts {
@@ -136,6 +174,11 @@ impl World {
     pub fn build(opts: &WorldOpts) -> anyhow::Result<World> {
         if !nix::unistd::geteuid().is_root() {
             bail!("building the rootless test world needs root (it creates namespaces and the test user {TENANT})");
+        }
+        if opts.rootlesskit.is_some() {
+            check_programs(&NEEDS[1..])?;
+        } else {
+            check_programs(NEEDS)?;
         }
         let tenant = ensure_tenant()?;
         // Unprivileged slirp4netns needs /dev/net/tun 0666 (the usual default).
@@ -652,6 +695,7 @@ fn wg_key(private: Option<&str>) -> anyhow::Result<String> {
 
 impl WireGuard {
     pub fn start(w: &World) -> anyhow::Result<WireGuard> {
+        check_programs(NEEDS_WG)?;
         let (sk, ck) = (wg_key(None)?, wg_key(None)?);
         let (sp, cp) = (wg_key(Some(&sk))?, wg_key(Some(&ck))?);
         let skf = w.runtime_dir.join("wg-server.key");
