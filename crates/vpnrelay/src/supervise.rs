@@ -42,15 +42,17 @@ pub fn supervise(cfg: &Config) -> anyhow::Result<()> {
     let mut backoff = BACKOFF_MIN;
     loop {
         let started = Instant::now();
-        let mut child = Command::new("/proc/self/exe")
-            .arg("transparent")
+        let mut cmd = Command::new("/proc/self/exe");
+        cmd.arg("transparent")
             .arg(&cfg.bridge)
             .arg(cfg.ports.to_compact_string())
             .env("VPNRELAY_RULE", cfg.rule.to_string())
             .env("VPNRELAY_SOCKBUF", cfg.sockbuf.to_string())
-            .env("VPNRELAY_IDLE_TIMEOUT", cfg.idle.as_secs().to_string())
-            .spawn()
-            .context("starting vpnrelay transparent")?;
+            .env("VPNRELAY_IDLE_TIMEOUT", cfg.idle.as_secs().to_string());
+        // A SIGKILLed supervisor must not leave an orphan relay that the next one (from cron)
+        // could not replace: the relay gets SIGTERM and hands the tunnels back.
+        nsfast_sys::signals::die_with_parent(&mut cmd, nix::sys::signal::Signal::SIGTERM);
+        let mut child = cmd.spawn().context("starting vpnrelay transparent")?;
         let pid = nix::unistd::Pid::from_raw(child.id() as i32);
         let status = loop {
             if let Some(sig) = nsfast_sys::signals::pending_termination() {
