@@ -55,7 +55,17 @@ impl Rootless {
     /// Reads `child_pid` and checks that the process runs and that we may join it.
     pub fn find() -> Result<Self, StateError> {
         let dir = state_dir();
-        let file = dir.join("child_pid");
+        let mut file = dir.join("child_pid");
+        // Docker < 23 (Debian 12's 20.10) starts RootlessKit without --state-dir (it picks
+        // /tmp/rootlesskitNNN): then dockerd's own PID, from $XDG_RUNTIME_DIR/docker.pid, is
+        // in the same user, mount and network namespaces as RootlessKit's child.
+        let docker_pid = runtime_dir().join("docker.pid");
+        if !file.exists()
+            && std::env::var_os("VPNRELAY_DOCKER_STATE").is_none()
+            && docker_pid.exists()
+        {
+            file = docker_pid;
+        }
         let text = fs::read_to_string(&file).map_err(|e| {
             if e.kind() == io::ErrorKind::PermissionDenied {
                 StateError::NoAccess(file.clone())

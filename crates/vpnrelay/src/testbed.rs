@@ -144,6 +144,10 @@ pub struct WorldOpts {
     pub detach_netns: bool,
     /// The rootlesskit binary (default: `rootlesskit` from PATH).
     pub rootlesskit: Option<PathBuf>,
+    /// Run a real rootless dockerd instead (Debian 12's `dockerd-rootless.sh`) from this
+    /// directory of unpacked packages (scripts/fetch-docker.sh); the "gluetun" namespace is
+    /// then a container on a Docker network whose bridge is `br-vpn`.
+    pub docker: Option<PathBuf>,
 }
 
 /// A built world; dropping it tears everything down.
@@ -157,6 +161,8 @@ pub struct World {
     pub detach: bool,
     rootlesskit: Option<Child>,
     userns_ino: u64,
+    /// With a real dockerd: the unpacked packages and the container's PID.
+    docker: Option<(PathBuf, u32)>,
     children: Mutex<Vec<Child>>,
 }
 
@@ -203,6 +209,7 @@ impl World {
             detach: opts.detach_netns,
             rootlesskit: None,
             userns_ino: 0,
+            docker: None,
             children: Mutex::new(Vec::new()),
         };
         let (vh, vs) = (format!("{prefix}h"), format!("{prefix}s"));
@@ -217,6 +224,10 @@ impl World {
         )?;
         std::fs::set_permissions(&runtime_dir, std::fs::Permissions::from_mode(0o700))?;
         let state = w.state_dir();
+        if let Some(root) = &opts.docker {
+            w.start_docker(root)?;
+            return Ok(w);
+        }
         let rk = opts
             .rootlesskit
             .clone()
@@ -311,6 +322,128 @@ nft add rule ip nat post ip saddr 172.30.0.0/24 oifname != {br} masquerade
         Ok(w)
     }
 
+    fn docker_cli(&self, root: &Path, args: &[&str]) -> anyhow::Result<String> {
+        let mut cmd = self.tenant_command(root.join("usr/bin/docker"));
+        cmd.args(args).env(
+            "DOCKER_HOST",
+            format!("unix://{}", self.runtime_dir.join("docker.sock").display()),
+        );
+        let out = run(&mut cmd)?;
+        Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
+    }
+
+    /// Starts Debian 12's rootless dockerd as the tenant (dockerd-rootless.sh: RootlessKit with
+    /// slirp4netns, --copy-up=/etc --copy-up=/run --disable-host-loopback), imports a busybox
+    /// image from a local tarball, creates network `vpn` (bridge br-vpn, 172.30.0.0/24) and
+    /// runs the "gluetun" container on it at 172.30.0.2.
+    fn start_docker(&mut self, root: &Path) -> anyhow::Result<()> {
+        let path = format!(
+            "{}:{}:/usr/sbin:/usr/bin:/sbin:/bin",
+            root.join("usr/bin").display(),
+            root.join("usr/sbin").display()
+        );
+        let log = std::fs::File::create(self.runtime_dir.join("dockerd.log"))?;
+        let mut cmd = self.tenant_command("sh");
+        cmd.arg(root.join("usr/share/docker.io/contrib/dockerd-rootless.sh"))
+            .args(["--storage-driver", "vfs"])
+            .env("PATH", &path)
+            // RootlessKit's own temporary state dir (Docker 20.10 passes no --state-dir)
+            // lands in the world's runtime dir and goes with it.
+            .env("TMPDIR", &self.runtime_dir)
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log);
+        self.rootlesskit = Some(cmd.spawn().context("starting dockerd-rootless.sh")?);
+        let sock = self.runtime_dir.join("docker.sock");
+        let pid_file = self.runtime_dir.join("docker.pid");
+        let until = Instant::now() + Duration::from_secs(60);
+        loop {
+            if sock.exists() {
+                if let Some(p) = std::fs::read_to_string(&pid_file)
+                    .ok()
+                    .and_then(|s| s.trim().parse().ok())
+                {
+                    if self.docker_cli(root, &["info", "-f", "{{.ID}}"]).is_ok() {
+                        self.child_pid = p;
+                        break;
+                    }
+                }
+            }
+            if let Some(st) = self
+                .rootlesskit
+                .as_mut()
+                .and_then(|c| c.try_wait().ok().flatten())
+            {
+                bail!(
+                    "dockerd-rootless.sh exited ({st}): {}",
+                    std::fs::read_to_string(self.runtime_dir.join("dockerd.log"))
+                        .unwrap_or_default()
+                );
+            }
+            if Instant::now() > until {
+                bail!("rootless dockerd not ready within 60 s");
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        self.userns_ino = std::fs::metadata(format!("/proc/{}/ns/user", self.child_pid))?.ino();
+        // An image from a local tarball: a static busybox.
+        let img = self.runtime_dir.join("image");
+        std::fs::create_dir_all(img.join("bin"))?;
+        std::fs::copy("/bin/busybox", img.join("bin/busybox"))
+            .context("copying /bin/busybox (Debian package busybox-static) into the image")?;
+        let tar = self.runtime_dir.join("image.tar");
+        run(Command::new("tar")
+            .arg("-C")
+            .arg(&img)
+            .arg("-cf")
+            .arg(&tar)
+            .arg("."))?;
+        nix::unistd::chown(
+            &tar,
+            Some(self.tenant.uid.into()),
+            Some(self.tenant.gid.into()),
+        )?;
+        self.docker_cli(
+            root,
+            &["import", &tar.display().to_string(), "nsfast/busybox:test"],
+        )?;
+        self.docker_cli(
+            root,
+            &[
+                "network",
+                "create",
+                "--subnet",
+                "172.30.0.0/24",
+                "-o",
+                &format!("com.docker.network.bridge.name={BRIDGE}"),
+                "vpn",
+            ],
+        )?;
+        self.docker_cli(
+            root,
+            &[
+                "run",
+                "-d",
+                "--network",
+                "vpn",
+                "--ip",
+                &GLUETUN_IP.to_string(),
+                "--name",
+                "gluetun",
+                "nsfast/busybox:test",
+                "/bin/busybox",
+                "sleep",
+                "1000000",
+            ],
+        )?;
+        let pid: u32 = self
+            .docker_cli(root, &["inspect", "-f", "{{.State.Pid}}", "gluetun"])?
+            .parse()
+            .context("container PID")?;
+        self.docker = Some((root.to_path_buf(), pid));
+        Ok(())
+    }
+
     /// RootlessKit's state directory (what dockerd-rootless.sh uses).
     pub fn state_dir(&self) -> PathBuf {
         self.runtime_dir.join("dockerd-rootless")
@@ -390,6 +523,9 @@ nft add rule ip nat post ip saddr 172.30.0.0/24 oifname != {br} masquerade
 
     /// The "gluetun" namespace for threads of this (root) process.
     pub fn gluetun_ns(&self) -> anyhow::Result<NetNs> {
+        if let Some((_, pid)) = &self.docker {
+            return Ok(NetNs::open(&format!("/proc/{pid}/ns/net"))?);
+        }
         let p = format!(
             "/proc/{}/root{}",
             self.child_pid,

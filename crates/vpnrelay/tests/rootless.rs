@@ -183,7 +183,7 @@ fn wait_until(timeout: Duration, mut f: impl FnMut() -> bool) -> bool {
 fn build(detach: bool) -> World {
     World::build(&WorldOpts {
         detach_netns: detach,
-        rootlesskit: None,
+        ..Default::default()
     })
     .expect("building the rootless world")
 }
@@ -269,6 +269,28 @@ fn rootlesskit2() -> PathBuf {
     PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
 }
 
+/// A real rootless dockerd (Debian 12's docker.io 20.10 and dockerd-rootless.sh, unpacked by
+/// scripts/fetch-docker.sh, never installed) with a container from a local image tarball.
+/// Docker 20.10 starts RootlessKit without --state-dir: vpnrelay finds dockerd through
+/// $XDG_RUNTIME_DIR/docker.pid.
+#[test]
+fn real_rootless_dockerd_tunnel_moves_to_the_relay_and_back() {
+    let _s = serial();
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let out = std::process::Command::new(root.join("scripts/fetch-docker.sh"))
+        .stderr(Stdio::inherit())
+        .output()
+        .expect("running scripts/fetch-docker.sh");
+    assert!(out.status.success(), "scripts/fetch-docker.sh failed");
+    let docker = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
+    let w = World::build(&WorldOpts {
+        docker: Some(docker),
+        ..Default::default()
+    })
+    .expect("building the rootless Docker world");
+    handover(&w);
+}
+
 /// `--detach-netns` (RootlessKit >= 2.0): the namespace is bind-mounted at <state>/netns.
 #[test]
 fn detach_netns_layout() {
@@ -277,6 +299,7 @@ fn detach_netns_layout() {
     let w = World::build(&WorldOpts {
         detach_netns: true,
         rootlesskit: Some(rk),
+        ..Default::default()
     })
     .expect("building the detach-netns world");
     assert!(
