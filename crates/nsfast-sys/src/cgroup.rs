@@ -17,9 +17,7 @@ pub enum CgroupError {
     #[error("cgroup path {0} does not exist")]
     Missing(PathBuf),
     /// The path exists but is not on a cgroup2 file system.
-    #[error(
-        "{0} is not a cgroup2 directory (expected a directory under a cgroup2 mount such as {1})"
-    )]
+    #[error("{0} is not a cgroup2 directory (expected a directory under a cgroup2 mount such as {1})")]
     NotCgroup2(PathBuf, PathBuf),
     /// An I/O error on a cgroup file.
     #[error("{op} {path}: {source}")]

@@ -133,12 +133,7 @@ pub fn delete_link(ns: Option<&NetNs>, name: &str) -> Result<(), NetError> {
 }
 
 /// Adds `addr/prefix` to link `name`.
-pub fn add_address(
-    ns: Option<&NetNs>,
-    name: &str,
-    addr: IpAddr,
-    prefix: u8,
-) -> Result<(), NetError> {
+pub fn add_address(ns: Option<&NetNs>, name: &str, addr: IpAddr, prefix: u8) -> Result<(), NetError> {
     with_handle(ns, |h| async move {
         let idx = index_of(&h, name).await?;
         h.address()
@@ -164,8 +159,7 @@ pub fn add_route(
         };
         let msg = match dst {
             IpAddr::V4(d) => {
-                let mut b =
-                    RouteMessageBuilder::<std::net::Ipv4Addr>::new().destination_prefix(d, prefix);
+                let mut b = RouteMessageBuilder::<std::net::Ipv4Addr>::new().destination_prefix(d, prefix);
                 if let Some(IpAddr::V4(g)) = gateway {
                     b = b.gateway(g);
                 }
@@ -175,8 +169,7 @@ pub fn add_route(
                 b.build()
             }
             IpAddr::V6(d) => {
-                let mut b =
-                    RouteMessageBuilder::<std::net::Ipv6Addr>::new().destination_prefix(d, prefix);
+                let mut b = RouteMessageBuilder::<std::net::Ipv6Addr>::new().destination_prefix(d, prefix);
                 if let Some(IpAddr::V6(g)) = gateway {
                     b = b.gateway(g);
                 }

@@ -9,11 +9,7 @@ use clap::{Parser, Subcommand};
 mod cmd;
 
 #[derive(Parser, Debug)]
-#[command(
-    name = "nsfast",
-    version,
-    about = "Fast paths across Linux namespace and VM boundaries"
-)]
+#[command(name = "nsfast", version, about = "Fast paths across Linux namespace and VM boundaries")]
 struct Cli {
     #[command(subcommand)]
     command: Command,
