@@ -15,12 +15,16 @@
 //! - [`procstat`] — /proc/stat per-CPU times (softirq) and /proc/PID/stat CPU time.
 //! - [`probe`]   — kernel feature probe (netkit, TCX, BPF helpers, UDP GSO/GRO, vsock), each with a reason.
 //! - [`vsock`]   — minimal AF_VSOCK stream sockets (listen/accept/connect) over raw syscalls.
+//! - [`udp`]     — batched IPv4 UDP: recvmmsg + GRO, sendmmsg + GSO, transparent sockets, SCM_RIGHTS.
+//! - [`conntrack`] — ctnetlink: dump IPv4 conntrack entries, delete by tuple.
+//! - [`userns`]  — join a rootless user/mount/network namespace set (RootlessKit child) before exec.
 //!
 //! All `unsafe` in nsfast's plumbing lives in this crate, each block with a `// SAFETY:` note.
 
 pub mod bpf;
 pub mod cgroup;
 pub mod child;
+pub mod conntrack;
 pub mod kernel;
 pub mod net;
 pub mod netns;
@@ -29,4 +33,6 @@ pub mod probe;
 pub mod procstat;
 pub mod sched;
 pub mod signals;
+pub mod udp;
+pub mod userns;
 pub mod vsock;

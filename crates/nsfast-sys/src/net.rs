@@ -459,3 +459,219 @@ pub fn create_veth_into(
         pod_name,
     )
 }
+
+/// One `ip rule` steering protocol traffic that enters on a link to a routing table:
+/// `iif <iif> ipproto <proto> dport <start>-<end> lookup <table> priority <priority>`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PortRule {
+    pub iif: String,
+    pub ip_proto: u8,
+    pub dport: (u16, u16),
+    pub table: u32,
+    pub priority: u32,
+}
+
+fn rule_matches(msg: &netlink_packet_route::rule::RuleMessage, r: &PortRule) -> bool {
+    use netlink_packet_route::rule::RuleAttribute as A;
+    let mut table = u32::from(msg.header.table);
+    let mut prio = 0;
+    let mut iif = None;
+    for a in &msg.attributes {
+        match a {
+            A::Table(t) => table = *t,
+            A::Priority(p) => prio = *p,
+            A::Iifname(n) => iif = Some(n.as_str()),
+            _ => {}
+        }
+    }
+    table == r.table && prio == r.priority && iif == Some(r.iif.as_str())
+}
+
+/// Adds an IPv4 `PortRule` (an existing identical rule is an error from the kernel: EEXIST,
+/// which is reported as success).
+pub fn add_port_rule(ns: Option<&NetNs>, r: &PortRule) -> Result<(), NetError> {
+    use netlink_packet_route::rule::{RuleAttribute, RulePortRange};
+    let r = r.clone();
+    with_handle(ns, |h| async move {
+        let mut req = h
+            .rule()
+            .add()
+            .v4()
+            .input_interface(r.iif.clone())
+            .table_id(r.table)
+            .priority(r.priority)
+            // Without an explicit action the kernel treats the rule as FR_ACT_UNSPEC and
+            // fails every lookup through it (EINVAL): packets are dropped, not routed.
+            .action(netlink_packet_route::rule::RuleAction::ToTable);
+        let attrs = &mut req.message_mut().attributes;
+        attrs.push(RuleAttribute::IpProtocol(
+            netlink_packet_route::IpProtocol::from(r.ip_proto),
+        ));
+        attrs.push(RuleAttribute::DestinationPortRange(RulePortRange {
+            start: r.dport.0,
+            end: r.dport.1,
+        }));
+        match req.execute().await {
+            Ok(()) => Ok(()),
+            Err(rtnetlink::Error::NetlinkError(e)) if e.raw_code() == -libc::EEXIST => Ok(()),
+            Err(e) => Err(nl(format!(
+                "add rule iif {} dport {}-{} table {}",
+                r.iif, r.dport.0, r.dport.1, r.table
+            ))(e)),
+        }
+    })
+}
+
+/// Deletes every IPv4 rule with this iif, table and priority (whatever its ports).
+/// Returns how many were deleted.
+pub fn delete_port_rules(
+    ns: Option<&NetNs>,
+    iif: &str,
+    table: u32,
+    priority: u32,
+) -> Result<usize, NetError> {
+    let probe = PortRule {
+        iif: iif.to_string(),
+        ip_proto: 0,
+        dport: (0, 0),
+        table,
+        priority,
+    };
+    with_handle(ns, |h| async move {
+        let mut found = Vec::new();
+        let mut rules = h.rule().get(rtnetlink::IpVersion::V4).execute();
+        while let Some(msg) = rules.try_next().await.map_err(nl("list rules"))? {
+            if rule_matches(&msg, &probe) {
+                found.push(msg);
+            }
+        }
+        let n = found.len();
+        for msg in found {
+            match h.rule().del(msg).execute().await {
+                Ok(()) => {}
+                Err(rtnetlink::Error::NetlinkError(e)) if e.raw_code() == -libc::ENOENT => {}
+                Err(e) => return Err(nl(format!("delete rule iif {iif} table {table}"))(e)),
+            }
+        }
+        Ok(n)
+    })
+}
+
+/// Counts IPv4 rules with this iif, table and priority.
+pub fn count_port_rules(
+    ns: Option<&NetNs>,
+    iif: &str,
+    table: u32,
+    priority: u32,
+) -> Result<usize, NetError> {
+    let probe = PortRule {
+        iif: iif.to_string(),
+        ip_proto: 0,
+        dport: (0, 0),
+        table,
+        priority,
+    };
+    with_handle(ns, |h| async move {
+        let mut n = 0;
+        let mut rules = h.rule().get(rtnetlink::IpVersion::V4).execute();
+        while let Some(msg) = rules.try_next().await.map_err(nl("list rules"))? {
+            if rule_matches(&msg, &probe) {
+                n += 1;
+            }
+        }
+        Ok(n)
+    })
+}
+
+fn local_default_route(table: u32, lo: u32) -> netlink_packet_route::route::RouteMessage {
+    use netlink_packet_route::route::{RouteScope, RouteType};
+    RouteMessageBuilder::<std::net::Ipv4Addr>::new()
+        .destination_prefix(std::net::Ipv4Addr::UNSPECIFIED, 0)
+        .kind(RouteType::Local)
+        .scope(RouteScope::Host)
+        .table_id(table)
+        .output_interface(lo)
+        .build()
+}
+
+/// `ip route replace local 0.0.0.0/0 dev lo table <table>`: everything that looks the table
+/// up is delivered to local sockets.
+pub fn add_local_default_route(ns: Option<&NetNs>, table: u32) -> Result<(), NetError> {
+    with_handle(ns, |h| async move {
+        let lo = index_of(&h, "lo").await?;
+        h.route()
+            .add(local_default_route(table, lo))
+            .replace()
+            .execute()
+            .await
+            .map_err(nl(format!("add local default route to table {table}")))
+    })
+}
+
+/// Removes the route added by [`add_local_default_route`]. Missing is not an error.
+pub fn delete_local_default_route(ns: Option<&NetNs>, table: u32) -> Result<(), NetError> {
+    with_handle(ns, |h| async move {
+        let lo = index_of(&h, "lo").await?;
+        match h
+            .route()
+            .del(local_default_route(table, lo))
+            .execute()
+            .await
+        {
+            Ok(()) => Ok(()),
+            Err(rtnetlink::Error::NetlinkError(e))
+                if e.raw_code() == -libc::ESRCH || e.raw_code() == -libc::ENOENT =>
+            {
+                Ok(())
+            }
+            Err(e) => Err(nl(format!("delete local default route from table {table}"))(e)),
+        }
+    })
+}
+
+/// The IPv4 addresses (with prefix lengths) on link `name`.
+pub fn link_ipv4_addrs(
+    ns: Option<&NetNs>,
+    name: &str,
+) -> Result<Vec<(std::net::Ipv4Addr, u8)>, NetError> {
+    use netlink_packet_route::address::AddressAttribute;
+    with_handle(ns, |h| async move {
+        let idx = index_of(&h, name).await?;
+        let mut out = Vec::new();
+        let mut addrs = h.address().get().set_link_index_filter(idx).execute();
+        while let Some(msg) = addrs
+            .try_next()
+            .await
+            .map_err(nl(format!("list addresses of {name}")))?
+        {
+            for a in &msg.attributes {
+                if let AddressAttribute::Address(IpAddr::V4(v4)) = a {
+                    out.push((*v4, msg.header.prefix_len));
+                }
+            }
+        }
+        out.dedup();
+        Ok(out)
+    })
+}
+
+/// Counts IPv4 rules (any selector) that look up `table`.
+pub fn count_any_rules_to_table(ns: Option<&NetNs>, table: u32) -> Result<usize, NetError> {
+    use netlink_packet_route::rule::RuleAttribute as A;
+    with_handle(ns, |h| async move {
+        let mut n = 0;
+        let mut rules = h.rule().get(rtnetlink::IpVersion::V4).execute();
+        while let Some(msg) = rules.try_next().await.map_err(nl("list rules"))? {
+            let mut t = u32::from(msg.header.table);
+            for a in &msg.attributes {
+                if let A::Table(x) = a {
+                    t = *x;
+                }
+            }
+            if t == table {
+                n += 1;
+            }
+        }
+        Ok(n)
+    })
+}

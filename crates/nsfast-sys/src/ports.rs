@@ -42,7 +42,20 @@ impl PortList {
                 });
             }
             let (lo, hi) = match part.split_once('-') {
-                Some((a, b)) => (parse_one(flag, a.trim())?, parse_one(flag, b.trim())?),
+                Some((a, b)) => {
+                    // Name the whole element ("1-"), not its empty half.
+                    let whole = |e: PortListError| match e {
+                        PortListError::Empty { flag, .. } => PortListError::Empty {
+                            flag,
+                            value: part.into(),
+                        },
+                        e => e,
+                    };
+                    (
+                        parse_one(flag, a.trim()).map_err(whole)?,
+                        parse_one(flag, b.trim()).map_err(whole)?,
+                    )
+                }
                 None => {
                     let p = parse_one(flag, part)?;
                     (p, p)
@@ -81,8 +94,10 @@ impl PortList {
         let mut it = self.0.iter().copied().peekable();
         while let Some(start) = it.next() {
             let mut end = start;
-            while let (Some(&next), Some(succ)) = (it.peek(), end.checked_add(1)) {
-                if next != succ {
+            // `checked_add` is None at 65535, and so is `peek()` at the end of the set:
+            // compare only when there is a next port to compare with.
+            while let (Some(next), Some(&peek)) = (end.checked_add(1), it.peek()) {
+                if peek != next {
                     break;
                 }
                 end = next;
@@ -169,5 +184,9 @@ mod tests {
             PortList::parse("--ports", "-5"),
             Err(PortListError::Empty { .. })
         ));
+        assert_eq!(
+            PortList::parse("--ports", "1-").unwrap_err().to_string(),
+            "empty port list element in --ports (\"1-\"): write e.g. 80,443,8000-8100"
+        );
     }
 }

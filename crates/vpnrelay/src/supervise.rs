@@ -1,0 +1,97 @@
+//! `vpnrelay supervise`: one per bridge (a cron line every minute is enough), runs
+//! `vpnrelay transparent` as a child, cleans up after every exit and restarts it with backoff
+//! 5 s → 60 s (Docker down, bridge missing, crash). SIGTERM stops the relay, removes the rule,
+//! resets conntrack and leaves no process.
+
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+
+use crate::config::Config;
+use crate::state::{self, Lock, TryLock};
+
+pub const BACKOFF_MIN: Duration = Duration::from_secs(5);
+pub const BACKOFF_MAX: Duration = Duration::from_secs(60);
+
+/// Sleeps up to `d`, returning early with the signal if one arrives.
+fn sleep_or_signal(d: Duration) -> Option<nix::sys::signal::Signal> {
+    let until = Instant::now() + d;
+    while Instant::now() < until {
+        if let Some(s) = nsfast_sys::signals::pending_termination() {
+            return Some(s);
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    None
+}
+
+pub fn supervise(cfg: &Config) -> anyhow::Result<()> {
+    let lock_path = state::lock_path("supervise", &cfg.bridge);
+    let _lock = match Lock::try_take(&lock_path)? {
+        TryLock::Taken(l) => l,
+        TryLock::Busy(pid) => {
+            tracing::info!(
+                "a supervisor for bridge {:?} already runs{}; exiting",
+                cfg.bridge,
+                pid.map(|p| format!(" (pid {p})")).unwrap_or_default()
+            );
+            return Ok(());
+        }
+    };
+    let mut backoff = BACKOFF_MIN;
+    loop {
+        let started = Instant::now();
+        let mut cmd = Command::new("/proc/self/exe");
+        cmd.arg("transparent")
+            .arg(&cfg.bridge)
+            .arg(cfg.ports.to_compact_string())
+            .env("VPNRELAY_RULE", cfg.rule.to_string())
+            .env("VPNRELAY_SOCKBUF", cfg.sockbuf.to_string())
+            .env("VPNRELAY_IDLE_TIMEOUT", cfg.idle.as_secs().to_string());
+        // A SIGKILLed supervisor must not leave an orphan relay that the next one (from cron)
+        // could not replace: the relay gets SIGTERM and hands the tunnels back.
+        nsfast_sys::signals::die_with_parent(&mut cmd, nix::sys::signal::Signal::SIGTERM);
+        let mut child = cmd.spawn().context("starting vpnrelay transparent")?;
+        let pid = nix::unistd::Pid::from_raw(child.id() as i32);
+        let status = loop {
+            if let Some(sig) = nsfast_sys::signals::pending_termination() {
+                tracing::info!("{sig}: stopping");
+                let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
+                let until = Instant::now() + Duration::from_secs(15);
+                while child.try_wait()?.is_none() && Instant::now() < until {
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+                if child.try_wait()?.is_none() {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                }
+                quiet_cleanup(cfg);
+                return Ok(());
+            }
+            if let Some(s) = child.try_wait()? {
+                break s;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        };
+        quiet_cleanup(cfg);
+        if started.elapsed() > BACKOFF_MAX {
+            backoff = BACKOFF_MIN;
+        }
+        tracing::warn!(
+            "relay exited ({status}); tunnels use Docker's normal path; restarting in {} s",
+            backoff.as_secs()
+        );
+        if let Some(sig) = sleep_or_signal(backoff) {
+            tracing::info!("{sig}: stopping");
+            return Ok(());
+        }
+        backoff = (backoff * 2).min(BACKOFF_MAX);
+    }
+}
+
+fn quiet_cleanup(cfg: &Config) {
+    if let Err(e) = crate::host::cleanup(cfg) {
+        tracing::debug!("cleanup: {e:#}");
+    }
+}

@@ -1,0 +1,988 @@
+//! A real rootless world for tests and benchmarks (needs root to build; everything inside
+//! runs as an unprivileged tenant):
+//!
+//! ```text
+//!  "host" netns (throwaway)                      "server" netns
+//!   vh0 10.201.0.1/24  <------ veth ------>  vs0 10.201.0.2/24   (VPN server, UDP 51820)
+//!   tenant: rootlesskit --net=slirp4netns --mtu=65520 --copy-up=/etc --copy-up=/run
+//!           --disable-host-loopback [--detach-netns]
+//!     rootless netns: tap0 10.0.2.100 (slirp4netns), br-vpn 172.30.0.1/24, nft masquerade
+//!       "gluetun" netns: vg0 172.30.0.2/24 on br-vpn, default via 172.30.0.1
+//! ```
+//!
+//! The tenant is one fixed user, `nsfvpn`, created idempotently (with subordinate ids) and
+//! kept. Dropping a [`World`] kills every process in the world's user namespace and in its
+//! host namespace, deletes the namespaces and the runtime directory.
+
+use std::collections::BTreeSet;
+use std::io;
+use std::net::{Ipv4Addr, SocketAddrV4, UdpSocket};
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use nsfast_sys::netns::NetNs;
+
+/// The fixed test tenant.
+pub const TENANT: &str = "nsfvpn";
+pub const HOST_IP: Ipv4Addr = Ipv4Addr::new(10, 201, 0, 1);
+pub const SERVER_IP: Ipv4Addr = Ipv4Addr::new(10, 201, 0, 2);
+pub const GLUETUN_IP: Ipv4Addr = Ipv4Addr::new(172, 30, 0, 2);
+pub const BRIDGE: &str = "br-vpn";
+pub const VPN_PORT: u16 = 51820;
+
+/// An unprivileged user.
+#[derive(Debug, Clone)]
+pub struct Tenant {
+    pub name: String,
+    pub uid: u32,
+    pub gid: u32,
+}
+
+fn run(cmd: &mut Command) -> anyhow::Result<Output> {
+    let out = cmd
+        .stdin(Stdio::null())
+        .output()
+        .with_context(|| format!("running {cmd:?}"))?;
+    if !out.status.success() {
+        bail!(
+            "{cmd:?} failed ({}): {}{}",
+            out.status,
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    Ok(out)
+}
+
+fn id_of(flag: &str, name: &str) -> Option<u32> {
+    let out = Command::new("id").arg(flag).arg(name).output().ok()?;
+    String::from_utf8_lossy(&out.stdout).trim().parse().ok()
+}
+
+/// Creates the test tenant if missing (with subordinate uid/gid ranges); idempotent.
+pub fn ensure_tenant() -> anyhow::Result<Tenant> {
+    if id_of("-u", TENANT).is_none() {
+        let _ = Command::new("useradd")
+            .args([
+                "-M",
+                "-d",
+                "/nonexistent",
+                "-s",
+                "/usr/sbin/nologin",
+                TENANT,
+            ])
+            .status();
+    }
+    let uid = id_of("-u", TENANT).context("creating the test user nsfvpn (useradd)")?;
+    let gid = id_of("-g", TENANT).context("group of nsfvpn")?;
+    for (file, flag) in [
+        ("/etc/subuid", "--add-subuids"),
+        ("/etc/subgid", "--add-subgids"),
+    ] {
+        let has = std::fs::read_to_string(file)
+            .unwrap_or_default()
+            .lines()
+            .any(|l| l.starts_with(&format!("{TENANT}:")));
+        if !has {
+            run(Command::new("usermod").args([flag, "300000-365535", TENANT]))?;
+        }
+    }
+    Ok(Tenant {
+        name: TENANT.into(),
+        uid,
+        gid,
+    })
+}
+
+/// Programs the world needs, with the Debian package that ships each.
+pub const NEEDS: &[(&str, &str)] = &[
+    ("rootlesskit", "rootlesskit"),
+    ("slirp4netns", "slirp4netns"),
+    ("newuidmap", "uidmap"),
+    ("ip", "iproute2"),
+    ("nft", "nftables"),
+    ("nsenter", "util-linux"),
+    ("setpriv", "util-linux"),
+    ("unshare", "util-linux"),
+    ("useradd", "passwd"),
+];
+
+/// Programs the WireGuard tunnel needs.
+pub const NEEDS_WG: &[(&str, &str)] = &[
+    ("wireguard-go", "wireguard-go"),
+    ("wg", "wireguard-tools"),
+    ("iperf3", "iperf3"),
+];
+
+/// Fails with the missing program and its Debian package.
+pub fn check_programs(needs: &[(&str, &str)]) -> anyhow::Result<()> {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    let mut missing = Vec::new();
+    for (prog, pkg) in needs {
+        let found = std::env::split_paths(&path)
+            .chain(["/usr/sbin", "/sbin"].map(PathBuf::from))
+            .any(|d| d.join(prog).exists());
+        if !found {
+            missing.push(format!("{prog} (Debian package {pkg})"));
+        }
+    }
+    if !missing.is_empty() {
+        bail!("the rootless test world needs: {}", missing.join(", "));
+    }
+    Ok(())
+}
+
+/// Options for [`World::build`].
+#[derive(Debug, Clone, Default)]
+pub struct WorldOpts {
+    /// RootlessKit `--detach-netns` (needs RootlessKit ≥ 2.0).
+    pub detach_netns: bool,
+    /// The rootlesskit binary (default: `rootlesskit` from PATH).
+    pub rootlesskit: Option<PathBuf>,
+    /// Run a real rootless dockerd instead (Debian 12's `dockerd-rootless.sh`) from this
+    /// directory of unpacked packages (scripts/fetch-docker.sh); the "gluetun" namespace is
+    /// then a container on a Docker network whose bridge is `br-vpn`.
+    pub docker: Option<PathBuf>,
+}
+
+/// A built world; dropping it tears everything down.
+pub struct World {
+    pub prefix: String,
+    pub tenant: Tenant,
+    pub host: NetNs,
+    pub server: NetNs,
+    pub runtime_dir: PathBuf,
+    pub child_pid: u32,
+    pub detach: bool,
+    rootlesskit: Option<Child>,
+    userns_ino: u64,
+    /// With a real dockerd: the unpacked packages and the container's PID.
+    docker: Option<(PathBuf, u32)>,
+    children: Mutex<Vec<Child>>,
+}
+
+fn unique_prefix() -> String {
+    static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    format!(
+        "nsfv{}x{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+impl World {
+    /// Builds the world. Needs root (namespaces, the tenant user, /dev/net/tun mode).
+    pub fn build(opts: &WorldOpts) -> anyhow::Result<World> {
+        if !nix::unistd::geteuid().is_root() {
+            bail!("building the rootless test world needs root (it creates namespaces and the test user {TENANT})");
+        }
+        if opts.rootlesskit.is_some() {
+            check_programs(&NEEDS[1..])?;
+        } else {
+            check_programs(NEEDS)?;
+        }
+        let tenant = ensure_tenant()?;
+        // Unprivileged slirp4netns needs /dev/net/tun 0666 (the usual default).
+        let tun = Path::new("/dev/net/tun");
+        if let Ok(m) = std::fs::metadata(tun) {
+            if m.mode() & 0o666 != 0o666 {
+                std::fs::set_permissions(tun, std::fs::Permissions::from_mode(0o666))
+                    .context("chmod 0666 /dev/net/tun")?;
+            }
+        }
+        let prefix = unique_prefix();
+        let host = NetNs::create(&format!("{prefix}-host"))?;
+        let server = NetNs::create(&format!("{prefix}-srv"))?;
+        let runtime_dir = std::env::temp_dir().join(format!("{prefix}-xdg"));
+        let mut w = World {
+            prefix: prefix.clone(),
+            tenant: tenant.clone(),
+            host,
+            server,
+            runtime_dir: runtime_dir.clone(),
+            child_pid: 0,
+            detach: opts.detach_netns,
+            rootlesskit: None,
+            userns_ino: 0,
+            docker: None,
+            children: Mutex::new(Vec::new()),
+        };
+        let (vh, vs) = (format!("{prefix}h"), format!("{prefix}s"));
+        nsfast_sys::net::create_veth(&w.host, &vh, &w.server, &vs)?;
+        nsfast_sys::net::add_address(Some(&w.host), &vh, HOST_IP.into(), 24)?;
+        nsfast_sys::net::add_address(Some(&w.server), &vs, SERVER_IP.into(), 24)?;
+        std::fs::create_dir_all(&runtime_dir)?;
+        nix::unistd::chown(
+            &runtime_dir,
+            Some(tenant.uid.into()),
+            Some(tenant.gid.into()),
+        )?;
+        std::fs::set_permissions(&runtime_dir, std::fs::Permissions::from_mode(0o700))?;
+        let state = w.state_dir();
+        if let Some(root) = &opts.docker {
+            w.start_docker(root)?;
+            return Ok(w);
+        }
+        let rk = opts
+            .rootlesskit
+            .clone()
+            .unwrap_or_else(|| PathBuf::from("rootlesskit"));
+        let mut cmd = w.tenant_command(&rk);
+        cmd.args([
+            "--net=slirp4netns",
+            "--mtu=65520",
+            "--copy-up=/etc",
+            "--copy-up=/run",
+            "--disable-host-loopback",
+        ])
+        .arg(format!("--state-dir={}", state.display()));
+        if opts.detach_netns {
+            cmd.arg("--detach-netns");
+        }
+        cmd.args(["sleep", "infinity"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        let child = cmd
+            .spawn()
+            .with_context(|| format!("starting {}", rk.display()))?;
+        w.rootlesskit = Some(child);
+        let pid_file = state.join("child_pid");
+        let until = Instant::now() + Duration::from_secs(20);
+        loop {
+            if let Ok(s) = std::fs::read_to_string(&pid_file) {
+                if let Ok(p) = s.trim().parse() {
+                    w.child_pid = p;
+                    break;
+                }
+            }
+            if let Some(c) = w.rootlesskit.as_mut() {
+                if let Some(st) = c.try_wait()? {
+                    let mut err = String::new();
+                    if let Some(mut e) = c.stderr.take() {
+                        use std::io::Read;
+                        let _ = e.read_to_string(&mut err);
+                    }
+                    bail!("rootlesskit exited ({st}): {err}");
+                }
+            }
+            if Instant::now() > until {
+                bail!("rootlesskit wrote no {} within 20 s", pid_file.display());
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        if opts.detach_netns {
+            // child_pid may be written before the namespace is bind-mounted at <state>/netns.
+            let want = format!(" {} ", state.join("netns").display());
+            let until = Instant::now() + Duration::from_secs(20);
+            while !std::fs::read_to_string(format!("/proc/{}/mountinfo", w.child_pid))
+                .unwrap_or_default()
+                .contains(&want)
+            {
+                if Instant::now() > until {
+                    bail!(
+                        "RootlessKit did not mount {}/netns within 20 s",
+                        state.display()
+                    );
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+        w.userns_ino = std::fs::metadata(format!("/proc/{}/ns/user", w.child_pid))?.ino();
+        let g = w.gluetun_path();
+        let script = format!(
+            r#"set -e
+mkdir -p {gdir}; touch {g}
+unshare --net={g} true
+ip link add {br} type bridge
+ip addr add 172.30.0.1/24 dev {br}
+ip link set {br} up
+ip link add vg0 type veth peer name vb0
+ip link set vg0 netns {g}
+ip link set vb0 master {br}
+ip link set vb0 up
+nsenter --net={g} sh -c 'ip link set lo up; ip addr add {gip}/24 dev vg0; ip link set vg0 up; ip route add default via 172.30.0.1'
+echo 1 > /proc/sys/net/ipv4/ip_forward
+nft add table ip nat
+nft 'add chain ip nat post {{ type nat hook postrouting priority 100 ; }}'
+nft add rule ip nat post ip saddr 172.30.0.0/24 oifname != {br} masquerade
+"#,
+            gdir = g.parent().unwrap_or(Path::new("/run")).display(),
+            g = g.display(),
+            br = BRIDGE,
+            gip = GLUETUN_IP,
+        );
+        w.rootless_sh(&script)
+            .context("setting up the rootless network")?;
+        Ok(w)
+    }
+
+    fn docker_cli(&self, root: &Path, args: &[&str]) -> anyhow::Result<String> {
+        let mut cmd = self.tenant_command(root.join("usr/bin/docker"));
+        cmd.args(args).env(
+            "DOCKER_HOST",
+            format!("unix://{}", self.runtime_dir.join("docker.sock").display()),
+        );
+        let out = run(&mut cmd)?;
+        Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
+    }
+
+    /// Starts Debian 12's rootless dockerd as the tenant (dockerd-rootless.sh: RootlessKit with
+    /// slirp4netns, --copy-up=/etc --copy-up=/run --disable-host-loopback), imports a busybox
+    /// image from a local tarball, creates network `vpn` (bridge br-vpn, 172.30.0.0/24) and
+    /// runs the "gluetun" container on it at 172.30.0.2.
+    fn start_docker(&mut self, root: &Path) -> anyhow::Result<()> {
+        let path = format!(
+            "{}:{}:/usr/sbin:/usr/bin:/sbin:/bin",
+            root.join("usr/bin").display(),
+            root.join("usr/sbin").display()
+        );
+        let log = std::fs::File::create(self.runtime_dir.join("dockerd.log"))?;
+        let mut cmd = self.tenant_command("sh");
+        cmd.arg(root.join("usr/share/docker.io/contrib/dockerd-rootless.sh"))
+            .args(["--storage-driver", "vfs"])
+            .env("PATH", &path)
+            // RootlessKit's own temporary state dir (Docker 20.10 passes no --state-dir)
+            // lands in the world's runtime dir and goes with it.
+            .env("TMPDIR", &self.runtime_dir)
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log);
+        self.rootlesskit = Some(cmd.spawn().context("starting dockerd-rootless.sh")?);
+        let sock = self.runtime_dir.join("docker.sock");
+        let pid_file = self.runtime_dir.join("docker.pid");
+        let until = Instant::now() + Duration::from_secs(60);
+        loop {
+            if sock.exists() {
+                if let Some(p) = std::fs::read_to_string(&pid_file)
+                    .ok()
+                    .and_then(|s| s.trim().parse().ok())
+                {
+                    if self.docker_cli(root, &["info", "-f", "{{.ID}}"]).is_ok() {
+                        self.child_pid = p;
+                        break;
+                    }
+                }
+            }
+            if let Some(st) = self
+                .rootlesskit
+                .as_mut()
+                .and_then(|c| c.try_wait().ok().flatten())
+            {
+                bail!(
+                    "dockerd-rootless.sh exited ({st}): {}",
+                    std::fs::read_to_string(self.runtime_dir.join("dockerd.log"))
+                        .unwrap_or_default()
+                );
+            }
+            if Instant::now() > until {
+                bail!("rootless dockerd not ready within 60 s");
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        self.userns_ino = std::fs::metadata(format!("/proc/{}/ns/user", self.child_pid))?.ino();
+        // An image from a local tarball: a static busybox.
+        let img = self.runtime_dir.join("image");
+        std::fs::create_dir_all(img.join("bin"))?;
+        std::fs::copy("/bin/busybox", img.join("bin/busybox"))
+            .context("copying /bin/busybox (Debian package busybox-static) into the image")?;
+        let tar = self.runtime_dir.join("image.tar");
+        run(Command::new("tar")
+            .arg("-C")
+            .arg(&img)
+            .arg("-cf")
+            .arg(&tar)
+            .arg("."))?;
+        nix::unistd::chown(
+            &tar,
+            Some(self.tenant.uid.into()),
+            Some(self.tenant.gid.into()),
+        )?;
+        self.docker_cli(
+            root,
+            &["import", &tar.display().to_string(), "nsfast/busybox:test"],
+        )?;
+        self.docker_cli(
+            root,
+            &[
+                "network",
+                "create",
+                "--subnet",
+                "172.30.0.0/24",
+                "-o",
+                &format!("com.docker.network.bridge.name={BRIDGE}"),
+                "vpn",
+            ],
+        )?;
+        self.docker_cli(
+            root,
+            &[
+                "run",
+                "-d",
+                "--network",
+                "vpn",
+                "--ip",
+                &GLUETUN_IP.to_string(),
+                "--name",
+                "gluetun",
+                "nsfast/busybox:test",
+                "/bin/busybox",
+                "sleep",
+                "1000000",
+            ],
+        )?;
+        let pid: u32 = self
+            .docker_cli(root, &["inspect", "-f", "{{.State.Pid}}", "gluetun"])?
+            .parse()
+            .context("container PID")?;
+        self.docker = Some((root.to_path_buf(), pid));
+        Ok(())
+    }
+
+    /// RootlessKit's state directory (what dockerd-rootless.sh uses).
+    pub fn state_dir(&self) -> PathBuf {
+        self.runtime_dir.join("dockerd-rootless")
+    }
+
+    /// The "gluetun" namespace file, as seen inside the rootless mount namespace.
+    pub fn gluetun_path(&self) -> PathBuf {
+        PathBuf::from(format!("/run/{}/gluetun", self.prefix))
+    }
+
+    /// A command that runs `program` as the tenant in the host namespace with the tenant's
+    /// environment (XDG_RUNTIME_DIR, HOME).
+    pub fn tenant_command(&self, program: impl AsRef<std::ffi::OsStr>) -> Command {
+        let mut cmd = Command::new("setpriv");
+        cmd.arg(format!("--reuid={}", self.tenant.uid))
+            .arg(format!("--regid={}", self.tenant.gid))
+            .arg("--clear-groups")
+            .arg("--")
+            .arg(program)
+            .env_clear()
+            .env(
+                "PATH",
+                std::env::var_os("PATH").unwrap_or_else(|| "/usr/sbin:/usr/bin:/sbin:/bin".into()),
+            )
+            .env("XDG_RUNTIME_DIR", &self.runtime_dir)
+            .env("HOME", &self.runtime_dir);
+        if let Ok(v) = std::env::var("RUST_LOG") {
+            cmd.env("RUST_LOG", v);
+        }
+        self.host.configure_command(&mut cmd, None);
+        cmd
+    }
+
+    fn nsenter_args(&self) -> Vec<String> {
+        let mut a = vec![
+            "nsenter".to_string(),
+            "-U".into(),
+            "--preserve-credentials".into(),
+            "-m".into(),
+            "-t".into(),
+            self.child_pid.to_string(),
+        ];
+        if self.detach {
+            // The file is only a namespace inside the child's mount namespace: enter that
+            // first, then the network namespace.
+            a.push("nsenter".into());
+            a.push(format!(
+                "--net={}",
+                self.state_dir().join("netns").display()
+            ));
+        } else {
+            a.push("-n".into());
+        }
+        a
+    }
+
+    /// Runs a shell script as the tenant inside the rootless namespaces (like
+    /// `rootlesskit --state-dir ... nsenter`); fails with its output on error.
+    pub fn rootless_sh(&self, script: &str) -> anyhow::Result<String> {
+        let a = self.nsenter_args();
+        let mut cmd = self.tenant_command(&a[0]);
+        cmd.args(&a[1..]).args(["sh", "-c", script]);
+        let out = run(&mut cmd)?;
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+
+    /// A command running `argv` as the tenant inside the "gluetun" namespace.
+    pub fn gluetun_command(&self, argv: &[&str]) -> Command {
+        let a = self.nsenter_args();
+        let mut cmd = self.tenant_command(&a[0]);
+        cmd.args(&a[1..])
+            .arg("nsenter")
+            .arg(format!("--net={}", self.gluetun_path().display()))
+            .args(argv);
+        cmd
+    }
+
+    /// The "gluetun" namespace for threads of this (root) process.
+    pub fn gluetun_ns(&self) -> anyhow::Result<NetNs> {
+        if let Some((_, pid)) = &self.docker {
+            return Ok(NetNs::open(&format!("/proc/{pid}/ns/net"))?);
+        }
+        let p = format!(
+            "/proc/{}/root{}",
+            self.child_pid,
+            self.gluetun_path().display()
+        );
+        Ok(NetNs::open(&p)?)
+    }
+
+    /// The command `vpnrelay ARGS` as the tenant in the host namespace.
+    pub fn vpnrelay(&self, bin: &Path, args: &[&str]) -> Command {
+        let mut cmd = self.tenant_command(bin);
+        cmd.args(args);
+        cmd
+    }
+
+    /// Keeps `child` to be killed when the world is dropped.
+    pub fn adopt(&self, child: Child) {
+        self.children
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(child);
+    }
+
+    /// IPv4 rules in the rootless namespace (`ip rule` text).
+    pub fn rules(&self) -> anyhow::Result<String> {
+        self.rootless_sh("ip -4 rule")
+    }
+
+    /// PIDs of processes in this world: in its user namespace or its host namespace.
+    pub fn processes(&self) -> BTreeSet<u32> {
+        let host_ino = self.host.inode();
+        let mut out = BTreeSet::new();
+        let Ok(rd) = std::fs::read_dir("/proc") else {
+            return out;
+        };
+        for e in rd.flatten() {
+            let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
+                continue;
+            };
+            if pid == std::process::id() {
+                continue;
+            }
+            let ino = |ns: &str| {
+                std::fs::metadata(format!("/proc/{pid}/ns/{ns}"))
+                    .map(|m| m.ino())
+                    .ok()
+            };
+            if (self.userns_ino != 0 && ino("user") == Some(self.userns_ino))
+                || ino("net") == Some(host_ino)
+            {
+                out.insert(pid);
+            }
+        }
+        out
+    }
+}
+
+/// Kills every process whose network namespace is `ns` (only namespaces a world created).
+pub fn kill_in_netns(ns: &NetNs) {
+    let ino = ns.inode();
+    for _ in 0..3 {
+        let mut found = false;
+        for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+            let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else {
+                continue;
+            };
+            if pid as u32 == std::process::id() {
+                continue;
+            }
+            if std::fs::metadata(format!("/proc/{pid}/ns/net"))
+                .map(|m| m.ino())
+                .ok()
+                == Some(ino)
+            {
+                found = true;
+                let _ = nix::sys::signal::kill(
+                    nix::unistd::Pid::from_raw(pid),
+                    nix::sys::signal::Signal::SIGKILL,
+                );
+            }
+        }
+        if !found {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+impl Drop for World {
+    fn drop(&mut self) {
+        kill_in_netns(&self.server);
+        for c in self
+            .children
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter_mut()
+        {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        for round in 0..3 {
+            let pids = self.processes();
+            if pids.is_empty() {
+                break;
+            }
+            for p in pids {
+                let sig = if round == 0 {
+                    nix::sys::signal::Signal::SIGTERM
+                } else {
+                    nix::sys::signal::Signal::SIGKILL
+                };
+                let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(p as i32), sig);
+            }
+            std::thread::sleep(Duration::from_millis(300));
+        }
+        if let Some(mut c) = self.rootlesskit.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        let _ = std::fs::remove_dir_all(&self.runtime_dir);
+    }
+}
+
+/// A UDP echo server (a stand-in for the VPN server) on a thread in `ns`; it records every
+/// source address it sees.
+pub struct Echo {
+    pub addr: SocketAddrV4,
+    stop: Arc<AtomicBool>,
+    sources: Arc<Mutex<Vec<SocketAddrV4>>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Echo {
+    pub fn start(ns: &NetNs, addr: SocketAddrV4) -> anyhow::Result<Echo> {
+        let sock = ns.run(|| UdpSocket::bind(addr))??;
+        sock.set_read_timeout(Some(Duration::from_millis(200)))?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let sources = Arc::new(Mutex::new(Vec::new()));
+        let (s2, src2) = (stop.clone(), sources.clone());
+        let thread = std::thread::spawn(move || {
+            let mut buf = vec![0u8; 65536];
+            while !s2.load(Ordering::Relaxed) {
+                if let Ok((n, std::net::SocketAddr::V4(from))) = sock.recv_from(&mut buf) {
+                    {
+                        let mut v = src2.lock().unwrap_or_else(|e| e.into_inner());
+                        if v.last() != Some(&from) {
+                            v.push(from);
+                        }
+                    }
+                    let _ = sock.send_to(&buf[..n], from);
+                }
+            }
+        });
+        Ok(Echo {
+            addr,
+            stop,
+            sources,
+            thread: Some(thread),
+        })
+    }
+
+    /// Distinct consecutive sources seen so far.
+    pub fn sources(&self) -> Vec<SocketAddrV4> {
+        self.sources
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    pub fn last_source(&self) -> Option<SocketAddrV4> {
+        self.sources().last().copied()
+    }
+}
+
+impl Drop for Echo {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// A client socket in `ns` bound to `port`, connected to `server`.
+pub fn client(ns: &NetNs, port: u16, server: SocketAddrV4) -> io::Result<UdpSocket> {
+    let s = ns
+        .run(|| -> io::Result<UdpSocket> {
+            let s = UdpSocket::bind((Ipv4Addr::UNSPECIFIED, port))?;
+            s.connect(server)?;
+            Ok(s)
+        })
+        .map_err(|e| io::Error::other(e.to_string()))??;
+    s.set_read_timeout(Some(Duration::from_millis(300)))?;
+    Ok(s)
+}
+
+/// Sends one datagram and waits for its echo.
+pub fn ping(s: &UdpSocket, payload: &[u8]) -> bool {
+    if s.send(payload).is_err() {
+        return false;
+    }
+    let mut buf = [0u8; 2048];
+    let until = Instant::now() + Duration::from_millis(600);
+    while Instant::now() < until {
+        match s.recv(&mut buf) {
+            Ok(n) if &buf[..n] == payload => return true,
+            Ok(_) => continue,
+            Err(_) => return false,
+        }
+    }
+    false
+}
+
+/// Pings every `interval` on a thread until stopped; counts echoes.
+pub struct Pinger {
+    stop: Arc<AtomicBool>,
+    pub sent: Arc<std::sync::atomic::AtomicU64>,
+    pub ok: Arc<std::sync::atomic::AtomicU64>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Pinger {
+    pub fn start(sock: UdpSocket, interval: Duration) -> Pinger {
+        let stop = Arc::new(AtomicBool::new(false));
+        let sent = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let ok = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let (s2, sent2, ok2) = (stop.clone(), sent.clone(), ok.clone());
+        let thread = std::thread::spawn(move || {
+            let mut i = 0u64;
+            while !s2.load(Ordering::Relaxed) {
+                i += 1;
+                sent2.fetch_add(1, Ordering::Relaxed);
+                if ping(&sock, format!("ping {i}").as_bytes()) {
+                    ok2.fetch_add(1, Ordering::Relaxed);
+                }
+                std::thread::sleep(interval);
+            }
+        });
+        Pinger {
+            stop,
+            sent,
+            ok,
+            thread: Some(thread),
+        }
+    }
+
+    pub fn ok(&self) -> u64 {
+        self.ok.load(Ordering::Relaxed)
+    }
+
+    /// Waits until `n` more echoes arrive (false on timeout).
+    pub fn wait_more(&self, n: u64, timeout: Duration) -> bool {
+        let start = self.ok();
+        let until = Instant::now() + timeout;
+        while Instant::now() < until {
+            if self.ok() >= start + n {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        false
+    }
+}
+
+impl Drop for Pinger {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// UDP port of the WireGuard server (the UDP echo uses [`VPN_PORT`]).
+pub const WG_PORT: u16 = 51821;
+pub const WG_SERVER_IP: Ipv4Addr = Ipv4Addr::new(10, 99, 0, 1);
+pub const WG_CLIENT_IP: Ipv4Addr = Ipv4Addr::new(10, 99, 0, 2);
+
+/// A WireGuard tunnel, wireguard-go on both ends: the server in the server namespace (root),
+/// the client in "gluetun" (as the tenant, like gluetun in a rootless container).
+pub struct WireGuard {
+    server: Option<Child>,
+}
+
+fn wg_key(private: Option<&str>) -> anyhow::Result<String> {
+    use std::io::Write;
+    let mut cmd = Command::new("wg");
+    cmd.arg(if private.is_some() {
+        "pubkey"
+    } else {
+        "genkey"
+    })
+    .stdin(Stdio::piped())
+    .stdout(Stdio::piped());
+    let mut c = cmd.spawn().context("running wg (wireguard-tools)")?;
+    if let (Some(k), Some(mut i)) = (private, c.stdin.take()) {
+        i.write_all(k.as_bytes())?;
+    }
+    drop(c.stdin.take());
+    let out = c.wait_with_output()?;
+    Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
+}
+
+impl WireGuard {
+    pub fn start(w: &World) -> anyhow::Result<WireGuard> {
+        check_programs(NEEDS_WG)?;
+        let (sk, ck) = (wg_key(None)?, wg_key(None)?);
+        let (sp, cp) = (wg_key(Some(&sk))?, wg_key(Some(&ck))?);
+        let skf = w.runtime_dir.join("wg-server.key");
+        let ckf = w.runtime_dir.join("wg-client.key");
+        std::fs::write(&skf, &sk)?;
+        std::fs::write(&ckf, &ck)?;
+        nix::unistd::chown(&ckf, Some(w.tenant.uid.into()), Some(w.tenant.gid.into()))?;
+        let ifname = format!("wg{}", &w.prefix[4..].replace('x', ""));
+        let ifname: String = ifname.chars().take(15).collect();
+        // The server side runs as root in the server namespace, in a private mount namespace
+        // with its own /run, so its UAPI socket never lands in the machine's /run.
+        let mut server = Command::new("unshare");
+        server
+            .args(["-m", "--propagation", "private", "sh", "-c"])
+            .arg(format!(
+                "set -e; mount -t tmpfs none /run; \
+                 WG_PROCESS_FOREGROUND=1 wireguard-go -f {ifname} & \
+                 for i in $(seq 200); do [ -S /run/wireguard/{ifname}.sock ] && break; sleep 0.05; done; \
+                 wg set {ifname} listen-port {WG_PORT} private-key {key} peer {cp} allowed-ips {WG_CLIENT_IP}/32; \
+                 ip addr add {WG_SERVER_IP}/24 dev {ifname}; ip link set {ifname} mtu 1420 up; \
+                 touch {ready}; wait",
+                key = skf.display(),
+                ready = w.runtime_dir.join("wg-server.ready").display(),
+            ))
+            .stdin(Stdio::null())
+            .stdout(std::fs::File::create(w.runtime_dir.join("wg-server.log"))?)
+            .stderr(std::fs::File::create(w.runtime_dir.join("wg-server.err"))?);
+        w.server.configure_command(&mut server, None);
+        let mut me = WireGuard {
+            server: Some(server.spawn().context("starting wireguard-go (server)")?),
+        };
+        let until = Instant::now() + Duration::from_secs(15);
+        while !w.runtime_dir.join("wg-server.ready").exists() {
+            if Instant::now() > until {
+                me.stop();
+                bail!(
+                    "WireGuard server did not come up: {}{}",
+                    std::fs::read_to_string(w.runtime_dir.join("wg-server.log"))
+                        .unwrap_or_default(),
+                    std::fs::read_to_string(w.runtime_dir.join("wg-server.err"))
+                        .unwrap_or_default()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        // The rootless /run is a copy-up of the host's: give wireguard-go its own directory.
+        w.rootless_sh(
+            "if [ -L /run/wireguard ]; then rm /run/wireguard; fi; mkdir -p /run/wireguard",
+        )?;
+        let client = w
+            .gluetun_command(&["wireguard-go", "-f", "wg0"])
+            .env("WG_PROCESS_FOREGROUND", "1")
+            .env("LOG_LEVEL", "debug")
+            .stdin(Stdio::null())
+            .stdout(std::fs::File::create(w.runtime_dir.join("wg-client.log"))?)
+            .stderr(Stdio::null())
+            .spawn()
+            .context("starting wireguard-go (client, as the tenant)")?;
+        w.adopt(client);
+        let script = format!(
+            "for i in $(seq 100); do [ -S /var/run/wireguard/wg0.sock ] && break; sleep 0.05; done; \
+             wg set wg0 private-key {key} peer {sp} allowed-ips {WG_SERVER_IP}/32 endpoint {SERVER_IP}:{WG_PORT} persistent-keepalive 1 && \
+             ip addr add {WG_CLIENT_IP}/24 dev wg0 && ip link set wg0 mtu 1420 up",
+            key = ckf.display()
+        );
+        let out = w
+            .gluetun_command(&["sh", "-c", &script])
+            .stdin(Stdio::null())
+            .output()?;
+        if !out.status.success() {
+            bail!(
+                "configuring the WireGuard client: {} (wireguard-go: {})",
+                String::from_utf8_lossy(&out.stderr),
+                std::fs::read_to_string(w.runtime_dir.join("wg-client.log")).unwrap_or_default()
+            );
+        }
+        // Handshake: a UDP echo through the tunnel.
+        let echo = Echo::start(&w.server, SocketAddrV4::new(WG_SERVER_IP, 7))?;
+        let probe = self::client(&w.gluetun_ns()?, 0, echo.addr)?;
+        let ok = (0..40).any(|i| ping(&probe, format!("wg probe {i}").as_bytes()));
+        drop(echo);
+        if !ok {
+            me.stop();
+            let log = |n: &str| std::fs::read_to_string(w.runtime_dir.join(n)).unwrap_or_default();
+            let state = w
+                .gluetun_command(&["sh", "-c", "wg show; ip -br addr"])
+                .output()
+                .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+                .unwrap_or_default();
+            bail!(
+                "no ping through the WireGuard tunnel\nclient: {}\nserver: {}\n{state}",
+                log("wg-client.log"),
+                log("wg-server.log")
+            );
+        }
+        Ok(me)
+    }
+
+    /// iperf3 TCP from "gluetun" (as the tenant) to the server through the tunnel; Gbit/s
+    /// received.
+    pub fn iperf3(&self, w: &World, secs: f64) -> anyhow::Result<f64> {
+        let mut srv = Command::new("iperf3");
+        srv.args(["-s", "-1", "-B", &WG_SERVER_IP.to_string(), "-p", "5201"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        w.server.configure_command(&mut srv, None);
+        let mut srv = srv.spawn().context("starting iperf3 -s")?;
+        std::thread::sleep(Duration::from_millis(300));
+        let out = w
+            .gluetun_command(&[
+                "iperf3",
+                "-c",
+                &WG_SERVER_IP.to_string(),
+                "-p",
+                "5201",
+                "-t",
+                &format!("{secs}"),
+                "-J",
+            ])
+            .stdin(Stdio::null())
+            .output()?;
+        let _ = srv.kill();
+        let _ = srv.wait();
+        let json: serde_json::Value = serde_json::from_slice(&out.stdout)
+            .with_context(|| format!("iperf3 output: {}", String::from_utf8_lossy(&out.stdout)))?;
+        if let Some(e) = json.get("error") {
+            bail!("iperf3: {e}");
+        }
+        let bps = json["end"]["sum_received"]["bits_per_second"]
+            .as_f64()
+            .context("iperf3 JSON without end.sum_received")?;
+        Ok(bps / 1e9)
+    }
+
+    pub fn stop(&mut self) {
+        if let Some(mut c) = self.server.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// Kills what [`WireGuard::start`] left in `w`'s server namespace (wireguard-go).
+    pub fn stop_in(&mut self, w: &World) {
+        self.stop();
+        kill_in_netns(&w.server);
+    }
+}
+
+impl Drop for WireGuard {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
