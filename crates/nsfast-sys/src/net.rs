@@ -522,6 +522,30 @@ pub fn add_port_rule(ns: Option<&NetNs>, r: &PortRule) -> Result<(), NetError> {
     })
 }
 
+/// The IPv4 rules with this iif, table and priority (whatever their ports).
+async fn port_rules(
+    h: &Handle,
+    iif: &str,
+    table: u32,
+    priority: u32,
+) -> Result<Vec<netlink_packet_route::rule::RuleMessage>, NetError> {
+    let probe = PortRule {
+        iif: iif.to_string(),
+        ip_proto: 0,
+        dport: (0, 0),
+        table,
+        priority,
+    };
+    let mut found = Vec::new();
+    let mut rules = h.rule().get(rtnetlink::IpVersion::V4).execute();
+    while let Some(msg) = rules.try_next().await.map_err(nl("list rules"))? {
+        if rule_matches(&msg, &probe) {
+            found.push(msg);
+        }
+    }
+    Ok(found)
+}
+
 /// Deletes every IPv4 rule with this iif, table and priority (whatever its ports).
 /// Returns how many were deleted.
 pub fn delete_port_rules(
@@ -530,21 +554,8 @@ pub fn delete_port_rules(
     table: u32,
     priority: u32,
 ) -> Result<usize, NetError> {
-    let probe = PortRule {
-        iif: iif.to_string(),
-        ip_proto: 0,
-        dport: (0, 0),
-        table,
-        priority,
-    };
     with_handle(ns, |h| async move {
-        let mut found = Vec::new();
-        let mut rules = h.rule().get(rtnetlink::IpVersion::V4).execute();
-        while let Some(msg) = rules.try_next().await.map_err(nl("list rules"))? {
-            if rule_matches(&msg, &probe) {
-                found.push(msg);
-            }
-        }
+        let found = port_rules(&h, iif, table, priority).await?;
         let n = found.len();
         for msg in found {
             match h.rule().del(msg).execute().await {
@@ -564,22 +575,8 @@ pub fn count_port_rules(
     table: u32,
     priority: u32,
 ) -> Result<usize, NetError> {
-    let probe = PortRule {
-        iif: iif.to_string(),
-        ip_proto: 0,
-        dport: (0, 0),
-        table,
-        priority,
-    };
     with_handle(ns, |h| async move {
-        let mut n = 0;
-        let mut rules = h.rule().get(rtnetlink::IpVersion::V4).execute();
-        while let Some(msg) = rules.try_next().await.map_err(nl("list rules"))? {
-            if rule_matches(&msg, &probe) {
-                n += 1;
-            }
-        }
-        Ok(n)
+        Ok(port_rules(&h, iif, table, priority).await?.len())
     })
 }
 
@@ -626,32 +623,6 @@ pub fn delete_local_default_route(ns: Option<&NetNs>, table: u32) -> Result<(), 
             }
             Err(e) => Err(nl(format!("delete local default route from table {table}"))(e)),
         }
-    })
-}
-
-/// The IPv4 addresses (with prefix lengths) on link `name`.
-pub fn link_ipv4_addrs(
-    ns: Option<&NetNs>,
-    name: &str,
-) -> Result<Vec<(std::net::Ipv4Addr, u8)>, NetError> {
-    use netlink_packet_route::address::AddressAttribute;
-    with_handle(ns, |h| async move {
-        let idx = index_of(&h, name).await?;
-        let mut out = Vec::new();
-        let mut addrs = h.address().get().set_link_index_filter(idx).execute();
-        while let Some(msg) = addrs
-            .try_next()
-            .await
-            .map_err(nl(format!("list addresses of {name}")))?
-        {
-            for a in &msg.attributes {
-                if let AddressAttribute::Address(IpAddr::V4(v4)) = a {
-                    out.push((*v4, msg.header.prefix_len));
-                }
-            }
-        }
-        out.dedup();
-        Ok(out)
     })
 }
 

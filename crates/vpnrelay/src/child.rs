@@ -89,7 +89,7 @@ pub fn conntrack_handover(
 }
 
 fn bridge_subnets(cfg: &Config) -> Result<Vec<(Ipv4Addr, u8)>, ChildError> {
-    match net::link_ipv4_addrs(None, &cfg.bridge) {
+    match net::link_ipv4_addresses(None, &cfg.bridge) {
         Ok(v) => Ok(v),
         Err(NetError::NoSuchLink(_)) => Err(ChildError::NoBridge(cfg.bridge.clone())),
         Err(source) => Err(ChildError::Net {
