@@ -12,6 +12,7 @@
 //! - [`svg`]        — one bar chart per workload and placement, with min–max whiskers.
 //! - [`crosscheck`] — run sockperf and iperf3 on the same topology and compare.
 //! - [`sockmap_hook`] — where the `sockmap` topology attaches crate nsfast-sockmap.
+//! - [`rootless_hook`] — the `slirp4netns` and `vpnrelay` topologies (crate nsfast-vpnrelay's world).
 
 #![forbid(unsafe_code)]
 
@@ -19,6 +20,7 @@ pub mod crosscheck;
 pub mod load;
 pub mod proc;
 pub mod report;
+pub mod rootless_hook;
 pub mod runner;
 pub mod sockmap_hook;
 pub mod spec;

@@ -159,7 +159,7 @@ pub fn table(outcome: &Outcome) -> String {
         let _ = writeln!(out, "\nplacement {p} ({cpus})");
         let _ = writeln!(
             out,
-            "{:<11} {:<9} {:>12} {:<7} {:>7} {:>8}  {:<22} {:>10}  notes",
+            "{:<11} {:<11} {:>12} {:<7} {:>7} {:>8}  {:<22} {:>10}  notes",
             "workload", "topology", "median", "unit", "× host", "spread", "min – max", "CPU cost",
         );
         let mut last_w = None;
@@ -201,7 +201,7 @@ pub fn table(outcome: &Outcome) -> String {
             }
             let _ = writeln!(
                 out,
-                "{:<11} {:<9} {:>12} {:<7} {:>7} {:>8}  {:<22} {:>10}  {}",
+                "{:<11} {:<11} {:>12} {:<7} {:>7} {:>8}  {:<22} {:>10}  {}",
                 w,
                 r.topology,
                 f(r.median),

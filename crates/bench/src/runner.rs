@@ -349,7 +349,7 @@ impl Runner {
         let mut spec = WorkerSpec {
             role: Role::Server,
             workload: w,
-            addr: SocketAddr::new(b.server_ip, 0),
+            addr: SocketAddr::new(b.server_ip, b.server_port),
             sizes,
             duration_s: duration.as_secs_f64(),
             cpu: scpu,

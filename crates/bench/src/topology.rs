@@ -4,7 +4,8 @@
 //!
 //! [`registry`] is the registration point: one [`TopologyDef`] per topology, in the order they
 //! are run. A later part of nsfast adds its path (bpf host routing, netkit, slirp4netns,
-//! vpnrelay) by filling in its entry's `probe` and `build`.
+//! vpnrelay) by filling in its entry's `probe` and `build`; `slirp4netns` and `vpnrelay` come
+//! from [`crate::rootless_hook`].
 
 use std::any::Any;
 use std::fs;
@@ -103,15 +104,15 @@ pub fn registry() -> Vec<TopologyDef> {
         },
         TopologyDef {
             name: "slirp4netns",
-            about: "rootless user-mode networking (slirp4netns)",
-            probe: || Err("not built into nsfast yet (slirp4netns topology)".into()),
-            build: not_built,
+            about: "rootless Docker's path: client in a container namespace on a bridge inside RootlessKit + slirp4netns, server in a VPN server namespace",
+            probe: crate::rootless_hook::probe_world,
+            build: build_slirp4netns,
         },
         TopologyDef {
             name: "vpnrelay",
-            about: "tunnel through nsfast's vpnrelay",
-            probe: || Err("not built into nsfast yet (vpnrelay)".into()),
-            build: not_built,
+            about: "the slirp4netns world with nsfast's vpnrelay moving the client's UDP to host sockets",
+            probe: crate::rootless_hook::probe_relay,
+            build: build_vpnrelay,
         },
     ]
 }
@@ -171,6 +172,8 @@ pub struct Built {
     pub server: Endpoint,
     /// The address the server listens on and the client connects to.
     pub server_ip: IpAddr,
+    /// The port the server listens on (0: any free port).
+    pub server_port: u16,
     /// The topology's cgroup directory (parent of the client and server cgroups).
     pub cgroup_dir: PathBuf,
     /// Things to keep alive while the topology exists (dropped first).
@@ -309,6 +312,7 @@ fn build_host(ctx: &BuildCtx) -> Result<Built, TopologyError> {
             cgroup: server,
         },
         server_ip: IpAddr::V4(Ipv4Addr::LOCALHOST),
+        server_port: 0,
         cgroup_dir: dir,
         extras: vec![],
         note: None,
@@ -333,6 +337,7 @@ fn build_veth_pair(ctx: &BuildCtx, t: &'static str) -> Result<Built, TopologyErr
             cgroup: server,
         },
         server_ip: IpAddr::V4(Ipv4Addr::new(10, 201, 0, 2)),
+        server_port: 0,
         cgroup_dir: dir,
         extras: vec![],
         note: None,
@@ -384,6 +389,7 @@ fn build_routed(ctx: &BuildCtx) -> Result<Built, TopologyError> {
             cgroup: server,
         },
         server_ip: ip(10, 202, 2, 2),
+        server_port: 0,
         cgroup_dir: dir,
         extras: vec![],
         note: None,
@@ -419,6 +425,40 @@ fn build_routed(ctx: &BuildCtx) -> Result<Built, TopologyError> {
     nl(T, net::set_sysctl(Some(h), "net.ipv4.ip_forward", "1"))?;
     client_sysctls(T, a)?;
     Ok(b)
+}
+
+fn build_slirp4netns(ctx: &BuildCtx) -> Result<Built, TopologyError> {
+    build_rootless(ctx, "slirp4netns", false)
+}
+
+fn build_vpnrelay(ctx: &BuildCtx) -> Result<Built, TopologyError> {
+    build_rootless(ctx, "vpnrelay", true)
+}
+
+/// The vpnrelay test world (crate nsfast-vpnrelay's testbed): client in its "gluetun"
+/// namespace inside the tenant's RootlessKit network, server in its VPN server namespace;
+/// with `relay`, the relay runs as the tenant. The world (tenant processes, namespaces, the
+/// relay and its rule) goes away with the topology's extras.
+fn build_rootless(ctx: &BuildCtx, t: &'static str, relay: bool) -> Result<Built, TopologyError> {
+    let (dir, client, server) = cgroups(ctx, t)?;
+    let parts = crate::rootless_hook::build(relay).map_err(|e| other(t, e))?;
+    Ok(Built {
+        name: t,
+        namespaces: vec![parts.client, parts.server],
+        client: Endpoint {
+            ns: 0,
+            cgroup: client,
+        },
+        server: Endpoint {
+            ns: 1,
+            cgroup: server,
+        },
+        server_ip: IpAddr::V4(nsfast_vpnrelay::testbed::SERVER_IP),
+        server_port: crate::rootless_hook::PORT,
+        cgroup_dir: dir,
+        extras: parts.guards,
+        note: Some(parts.note),
+    })
 }
 
 fn ip(a: u8, b: u8, c: u8, d: u8) -> IpAddr {

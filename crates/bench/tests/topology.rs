@@ -11,6 +11,10 @@ use nsfast_bench::load::{run_client, serve, Listener};
 use nsfast_bench::spec::{Sizes, Workload};
 use nsfast_bench::topology::{registry, BuildCtx, Built, RunCgroup};
 
+/// Topologies built from the vpnrelay test world (tested on their own: they start tenant
+/// processes, and the relay binary has to be built first).
+const ROOTLESS: [&str; 2] = ["slirp4netns", "vpnrelay"];
+
 fn require_root() {
     assert!(
         nix::unistd::geteuid().is_root(),
@@ -83,7 +87,8 @@ fn build_and_teardown_leave_nothing_behind() {
         };
         let mut built = Vec::new();
         for d in registry() {
-            if (d.probe)().is_err() {
+            // The rootless worlds have their own test below.
+            if (d.probe)().is_err() || ROOTLESS.contains(&d.name) {
                 continue;
             }
             let b = (d.build)(&ctx).unwrap_or_else(|e| panic!("build {}: {e}", d.name));
@@ -160,4 +165,145 @@ fn cleanup_removes_what_a_killed_run_left() {
     // A live run's namespace is left alone.
     assert!(Path::new("/run/netns").join(&mine).exists());
     drop(live);
+}
+
+/// Builds the `vpnrelay` binary of this profile (as crates/vpnrelay/tests/rootless.rs does)
+/// and hands it to the topology.
+fn use_vpnrelay_bin() {
+    let exe = std::env::current_exe().unwrap();
+    let profile_dir = exe.parent().and_then(|p| p.parent()).unwrap().to_path_buf();
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let mut cmd = std::process::Command::new(cargo);
+    cmd.args(["build", "-q", "-p", "nsfast", "--bin", "vpnrelay"]);
+    if profile_dir.ends_with("release") {
+        cmd.arg("--release");
+    }
+    assert!(
+        cmd.status().unwrap().success(),
+        "cargo build --bin vpnrelay"
+    );
+    nsfast_bench::rootless_hook::set_vpnrelay_bin(profile_dir.join("vpnrelay"));
+}
+
+/// PIDs of processes owned by `uid`.
+fn processes_of(uid: u32) -> Vec<u32> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
+            continue;
+        };
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+        let real = status
+            .lines()
+            .find_map(|l| l.strip_prefix("Uid:"))
+            .and_then(|v| v.split_whitespace().next()?.parse::<u32>().ok());
+        if real == Some(uid) {
+            out.push(pid);
+        }
+    }
+    out
+}
+
+fn run_text(argv: &[&str]) -> String {
+    let o = std::process::Command::new(argv[0])
+        .args(&argv[1..])
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+/// What the rootless worlds could leave behind in the initial namespace and on disk.
+fn rootless_leftovers(world_prefix: &str) -> Vec<String> {
+    let mut left: Vec<String> = nsfast_sys::netns::list_named()
+        .into_iter()
+        .filter(|n| n.starts_with(world_prefix))
+        .collect();
+    for e in std::fs::read_dir(std::env::temp_dir()).unwrap().flatten() {
+        let n = e.file_name().to_string_lossy().into_owned();
+        if n.starts_with(world_prefix) {
+            left.push(e.path().display().to_string());
+        }
+    }
+    left
+}
+
+/// slirp4netns and vpnrelay build (relay running, its rule in place), carry UDP to the VPN
+/// port and TCP, and tear down leaving no namespace, cgroup, tenant process, runtime
+/// directory, rule or nft change behind.
+#[test]
+fn rootless_topologies_build_and_leave_nothing_behind() {
+    require_root();
+    for t in ROOTLESS {
+        let d = nsfast_bench::topology::find(t).unwrap();
+        if let Err(e) = (d.probe)() {
+            if t == "vpnrelay" {
+                use_vpnrelay_bin();
+                (d.probe)().unwrap_or_else(|e| panic!("{t}: {e}"));
+            } else {
+                panic!("{t} cannot run here: {e}");
+            }
+        }
+    }
+    let tenant = nsfast_vpnrelay::testbed::ensure_tenant().unwrap();
+    let tenant_before = processes_of(tenant.uid);
+    let rules_before = run_text(&["ip", "-4", "rule"]);
+    let nft_before = run_text(&["nft", "list", "ruleset"]);
+    let prefix = format!("nsfb-{}-tr", std::process::id());
+    let world_prefix = format!("nsfv{}x", std::process::id());
+    {
+        let run_cg = RunCgroup::create(&prefix).unwrap();
+        let ctx = BuildCtx {
+            prefix: prefix.clone(),
+            cgroup_root: run_cg.path().to_path_buf(),
+        };
+        for t in ROOTLESS {
+            let d = nsfast_bench::topology::find(t).unwrap();
+            let b = (d.build)(&ctx).unwrap_or_else(|e| panic!("build {t}: {e}"));
+            assert_eq!(b.server_port, nsfast_vpnrelay::testbed::VPN_PORT);
+            let w = b
+                .extras
+                .iter()
+                .find_map(|e| e.downcast_ref::<nsfast_vpnrelay::testbed::World>())
+                .expect("the world is kept in the extras");
+            let relay_rule = w.rules().unwrap().contains("lookup 4820");
+            assert_eq!(relay_rule, t == "vpnrelay", "{t}: {}", w.rules().unwrap());
+            assert!(!processes_of(tenant.uid).is_empty());
+            exercise(&b);
+            // The udp-stream workload to the VPN port reaches the server.
+            let stop = Arc::new(AtomicBool::new(false));
+            let s2 = stop.clone();
+            let addr = SocketAddr::new(b.server_ip, b.server_port);
+            let l = b
+                .server_ns()
+                .run(|| Listener::bind(Workload::UdpStream, addr))
+                .unwrap()
+                .unwrap();
+            let h = std::thread::spawn(move || {
+                serve(Workload::UdpStream, &l, Sizes::default(), &s2).unwrap()
+            });
+            let sizes = Sizes {
+                datagram: 1420,
+                ..Sizes::default()
+            };
+            let c = b
+                .client_ns()
+                .run(|| run_client(Workload::UdpStream, addr, sizes, Duration::from_millis(300)))
+                .unwrap()
+                .unwrap_or_else(|e| panic!("{t}: {e}"));
+            std::thread::sleep(Duration::from_millis(200));
+            stop.store(true, Ordering::Relaxed);
+            let s = h.join().unwrap();
+            assert!(c.datagrams > 0, "{t}: nothing sent");
+            assert!(s.datagrams > 0, "{t}: nothing arrived");
+            drop(b);
+            assert_eq!(rootless_leftovers(&world_prefix), Vec::<String>::new());
+        }
+    }
+    assert_eq!(leftovers(&prefix), Vec::<String>::new());
+    assert_eq!(rootless_leftovers(&world_prefix), Vec::<String>::new());
+    let mut left = processes_of(tenant.uid);
+    left.retain(|p| !tenant_before.contains(p));
+    assert_eq!(left, Vec::<u32>::new(), "tenant processes left");
+    assert_eq!(run_text(&["ip", "-4", "rule"]), rules_before);
+    assert_eq!(run_text(&["nft", "list", "ruleset"]), nft_before);
 }
