@@ -677,17 +677,23 @@ fn start_helpers(
 ) -> Result<HelperGuard> {
     use std::os::unix::process::CommandExt;
     let mut helpers = HelperGuard(Vec::new());
-    for h in &profile_def.helpers {
+    for (i, h) in profile_def.helpers.iter().enumerate() {
         let script = subst(&h.command);
+        // One log pair per helper: PROFILE-helper.log, PROFILE-helper2.log, ...
+        let n = if i == 0 {
+            String::new()
+        } else {
+            (i + 1).to_string()
+        };
         let mut cmd = Command::new("sh");
         cmd.arg("-c")
             .arg(&script)
             .stdin(Stdio::null())
             .stdout(fs::File::create(
-                logs.join(format!("{profile}-helper.log")),
+                logs.join(format!("{profile}-helper{n}.log")),
             )?)
             .stderr(fs::File::create(
-                logs.join(format!("{profile}-helper.err")),
+                logs.join(format!("{profile}-helper{n}.err")),
             )?)
             .process_group(0);
         qemu::die_with_parent(&mut cmd);
