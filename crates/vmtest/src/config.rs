@@ -189,6 +189,8 @@ pub struct BootProfile {
 pub struct GuestSuite {
     /// Binary targets copied into the guest's /bin.
     pub bins: Vec<String>,
+    /// Host programs (found on PATH) copied into the guest's /bin with their libraries.
+    pub host_bins: Vec<String>,
     /// Packages whose test executables go into the guest's /tests.
     pub cargo_tests: Vec<String>,
     /// Kernel modules loaded at boot, in order.
@@ -227,7 +229,7 @@ pub fn parse_guest_suite(text: &str, file: &Path) -> Result<GuestSuite> {
         }
         let words: Vec<&str> = line.split_whitespace().collect();
         match words[0] {
-            "@bin" | "@cargo-tests" | "@modules" => {
+            "@bin" | "@host-bin" | "@cargo-tests" | "@modules" => {
                 if words.len() < 2 {
                     bail!("{at}: {} needs at least one name", words[0]);
                 }
@@ -238,6 +240,7 @@ pub fn parse_guest_suite(text: &str, file: &Path) -> Result<GuestSuite> {
                 }
                 let list = match words[0] {
                     "@bin" => &mut s.bins,
+                    "@host-bin" => &mut s.host_bins,
                     "@cargo-tests" => &mut s.cargo_tests,
                     _ => &mut s.modules,
                 };
@@ -279,7 +282,7 @@ pub fn parse_guest_suite(text: &str, file: &Path) -> Result<GuestSuite> {
                 });
             }
             w if w.starts_with('@') => bail!(
-                "{at}: unknown directive {w:?}: expected @bin, @cargo-tests, @modules, @boot or @helper"
+                "{at}: unknown directive {w:?}: expected @bin, @host-bin, @cargo-tests, @modules, @boot or @helper"
             ),
             _ => {
                 let (head, command) = split_dashes(line).with_context(|| {
@@ -395,6 +398,7 @@ mod tests {
     fn guest_suite_parses() {
         let text = "\
 @bin nsfast nsfast-vmcheck
+@host-bin socat
 @modules veth vsock_loopback
 @boot rng -- -device virtio-rng-pci
 @helper vs ready={run}/s -- helperprog --sock {run}/s
@@ -406,6 +410,7 @@ rng boot=rng -- test -e /dev/hwrng
         let s = parse_guest_suite(text, Path::new("g.txt")).unwrap();
         assert_eq!(s.bins, ["nsfast", "nsfast-vmcheck"]);
         assert_eq!(s.modules, ["veth", "vsock_loopback"]);
+        assert_eq!(s.host_bins, ["socat"]);
         assert_eq!(s.tests.len(), 3);
         let v = &s.tests[1];
         assert_eq!(v.min, Some(MajorMinor(6, 12)));
@@ -445,6 +450,8 @@ rng boot=rng -- test -e /dev/hwrng
         assert!(e.contains("\"color\""), "{e}");
         assert!(parse_guest_suite("t true\n", p).is_err());
         assert!(parse_guest_suite("@frob x\n", p).is_err());
+        assert!(parse_guest_suite("@host-bin\n", p).is_err());
+        assert!(parse_guest_suite("@host-bin /usr/bin/socat\n", p).is_err());
         assert!(parse_guest_suite("a -- true\na -- false\n", p).is_err());
     }
 }

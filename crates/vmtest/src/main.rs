@@ -256,6 +256,22 @@ fn fetch_only(c: CommonArgs) -> Result<()> {
     Ok(())
 }
 
+/// A `@host-bin` program: the first executable NAME on PATH (like `which`), symlinks resolved
+/// so the real file is copied; its shared libraries come from `ldd` like any binary's.
+fn host_bin(name: &str) -> Result<PathBuf> {
+    use std::os::unix::fs::PermissionsExt;
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    for dir in std::env::split_paths(&path) {
+        let p = dir.join(name);
+        if let Ok(m) = fs::metadata(&p) {
+            if m.is_file() && m.permissions().mode() & 0o111 != 0 {
+                return fs::canonicalize(&p).with_context(|| format!("resolving {}", p.display()));
+            }
+        }
+    }
+    bail!("@host-bin {name}: not found on PATH; install it on this host (e.g. apt-get install {name}; `make deps` installs the VM test packages)")
+}
+
 /// Builds the guest binaries with cargo; returns (guest path, host path).
 fn build_binaries(
     root: &Path,
@@ -429,7 +445,10 @@ fn run(a: RunArgs) -> Result<bool> {
     let started = Instant::now();
     let fetched = fetch_all(&a.common)?;
     let fetch_secs = started.elapsed().as_secs_f64();
-    let binaries = build_binaries(&root, &suite, a.bin_dir.as_deref())?;
+    let mut binaries = build_binaries(&root, &suite, a.bin_dir.as_deref())?;
+    for b in &suite.host_bins {
+        binaries.push((format!("/bin/{b}"), host_bin(b)?));
+    }
     let build_secs = started.elapsed().as_secs_f64() - fetch_secs;
     let (accel, why) = qemu::detect_accel(a.accel);
     println!("vmtest: accelerator {accel}: {why}");
@@ -658,17 +677,23 @@ fn start_helpers(
 ) -> Result<HelperGuard> {
     use std::os::unix::process::CommandExt;
     let mut helpers = HelperGuard(Vec::new());
-    for h in &profile_def.helpers {
+    for (i, h) in profile_def.helpers.iter().enumerate() {
         let script = subst(&h.command);
+        // One log pair per helper: PROFILE-helper.log, PROFILE-helper2.log, ...
+        let n = if i == 0 {
+            String::new()
+        } else {
+            (i + 1).to_string()
+        };
         let mut cmd = Command::new("sh");
         cmd.arg("-c")
             .arg(&script)
             .stdin(Stdio::null())
             .stdout(fs::File::create(
-                logs.join(format!("{profile}-helper.log")),
+                logs.join(format!("{profile}-helper{n}.log")),
             )?)
             .stderr(fs::File::create(
-                logs.join(format!("{profile}-helper.err")),
+                logs.join(format!("{profile}-helper{n}.err")),
             )?)
             .process_group(0);
         qemu::die_with_parent(&mut cmd);
