@@ -34,12 +34,12 @@ fn leftovers(prefix: &str) -> Vec<String> {
             left.push(format!("link {n}"));
         }
     }
-    // Pod topologies (bpf, netkit) pin under the bpffs; their host's directory goes with
-    // its last pod. Compared with what was there before the test (other runs may pin too).
     left
 }
 
-/// Entries under nsfast pod's bpffs directory (one per host namespace with pods).
+/// Entries under nsfast pod's bpffs directory (one per host namespace with pods). The pod
+/// topologies (bpf, netkit) pin there; a host's directory goes with its last pod. Compared
+/// with what was there before the test, as other runs may pin too.
 fn pod_pins() -> Vec<String> {
     let dir = std::env::var_os("NSFAST_BPFFS")
         .map(std::path::PathBuf::from)
