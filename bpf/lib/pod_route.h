@@ -9,7 +9,7 @@
  *   wire -> pod:       bpf_redirect_peer into the pod.
  *   ARP from a pod:    answered with the host-side MAC (every pod route goes via the host).
  * Every redirect is a routing hop: the TTL is decremented (TTL 1 goes to the stack for ICMP).
- * `l2` is a compile-time constant: 14 with an Ethernet header, 0 on netkit L3 devices.
+ * `l2` is a compile-time constant: 14 with an Ethernet header (veth, netkit L2 and L3), 0 without.
  */
 #pragma once
 

@@ -93,14 +93,21 @@ pub fn registry() -> Vec<TopologyDef> {
         TopologyDef {
             name: "bpf",
             about: "veth + BPF host routing (bpf_redirect_peer)",
-            probe: || Err("not built into nsfast yet (BPF host routing datapath)".into()),
-            build: not_built,
+            probe: || Ok(()),
+            build: build_bpf,
         },
         TopologyDef {
             name: "netkit",
-            about: "netkit pair with BPF programs",
+            about: "netkit pairs (L3) with BPF host routing (nsfast pod --mode netkit)",
             probe: probe_netkit,
-            build: not_built,
+            build: build_netkit,
+        },
+        TopologyDef {
+            name: "cni-ptp",
+            about:
+                "pods made by the reference CNI ptp plugin (host-local IPAM), routed by the host",
+            probe: probe_cni_ptp,
+            build: build_cni_ptp,
         },
         TopologyDef {
             name: "slirp4netns",
@@ -133,19 +140,31 @@ pub fn find(name: &str) -> Result<TopologyDef, crate::BenchError> {
         })
 }
 
-/// Build function of a registered topology whose probe always says why it cannot run.
-fn not_built(_: &BuildCtx) -> Result<Built, TopologyError> {
-    Err(other("placeholder", "not built into nsfast yet"))
-}
-
 fn probe_netkit() -> Result<(), String> {
     let k = nsfast_sys::kernel::KernelVersion::current();
-    if !k.at_least(6, 7) {
-        return Err(format!("kernel {k} has no netkit (needs 6.7 or later)"));
+    match net::probe_netkit() {
+        Ok(true) => Ok(()),
+        Ok(false) => Err(format!(
+            "kernel {k} lacks netkit (CONFIG_NETKIT, 6.7 or later)"
+        )),
+        Err(e) => Err(format!("netkit probe failed: {e}")),
     }
-    Err(format!(
-        "not built into nsfast yet (netkit topology); kernel {k} may also lack CONFIG_NETKIT"
-    ))
+}
+
+/// Where the reference CNI plugins are (Debian's containernetworking-plugins).
+pub const CNI_PATH: &str = "/usr/lib/cni";
+
+fn probe_cni_ptp() -> Result<(), String> {
+    for p in ["ptp", "host-local"] {
+        let f = Path::new(CNI_PATH).join(p);
+        if !f.exists() {
+            return Err(format!(
+                "{} not found (install containernetworking-plugins)",
+                f.display()
+            ));
+        }
+    }
+    Ok(())
 }
 
 fn other(topology: &'static str, what: impl Into<String>) -> TopologyError {
@@ -459,6 +478,103 @@ fn build_rootless(ctx: &BuildCtx, t: &'static str, relay: bool) -> Result<Built,
         extras: parts.guards,
         note: Some(parts.note),
     })
+}
+
+/// Client pod 0 and server pod 1 of host A of a two-pod topology whose pods live in
+/// namespaces opened (not owned) by name: the topology value itself, kept in `extras`,
+/// deletes them.
+fn two_pods(
+    ctx: &BuildCtx,
+    t: &'static str,
+    pods: [&str; 2],
+    server_ip: Ipv4Addr,
+    keep: Box<dyn Any>,
+    note: String,
+) -> Result<Built, TopologyError> {
+    let (dir, client, server) = cgroups(ctx, t)?;
+    let mut b = Built {
+        name: t,
+        namespaces: vec![],
+        client: Endpoint {
+            ns: 0,
+            cgroup: client,
+        },
+        server: Endpoint {
+            ns: 1,
+            cgroup: server,
+        },
+        server_ip: IpAddr::V4(server_ip),
+        server_port: 0,
+        cgroup_dir: dir,
+        extras: vec![keep],
+        note: Some(note),
+    };
+    for p in pods {
+        let n = NetNs::open(p).map_err(|source| TopologyError::Netns {
+            topology: t,
+            source,
+        })?;
+        b.namespaces.push(n);
+    }
+    client_sysctls(t, &b.namespaces[0])?;
+    Ok(b)
+}
+
+/// Two pods on one host (nsfast_pod::topology) in `mode`: pod a0 is the client, a1 the server.
+fn build_pods(
+    ctx: &BuildCtx,
+    t: &'static str,
+    mode: nsfast_pod::ModeRequest,
+) -> Result<Built, TopologyError> {
+    let prefix = format!("{}-{t}", ctx.prefix);
+    let topo = nsfast_pod::topology::Topology::build(&prefix, mode, 2)
+        .map_err(|e| other(t, e.to_string()))?;
+    let (a0, a1) = (topo.pod(0, 0).clone(), topo.pod(0, 1).clone());
+    let note = format!(
+        "pods {} -> {} on host {}: {:?}",
+        a0.record.name,
+        a1.record.name,
+        topo.host_name(0),
+        a0.record.datapath
+    );
+    two_pods(
+        ctx,
+        t,
+        [&a0.record.netns, &a1.record.netns],
+        a1.ip(),
+        Box::new(topo),
+        note,
+    )
+}
+
+/// veth + TCX BPF host routing: pod → pod by bpf_redirect_peer (`nsfast pod --mode veth`).
+fn build_bpf(ctx: &BuildCtx) -> Result<Built, TopologyError> {
+    build_pods(ctx, "bpf", nsfast_pod::ModeRequest::Veth)
+}
+
+/// netkit L3 pairs with the pod programs (`nsfast pod --mode netkit`).
+fn build_netkit(ctx: &BuildCtx) -> Result<Built, TopologyError> {
+    build_pods(ctx, "netkit", nsfast_pod::ModeRequest::Netkit)
+}
+
+/// Two pods made by the reference ptp plugin on one host, routed by its IP stack.
+fn build_cni_ptp(ctx: &BuildCtx) -> Result<Built, TopologyError> {
+    const T: &str = "cni-ptp";
+    let prefix = format!("{}-ptp", ctx.prefix);
+    let topo = nsfast_cni::reference::PtpTopology::build(&prefix, 2, CNI_PATH)
+        .map_err(|e| other(T, format!("{e} ({})", e.details)))?;
+    let (a0, a1) = (topo.pod(0, 0), topo.pod(0, 1));
+    let names = [a0.netns.name().to_string(), a1.netns.name().to_string()];
+    let server_ip = a1.ip;
+    let note = format!("ptp pods {} -> {} ({server_ip})", names[0], names[1]);
+    two_pods(
+        ctx,
+        T,
+        [&names[0], &names[1]],
+        server_ip,
+        Box::new(topo),
+        note,
+    )
 }
 
 fn ip(a: u8, b: u8, c: u8, d: u8) -> IpAddr {

@@ -41,6 +41,23 @@ fn leftovers(prefix: &str) -> Vec<String> {
     left
 }
 
+/// Entries under nsfast pod's bpffs directory (one per host namespace with pods). The pod
+/// topologies (bpf, netkit) pin there; a host's directory goes with its last pod. Compared
+/// with what was there before the test, as other runs may pin too.
+fn pod_pins() -> Vec<String> {
+    let dir = std::env::var_os("NSFAST_BPFFS")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| "/sys/fs/bpf".into())
+        .join("nsfast-pod");
+    std::fs::read_dir(dir)
+        .map(|rd| {
+            rd.flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
 /// Checks the topology carries traffic: a short rr between its two ends.
 fn exercise(b: &Built) {
     let stop = Arc::new(AtomicBool::new(false));
@@ -79,6 +96,8 @@ fn build_and_teardown_leave_nothing_behind() {
     require_root();
     let prefix = format!("nsfb-{}-tb", std::process::id());
     let cpus_before = nsfast_sys::sched::allowed_cpus().unwrap();
+    let pins_before = pod_pins();
+    let mut names = Vec::new();
     {
         let run_cg = RunCgroup::create(&prefix).unwrap();
         let ctx = BuildCtx {
@@ -95,15 +114,26 @@ fn build_and_teardown_leave_nothing_behind() {
             assert!(b.client.cgroup.path().exists());
             assert!(Path::new("/run/netns").join(b.client_ns().name()).exists());
             exercise(&b);
+            names.push(d.name);
             built.push(b);
         }
         assert!(
             built.len() >= 3,
             "host, veth and routed are always available"
         );
+        // The pod topologies are always available here (cni-ptp needs
+        // containernetworking-plugins, which `make test` installs).
+        for t in ["bpf", "cni-ptp"] {
+            assert!(names.contains(&t), "topology {t} was skipped: {names:?}");
+        }
         assert!(!leftovers(&prefix).is_empty());
     }
     assert_eq!(leftovers(&prefix), Vec::<String>::new());
+    let new_pins: Vec<String> = pod_pins()
+        .into_iter()
+        .filter(|p| !pins_before.contains(p))
+        .collect();
+    assert_eq!(new_pins, Vec::<String>::new(), "bpffs pins left behind");
     // Pinning happens only in the workers: the caller's CPU mask is untouched.
     assert_eq!(nsfast_sys::sched::allowed_cpus().unwrap(), cpus_before);
 }

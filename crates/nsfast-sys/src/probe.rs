@@ -164,6 +164,11 @@ fn probe_netkit() -> Feature {
     }
 }
 
+/// TCX (BPF_TCX_INGRESS links, Linux 6.6): probed on its own for callers that need only it.
+pub fn tcx() -> Feature {
+    probe_tcx(KernelVersion::current())
+}
+
 fn probe_tcx(kv: KernelVersion) -> Feature {
     const NAME: &str = "tcx";
     // A read-only query of TCX ingress on the loopback device of a throwaway namespace.

@@ -426,6 +426,46 @@ fn netkit_mode_on_a_kernel_without_netkit_says_so_and_changes_nothing() {
     assert_unchanged(&host_ns, &pod);
 }
 
+/// The datapath attaches TCX links (Linux 6.6): on an older kernel (6.1 in the VM matrix)
+/// `pod add` must say so before changing anything; elsewhere the same command works.
+#[test]
+fn veth_mode_without_tcx_says_so_and_changes_nothing() {
+    require_root();
+    let p = prefix();
+    let host_ns = NetNs::create(&format!("{p}-h")).unwrap();
+    let pod = format!("{p}-t");
+    let _guard = CliPods {
+        host: host_ns.name(),
+        names: vec![pod.clone()],
+    };
+    let has_tcx = nsfast_sys::probe::tcx().available;
+    let out = nsfast(&[
+        "pod",
+        "add",
+        &pod,
+        "--ip",
+        "10.252.1.11/24",
+        "--host",
+        host_ns.name(),
+        "--mode",
+        "veth",
+    ]);
+    let stderr = String::from_utf8_lossy(&out.stderr).to_string();
+    if has_tcx {
+        assert!(out.status.success(), "{stderr}");
+        assert!(nsfast(&["pod", "del", &pod, "--host", host_ns.name()])
+            .status
+            .success());
+    } else {
+        assert!(!out.status.success());
+        assert!(
+            stderr.contains("lacks TCX") && stderr.contains("nothing was changed"),
+            "{stderr}"
+        );
+    }
+    assert_unchanged(&host_ns, &pod);
+}
+
 #[test]
 fn bad_input_is_one_clear_error_and_changes_nothing() {
     require_root();

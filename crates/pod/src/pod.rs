@@ -147,7 +147,7 @@ pub struct Added {
 pub fn resolve_mode(m: ModeRequest) -> Result<(Datapath, String), PodError> {
     let kver = nsfast_sys::kernel::release();
     let has = || net::probe_netkit().unwrap_or(false);
-    Ok(match m {
+    let r = match m {
         ModeRequest::Veth => (Datapath::Veth, "veth (requested)".into()),
         ModeRequest::Netkit | ModeRequest::NetkitL2 => {
             if !has() {
@@ -172,7 +172,16 @@ pub fn resolve_mode(m: ModeRequest) -> Result<(Datapath, String), PodError> {
                 )
             }
         }
-    })
+    };
+    // Every mode needs TCX (veth programs, uplinks); netkit kernels (>= 6.7) always have it.
+    let tcx = nsfast_sys::probe::tcx();
+    if !tcx.available {
+        return Err(PodError::NoTcx {
+            kernel: kver,
+            reason: tcx.reason,
+        });
+    }
+    Ok(r)
 }
 
 /// Undo steps of a half-made pod, run in reverse on failure.

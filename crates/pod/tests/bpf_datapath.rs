@@ -319,6 +319,10 @@ fn netkit_peer_program_uses_netkit_verdicts() {
             "NETKIT_REDIRECT == TC_ACT_REDIRECT == 7"
         );
         assert_eq!(&out[0..6], &POD_MAC);
+        // L3 netkit devices carry an Ethernet header too: the L3 program parses it.
+        let (rc, out) = h.run(abi::PROG_NETKIT_PEER_L3, &f, None);
+        assert_eq!(rc, TC_ACT_REDIRECT, "L3 peer program on an Ethernet frame");
+        assert_eq!(&out[0..6], &POD_MAC);
         let other = udp_frame(POD_B, Ipv4Addr::new(10, 9, 9, 9), SRC_HOST_MAC);
         assert_eq!(
             h.run(abi::PROG_NETKIT_PEER_L2, &other, None),
