@@ -23,6 +23,23 @@ struct ProgQueryAttr {
     revision: u64,
 }
 
+/// Issues `bpf(cmd, attr, size_of::<T>())`: the one place nsfast calls the raw system call.
+/// Returns its non-negative result (an fd for commands that create one) or the OS error.
+///
+/// # Safety
+/// `T` must be the `union bpf_attr` prefix the kernel expects for `cmd`, and every pointer
+/// stored in `attr` must be valid for the reads and writes that command does until it returns.
+unsafe fn sys_bpf<T>(cmd: libc::c_long, attr: &mut T) -> io::Result<i64> {
+    // SAFETY: the caller guarantees `attr` matches `cmd`; the size passed is exactly T's, so
+    // the kernel neither reads nor writes past it.
+    let r = unsafe { libc::syscall(libc::SYS_bpf, cmd, attr as *mut T, std::mem::size_of::<T>()) };
+    if r < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(r)
+    }
+}
+
 /// The ids of the programs attached to `target` (a cgroup directory fd) for `attach_type`.
 pub fn prog_query(target: BorrowedFd<'_>, attach_type: u32) -> io::Result<Vec<u32>> {
     let mut ids = vec![0u32; 64];
@@ -36,17 +53,7 @@ pub fn prog_query(target: BorrowedFd<'_>, attach_type: u32) -> io::Result<Vec<u3
     // SAFETY: attr is a correctly laid out `union bpf_attr` prefix for BPF_PROG_QUERY whose
     // prog_ids pointer refers to `ids`, a live buffer of prog_cnt u32s; the size passed is
     // the struct's size, so the kernel neither reads nor writes past it.
-    let r = unsafe {
-        libc::syscall(
-            libc::SYS_bpf,
-            BPF_PROG_QUERY,
-            &mut attr as *mut ProgQueryAttr,
-            std::mem::size_of::<ProgQueryAttr>(),
-        )
-    };
-    if r < 0 {
-        return Err(io::Error::last_os_error());
-    }
+    unsafe { sys_bpf(BPF_PROG_QUERY, &mut attr) }?;
     ids.truncate(attr.prog_cnt as usize);
     Ok(ids)
 }
@@ -102,7 +109,7 @@ pub mod netkit {
         primary_ifindex: u32,
         attach_type: u32,
     ) -> io::Result<OwnedFd> {
-        let attr = LinkCreateAttr {
+        let mut attr = LinkCreateAttr {
             prog_fd: prog.as_raw_fd() as u32,
             target_ifindex: primary_ifindex,
             attach_type,
@@ -111,17 +118,7 @@ pub mod netkit {
         // SAFETY: `attr` is a correctly laid out prefix of `union bpf_attr` for
         // BPF_LINK_CREATE (checked by the layout test below); the kernel only reads `size`
         // bytes of it and treats the rest as zero. It holds no pointers.
-        let r = unsafe {
-            libc::syscall(
-                libc::SYS_bpf,
-                BPF_LINK_CREATE,
-                &attr as *const LinkCreateAttr,
-                std::mem::size_of::<LinkCreateAttr>(),
-            )
-        };
-        if r < 0 {
-            return Err(io::Error::last_os_error());
-        }
+        let r = unsafe { super::sys_bpf(BPF_LINK_CREATE, &mut attr) }?;
         // SAFETY: on success BPF_LINK_CREATE returns a new file descriptor that nothing else
         // owns.
         Ok(unsafe { OwnedFd::from_raw_fd(r as i32) })
@@ -131,7 +128,7 @@ pub mod netkit {
     pub fn obj_pin(fd: BorrowedFd<'_>, path: &Path) -> io::Result<()> {
         let c = CString::new(path.as_os_str().as_encoded_bytes())
             .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "path contains NUL"))?;
-        let attr = ObjPinAttr {
+        let mut attr = ObjPinAttr {
             pathname: c.as_ptr() as u64,
             bpf_fd: fd.as_raw_fd() as u32,
             ..Default::default()
@@ -139,17 +136,7 @@ pub mod netkit {
         // SAFETY: `attr` is the BPF_OBJ_PIN layout of `union bpf_attr`; `pathname` points to
         // the NUL-terminated `c`, alive until the call returns; the kernel reads only `size`
         // bytes of `attr`.
-        let r = unsafe {
-            libc::syscall(
-                libc::SYS_bpf,
-                BPF_OBJ_PIN,
-                &attr as *const ObjPinAttr,
-                std::mem::size_of::<ObjPinAttr>(),
-            )
-        };
-        if r < 0 {
-            return Err(io::Error::last_os_error());
-        }
+        unsafe { super::sys_bpf(BPF_OBJ_PIN, &mut attr) }?;
         Ok(())
     }
 
@@ -267,7 +254,7 @@ impl std::fmt::Display for LoadRefused {
 pub fn trial_load(prog_type: u32, insns: &[Insn]) -> Result<(), LoadRefused> {
     let license = c"GPL";
     let mut log = vec![0u8; 64 * 1024];
-    let attr = ProgLoadAttr {
+    let mut attr = ProgLoadAttr {
         prog_type,
         insn_cnt: insns.len() as u32,
         insns: insns.as_ptr() as u64,
@@ -280,20 +267,16 @@ pub fn trial_load(prog_type: u32, insns: &[Insn]) -> Result<(), LoadRefused> {
     // SAFETY: attr is a correctly laid out prefix of `union bpf_attr` for BPF_PROG_LOAD; its
     // pointers refer to `insns` (insn_cnt instructions), a NUL-terminated license and `log`
     // (log_size bytes), all alive for the duration of the call.
-    let fd = unsafe {
-        libc::syscall(
-            libc::SYS_bpf,
-            BPF_PROG_LOAD,
-            &attr as *const ProgLoadAttr,
-            std::mem::size_of::<ProgLoadAttr>(),
-        )
+    let error = match unsafe { sys_bpf(BPF_PROG_LOAD, &mut attr) } {
+        Ok(fd) => {
+            // SAFETY: fd is a program fd the kernel just returned to us and nothing else owns.
+            drop(unsafe {
+                <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd as i32)
+            });
+            return Ok(());
+        }
+        Err(e) => e,
     };
-    if fd >= 0 {
-        // SAFETY: fd is a program fd the kernel just returned to us and nothing else owns.
-        drop(unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd as i32) });
-        return Ok(());
-    }
-    let error = io::Error::last_os_error();
     let text =
         String::from_utf8_lossy(&log[..log.iter().position(|&b| b == 0).unwrap_or(0)]).into_owned();
     let verifier = text
@@ -316,16 +299,6 @@ pub fn prog_query_ifindex(ifindex: u32, attach_type: u32) -> io::Result<u32> {
     };
     // SAFETY: attr is a correctly laid out `union bpf_attr` prefix for BPF_PROG_QUERY with a
     // null prog_ids buffer (prog_cnt 0), so the kernel only writes counts into attr itself.
-    let r = unsafe {
-        libc::syscall(
-            libc::SYS_bpf,
-            BPF_PROG_QUERY,
-            &mut attr as *mut ProgQueryAttr,
-            std::mem::size_of::<ProgQueryAttr>(),
-        )
-    };
-    if r < 0 {
-        return Err(io::Error::last_os_error());
-    }
+    unsafe { sys_bpf(BPF_PROG_QUERY, &mut attr) }?;
     Ok(attr.prog_cnt)
 }
