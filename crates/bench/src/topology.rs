@@ -626,5 +626,8 @@ pub fn cleanup_stale() -> Vec<String> {
             Err(e) => tracing::warn!("remove cgroup {}: {e}", c.display()),
         }
     }
+    // The slirp4netns / vpnrelay topologies build vpnrelay's test world (nsfv<pid>x<n>-*):
+    // its tenant processes, namespaces and runtime folder.
+    done.extend(nsfast_vpnrelay::testbed::cleanup_stale());
     done
 }

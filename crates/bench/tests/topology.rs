@@ -168,9 +168,14 @@ fn unknown_topology_is_one_clear_error() {
     );
 }
 
+/// The cleanup tests each plant a dead run's leftovers; one cleanup at a time, so neither
+/// removes the other's before it looks.
+static CLEANUP: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 #[test]
 fn cleanup_removes_what_a_killed_run_left() {
     require_root();
+    let _one = CLEANUP.lock().unwrap_or_else(|e| e.into_inner());
     // A pid that is not running: what a SIGKILLed run would have left.
     let dead = (3_000_000..4_000_000u32)
         .find(|p| !Path::new(&format!("/proc/{p}")).exists())
@@ -195,6 +200,62 @@ fn cleanup_removes_what_a_killed_run_left() {
     // A live run's namespace is left alone.
     assert!(Path::new("/run/netns").join(&mine).exists());
     drop(live);
+}
+
+#[test]
+fn cleanup_removes_a_killed_runs_vpnrelay_world() {
+    require_root();
+    let _one = CLEANUP.lock().unwrap_or_else(|e| e.into_inner());
+    let dead = (3_000_000..4_000_000u32)
+        .rev()
+        .find(|p| !Path::new(&format!("/proc/{p}")).exists())
+        .unwrap();
+    let prefix = format!("nsfv{dead}x0");
+    for suffix in ["host", "srv"] {
+        drop(
+            nsfast_sys::netns::NetNs::create(&format!("{prefix}-{suffix}"))
+                .unwrap()
+                .persist(),
+        );
+    }
+    let xdg = std::env::temp_dir().join(format!("{prefix}-xdg"));
+    std::fs::create_dir_all(xdg.join("dockerd-rootless")).unwrap();
+    // A stand-in for the world's RootlessKit/slirp4netns: a process carrying its runtime dir.
+    let mut orphan = std::process::Command::new("sleep")
+        .arg("600")
+        .env("XDG_RUNTIME_DIR", &xdg)
+        .spawn()
+        .unwrap();
+    let mut bystander = std::process::Command::new("sleep")
+        .arg("600")
+        .env("XDG_RUNTIME_DIR", "/tmp/nsfv1x0-xdg")
+        .spawn()
+        .unwrap();
+    let removed = nsfast_bench::topology::cleanup_stale();
+    let status = orphan.wait().unwrap();
+    assert!(!status.success(), "the world's process was ended");
+    assert!(
+        removed
+            .iter()
+            .any(|r| r.contains(&format!("{prefix}-host"))),
+        "{removed:?}"
+    );
+    assert!(
+        removed.iter().any(|r| r.contains("process(es)")),
+        "{removed:?}"
+    );
+    for suffix in ["host", "srv"] {
+        assert!(!Path::new("/run/netns")
+            .join(format!("{prefix}-{suffix}"))
+            .exists());
+    }
+    assert!(!xdg.exists());
+    assert!(
+        bystander.try_wait().unwrap().is_none(),
+        "a live world's process is left alone (pid 1 is alive)"
+    );
+    bystander.kill().unwrap();
+    bystander.wait().unwrap();
 }
 
 /// Builds the `vpnrelay` binary of this profile (as crates/vpnrelay/tests/rootless.rs does)

@@ -986,3 +986,139 @@ impl Drop for WireGuard {
         self.stop();
     }
 }
+
+/// The world prefix (`nsfv<pid>x<n>`) at the start of `name` if the process that built that
+/// world is gone, e.g. after a SIGKILLed test or `nsfast bench` run.
+fn dead_world_prefix(name: &str) -> Option<String> {
+    let rest = name.strip_prefix("nsfv")?;
+    let (pid, tail) = rest.split_once('x')?;
+    let n: String = tail.chars().take_while(|c| c.is_ascii_digit()).collect();
+    if pid.is_empty() || n.is_empty() || !pid.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let alive = Path::new(&format!("/proc/{pid}")).exists();
+    (!alive).then(|| format!("nsfv{pid}x{n}"))
+}
+
+/// Removes what worlds of dead processes left: their tenant processes (RootlessKit,
+/// slirp4netns, dockerd, relays: everything whose `XDG_RUNTIME_DIR` is the world's runtime
+/// folder or that lives in the world's host namespace), the `-host`/`-srv` namespaces and the
+/// runtime folder. Worlds of running processes are left alone. Returns what was removed.
+pub fn cleanup_stale() -> Vec<String> {
+    let mut prefixes = BTreeSet::new();
+    let named = nsfast_sys::netns::list_named();
+    for n in &named {
+        if let Some(p) = dead_world_prefix(n) {
+            prefixes.insert(p);
+        }
+    }
+    let tmp = std::env::temp_dir();
+    for e in std::fs::read_dir(&tmp).into_iter().flatten().flatten() {
+        if let Some(name) = e.file_name().to_str() {
+            if name.ends_with("-xdg") {
+                if let Some(p) = dead_world_prefix(name) {
+                    prefixes.insert(p);
+                }
+            }
+        }
+    }
+    let mut done = Vec::new();
+    for p in prefixes {
+        let runtime_dir = tmp.join(format!("{p}-xdg"));
+        let env_marker = format!("XDG_RUNTIME_DIR={}", runtime_dir.display());
+        let host_ino = NetNs::open(&format!("{p}-host")).ok().map(|ns| ns.inode());
+        let mut killed = 0usize;
+        for round in 0..4 {
+            let pids = world_processes(&env_marker, host_ino);
+            if pids.is_empty() {
+                break;
+            }
+            let sig = if round == 0 {
+                nix::sys::signal::Signal::SIGTERM
+            } else {
+                nix::sys::signal::Signal::SIGKILL
+            };
+            for pid in &pids {
+                let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(*pid as i32), sig);
+            }
+            killed = killed.max(pids.len());
+            std::thread::sleep(Duration::from_millis(300));
+        }
+        if killed > 0 {
+            done.push(format!("{killed} process(es) of vpnrelay world {p}"));
+        }
+        for suffix in ["host", "srv"] {
+            let name = format!("{p}-{suffix}");
+            if named.contains(&name) {
+                match nsfast_sys::netns::delete_named(&name) {
+                    Ok(()) => done.push(format!("network namespace {name}")),
+                    Err(e) => tracing::warn!("{e}"),
+                }
+            }
+        }
+        if runtime_dir.exists() {
+            match std::fs::remove_dir_all(&runtime_dir) {
+                Ok(()) => done.push(format!("folder {}", runtime_dir.display())),
+                Err(e) => tracing::warn!("remove {}: {e}", runtime_dir.display()),
+            }
+        }
+    }
+    done
+}
+
+/// PIDs (not this process) whose environment carries `env_marker` or whose network namespace
+/// has inode `host_ino`.
+fn world_processes(env_marker: &str, host_ino: Option<u64>) -> BTreeSet<u32> {
+    let mut out = BTreeSet::new();
+    for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
+            continue;
+        };
+        if pid == std::process::id() {
+            continue;
+        }
+        let in_host = host_ino.is_some()
+            && std::fs::metadata(format!("/proc/{pid}/ns/net"))
+                .map(|m| m.ino())
+                .ok()
+                == host_ino;
+        let env_hit = std::fs::read(format!("/proc/{pid}/environ"))
+            .map(|env| env.split(|b| *b == 0).any(|kv| kv == env_marker.as_bytes()))
+            .unwrap_or(false);
+        if in_host || env_hit {
+            out.insert(pid);
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::dead_world_prefix;
+
+    #[test]
+    fn world_prefixes_of_dead_processes_only() {
+        let dead = (3_000_000..4_000_000u32)
+            .find(|p| !std::path::Path::new(&format!("/proc/{p}")).exists())
+            .unwrap();
+        assert_eq!(
+            dead_world_prefix(&format!("nsfv{dead}x3-host")),
+            Some(format!("nsfv{dead}x3"))
+        );
+        assert_eq!(
+            dead_world_prefix(&format!("nsfv{dead}x12-xdg")),
+            Some(format!("nsfv{dead}x12"))
+        );
+        let me = std::process::id();
+        assert_eq!(dead_world_prefix(&format!("nsfv{me}x0-host")), None);
+        for bad in [
+            "nsfvx1-host",
+            "nsfv12-host",
+            "nsfvabcx1-host",
+            "nsfb-1-host",
+            "nsfv1x-srv",
+        ] {
+            assert_eq!(dead_world_prefix(bad), None, "{bad}");
+        }
+    }
+}

@@ -57,7 +57,8 @@ pub struct BenchArgs {
     /// List the topologies and whether this machine can run them, then exit.
     #[arg(long)]
     pub list: bool,
-    /// Remove namespaces and cgroups left by runs that were killed (nsfb-<dead pid>-*), then exit.
+    /// Remove what runs that were killed left (namespaces and cgroups nsfb-<dead pid>-*, the
+    /// vpnrelay test world nsfv<dead pid>x*: its processes, namespaces, runtime folder), then exit.
     #[arg(long)]
     pub cleanup: bool,
     /// No progress bar.
