@@ -3,7 +3,7 @@
 //! as real applications would be. Run as root (`make test`).
 
 use std::net::{IpAddr, SocketAddr};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -51,6 +51,56 @@ fn attach(cg: &TestCgroup) -> Shortcut {
     .expect("attach the shortcut")
 }
 
+/// Starts a `bidir-server` peer on `listen` in the pair's server namespace and waits until
+/// it listens.
+fn bidir_server(
+    w: &VethPair,
+    procs: Option<&Path>,
+    listen: SocketAddr,
+    bytes: u64,
+    seed: u64,
+) -> KillOnDrop {
+    let s = peer::spawn(
+        &peer_bin(),
+        &w.server,
+        procs,
+        &args(&[
+            "bidir-server",
+            "--listen",
+            &listen.to_string(),
+            "--bytes",
+            &bytes.to_string(),
+            "--seed",
+            &seed.to_string(),
+        ]),
+    );
+    peer::wait_listening(&w.server, listen);
+    s
+}
+
+/// Starts a `bidir-client` peer in the pair's client namespace; `extra` are more flags
+/// (`--rate`, `--start-delay-ms`).
+fn bidir_client(
+    w: &VethPair,
+    procs: Option<&Path>,
+    connect: SocketAddr,
+    bytes: u64,
+    seed: u64,
+    extra: &[&str],
+) -> KillOnDrop {
+    let mut a = args(&[
+        "bidir-client",
+        "--connect",
+        &connect.to_string(),
+        "--bytes",
+        &bytes.to_string(),
+        "--seed",
+        &seed.to_string(),
+    ]);
+    a.extend(extra.iter().map(|s| s.to_string()));
+    peer::spawn(&peer_bin(), &w.client, procs, &a)
+}
+
 /// Runs a bidirectional transfer between the pair's namespaces and checks it byte-exact.
 fn bidir_transfer(
     w: &VethPair,
@@ -60,35 +110,8 @@ fn bidir_transfer(
     bytes: u64,
 ) {
     let procs = cg.map(|c| c.procs());
-    let srv = peer::spawn(
-        &peer_bin(),
-        &w.server,
-        procs.as_deref(),
-        &args(&[
-            "bidir-server",
-            "--listen",
-            &server.to_string(),
-            "--bytes",
-            &bytes.to_string(),
-            "--seed",
-            "1",
-        ]),
-    );
-    peer::wait_listening(&w.server, server);
-    let cli = peer::spawn(
-        &peer_bin(),
-        &w.client,
-        procs.as_deref(),
-        &args(&[
-            "bidir-client",
-            "--connect",
-            &connect.to_string(),
-            "--bytes",
-            &bytes.to_string(),
-            "--seed",
-            "2",
-        ]),
-    );
+    let srv = bidir_server(w, procs.as_deref(), server, bytes, 1);
+    let cli = bidir_client(w, procs.as_deref(), connect, bytes, 2, &[]);
     let c: BidirReport = peer::finish(cli, "client");
     let s: BidirReport = peer::finish(srv, "server");
     assert_eq!(c.sent, bytes);
@@ -236,36 +259,14 @@ fn identical_addresses_concurrent_bulk_transfers_stay_apart() {
     let bytes: u64 = 64 << 20;
     let mut running = Vec::new();
     for (i, w) in pairs.iter().enumerate() {
-        let seed_s = (10 + i).to_string();
-        let seed_c = (20 + i).to_string();
-        let s = peer::spawn(
-            &peer_bin(),
-            &w.server,
+        let s = bidir_server(w, Some(&procs), server_addr(5001), bytes, 10 + i as u64);
+        let c = bidir_client(
+            w,
             Some(&procs),
-            &args(&[
-                "bidir-server",
-                "--listen",
-                "10.99.0.2:5001",
-                "--bytes",
-                &bytes.to_string(),
-                "--seed",
-                &seed_s,
-            ]),
-        );
-        peer::wait_listening(&w.server, server_addr(5001));
-        let c = peer::spawn(
-            &peer_bin(),
-            &w.client,
-            Some(&procs),
-            &args(&[
-                "bidir-client",
-                "--connect",
-                "10.99.0.2:5001",
-                "--bytes",
-                &bytes.to_string(),
-                "--seed",
-                &seed_c,
-            ]),
+            server_addr(5001),
+            bytes,
+            20 + i as u64,
+            &[],
         );
         running.push((s, c));
     }
@@ -481,39 +482,15 @@ fn connections_established_before_run_keep_the_normal_path() {
     let cg = TestCgroup::new();
     let a = server_addr(5010);
     let bytes: u64 = 32 << 20;
-    let s = peer::spawn(
-        &peer_bin(),
-        &w.server,
-        Some(&cg.procs()),
-        &args(&[
-            "bidir-server",
-            "--listen",
-            &a.to_string(),
-            "--bytes",
-            &bytes.to_string(),
-            "--seed",
-            "1",
-        ]),
-    );
-    peer::wait_listening(&w.server, a);
+    let s = bidir_server(&w, Some(&cg.procs()), a, bytes, 1);
     // Connected now, sending slowly from 300 ms on; the shortcut is attached in between.
-    let c = peer::spawn(
-        &peer_bin(),
-        &w.client,
+    let c = bidir_client(
+        &w,
         Some(&cg.procs()),
-        &args(&[
-            "bidir-client",
-            "--connect",
-            &a.to_string(),
-            "--bytes",
-            &bytes.to_string(),
-            "--seed",
-            "2",
-            "--start-delay-ms",
-            "300",
-            "--rate",
-            "64000000",
-        ]),
+        a,
+        bytes,
+        2,
+        &["--start-delay-ms", "300", "--rate", "64000000"],
     );
     std::thread::sleep(Duration::from_millis(100));
     let sc = attach(&cg);
@@ -568,38 +545,9 @@ fn sigkill_of_the_loader_mid_transfer_loses_nothing() {
 
     let a = server_addr(5011);
     let bytes: u64 = 256 << 20;
-    let s = peer::spawn(
-        &peer_bin(),
-        &w.server,
-        Some(&cg.procs()),
-        &args(&[
-            "bidir-server",
-            "--listen",
-            &a.to_string(),
-            "--bytes",
-            &bytes.to_string(),
-            "--seed",
-            "1",
-        ]),
-    );
-    peer::wait_listening(&w.server, a);
+    let s = bidir_server(&w, Some(&cg.procs()), a, bytes, 1);
     // ~2 s of transfer at 128 MB/s; the kill lands in the middle.
-    let c = peer::spawn(
-        &peer_bin(),
-        &w.client,
-        Some(&cg.procs()),
-        &args(&[
-            "bidir-client",
-            "--connect",
-            &a.to_string(),
-            "--bytes",
-            &bytes.to_string(),
-            "--seed",
-            "2",
-            "--rate",
-            "128000000",
-        ]),
-    );
+    let c = bidir_client(&w, Some(&cg.procs()), a, bytes, 2, &["--rate", "128000000"]);
     std::thread::sleep(Duration::from_millis(700));
     loader.child_mut().kill().expect("SIGKILL the loader");
     let _ = loader.child_mut().wait();
