@@ -51,6 +51,24 @@ fn attach(cg: &TestCgroup) -> Shortcut {
     .expect("attach the shortcut")
 }
 
+/// Starts a peer (`argv`: its subcommand and flags) in the pair's server namespace and waits
+/// until it listens on `listen`.
+fn server_peer(
+    w: &VethPair,
+    procs: Option<&Path>,
+    listen: SocketAddr,
+    argv: &[&str],
+) -> KillOnDrop {
+    let s = peer::spawn(&peer_bin(), &w.server, procs, &args(argv));
+    peer::wait_listening(&w.server, listen);
+    s
+}
+
+/// Starts a peer in the pair's client namespace.
+fn client_peer(w: &VethPair, procs: Option<&Path>, argv: &[&str]) -> KillOnDrop {
+    peer::spawn(&peer_bin(), &w.client, procs, &args(argv))
+}
+
 /// Starts a `bidir-server` peer on `listen` in the pair's server namespace and waits until
 /// it listens.
 fn bidir_server(
@@ -60,11 +78,11 @@ fn bidir_server(
     bytes: u64,
     seed: u64,
 ) -> KillOnDrop {
-    let s = peer::spawn(
-        &peer_bin(),
-        &w.server,
+    server_peer(
+        w,
         procs,
-        &args(&[
+        listen,
+        &[
             "bidir-server",
             "--listen",
             &listen.to_string(),
@@ -72,10 +90,8 @@ fn bidir_server(
             &bytes.to_string(),
             "--seed",
             &seed.to_string(),
-        ]),
-    );
-    peer::wait_listening(&w.server, listen);
-    s
+        ],
+    )
 }
 
 /// Starts a `bidir-client` peer in the pair's client namespace; `extra` are more flags
@@ -88,17 +104,18 @@ fn bidir_client(
     seed: u64,
     extra: &[&str],
 ) -> KillOnDrop {
-    let mut a = args(&[
+    let (connect, bytes, seed) = (connect.to_string(), bytes.to_string(), seed.to_string());
+    let mut argv: Vec<&str> = vec![
         "bidir-client",
         "--connect",
-        &connect.to_string(),
+        &connect,
         "--bytes",
-        &bytes.to_string(),
+        &bytes,
         "--seed",
-        &seed.to_string(),
-    ]);
-    a.extend(extra.iter().map(|s| s.to_string()));
-    peer::spawn(&peer_bin(), &w.client, procs, &a)
+        &seed,
+    ];
+    argv.extend_from_slice(extra);
+    client_peer(w, procs, &argv)
 }
 
 /// Runs a bidirectional transfer between the pair's namespaces and checks it byte-exact.
@@ -186,11 +203,11 @@ fn identical_addresses_in_two_namespace_pairs_never_mix() {
         .iter()
         .enumerate()
         .map(|(i, w)| {
-            let s = peer::spawn(
-                &peer_bin(),
-                &w.server,
+            server_peer(
+                w,
                 Some(&procs),
-                &args(&[
+                server_addr(6000),
+                &[
                     "tag-server",
                     "--listen",
                     "10.99.0.2:6000",
@@ -198,21 +215,18 @@ fn identical_addresses_in_two_namespace_pairs_never_mix() {
                     &format!("server-of-pair-{i}:"),
                     "--count",
                     &iterations.to_string(),
-                ]),
-            );
-            peer::wait_listening(&w.server, server_addr(6000));
-            s
+                ],
+            )
         })
         .collect();
     let clients: Vec<_> = pairs
         .iter()
         .enumerate()
         .map(|(i, w)| {
-            peer::spawn(
-                &peer_bin(),
-                &w.client,
+            client_peer(
+                w,
                 Some(&procs),
-                &args(&[
+                &[
                     "tag-client",
                     "--connect",
                     "10.99.0.2:6000",
@@ -222,7 +236,7 @@ fn identical_addresses_in_two_namespace_pairs_never_mix() {
                     &format!("server-of-pair-{i}:"),
                     "--iterations",
                     &iterations.to_string(),
-                ]),
+                ],
             )
         })
         .collect();
@@ -297,24 +311,22 @@ fn half_close_then_reply_does_not_hang() {
     let cg = TestCgroup::new();
     let sc = attach(&cg);
     let a = server_addr(5004);
-    let s = peer::spawn(
-        &peer_bin(),
-        &w.server,
+    let s = server_peer(
+        &w,
         Some(&cg.procs()),
-        &args(&[
+        a,
+        &[
             "--timeout",
             "20",
             "halfclose-server",
             "--listen",
             &a.to_string(),
-        ]),
+        ],
     );
-    peer::wait_listening(&w.server, a);
-    let c = peer::spawn(
-        &peer_bin(),
-        &w.client,
+    let c = client_peer(
+        &w,
         Some(&cg.procs()),
-        &args(&[
+        &[
             "--timeout",
             "20",
             "halfclose-client",
@@ -322,7 +334,7 @@ fn half_close_then_reply_does_not_hang() {
             &a.to_string(),
             "--bytes",
             "3000000",
-        ]),
+        ],
     );
     let r: Report = peer::finish(c, "half-close client");
     assert_eq!(r.ok, 1);
@@ -339,18 +351,16 @@ fn a_thousand_concurrent_connections_echo_checksummed_messages() {
     let cg = TestCgroup::new();
     let sc = attach(&cg);
     let a = server_addr(5005);
-    let s = peer::spawn(
-        &peer_bin(),
-        &w.server,
+    let s = server_peer(
+        &w,
         Some(&cg.procs()),
-        &args(&["echo-server", "--listen", &a.to_string(), "--count", "1000"]),
+        a,
+        &["echo-server", "--listen", &a.to_string(), "--count", "1000"],
     );
-    peer::wait_listening(&w.server, a);
-    let c = peer::spawn(
-        &peer_bin(),
-        &w.client,
+    let c = client_peer(
+        &w,
         Some(&cg.procs()),
-        &args(&[
+        &[
             "many",
             "--connect",
             &a.to_string(),
@@ -358,7 +368,7 @@ fn a_thousand_concurrent_connections_echo_checksummed_messages() {
             "1000",
             "--size",
             "8192",
-        ]),
+        ],
     );
     let r: Report = peer::finish(c, "1000 connections");
     assert_eq!((r.ok, r.failed), (1000, 0), "{}", r.detail);
@@ -379,18 +389,16 @@ fn tokio_echo_never_stalls_and_fionread_counts_redirected_bytes() {
     let cg = TestCgroup::new();
     let sc = attach(&cg);
     let a = server_addr(5006);
-    let s = peer::spawn(
-        &peer_bin(),
-        &w.server,
+    let s = server_peer(
+        &w,
         Some(&cg.procs()),
-        &args(&["echo-server", "--listen", &a.to_string(), "--count", "1"]),
+        a,
+        &["echo-server", "--listen", &a.to_string(), "--count", "1"],
     );
-    peer::wait_listening(&w.server, a);
-    let c = peer::spawn(
-        &peer_bin(),
-        &w.client,
+    let c = client_peer(
+        &w,
         Some(&cg.procs()),
-        &args(&[
+        &[
             "--timeout",
             "60",
             "pingpong",
@@ -400,7 +408,7 @@ fn tokio_echo_never_stalls_and_fionread_counts_redirected_bytes() {
             "20000",
             "--size",
             "100",
-        ]),
+        ],
     );
     let r: Report = peer::finish(c, "ping-pong");
     assert_eq!(r.ok, 20000);
@@ -410,11 +418,11 @@ fn tokio_echo_never_stalls_and_fionread_counts_redirected_bytes() {
 
     // FIONREAD on the receiving socket must report bytes that arrived through the redirect.
     let b = server_addr(5007);
-    let s = peer::spawn(
-        &peer_bin(),
-        &w.server,
+    let s = server_peer(
+        &w,
         Some(&cg.procs()),
-        &args(&[
+        b,
+        &[
             "--timeout",
             "30",
             "fionread-server",
@@ -422,14 +430,12 @@ fn tokio_echo_never_stalls_and_fionread_counts_redirected_bytes() {
             &b.to_string(),
             "--bytes",
             "100000",
-        ]),
+        ],
     );
-    peer::wait_listening(&w.server, b);
-    let c = peer::spawn(
-        &peer_bin(),
-        &w.client,
+    let c = client_peer(
+        &w,
         Some(&cg.procs()),
-        &args(&[
+        &[
             "--timeout",
             "30",
             "send-client",
@@ -437,7 +443,7 @@ fn tokio_echo_never_stalls_and_fionread_counts_redirected_bytes() {
             &b.to_string(),
             "--bytes",
             "100000",
-        ]),
+        ],
     );
     let fr: Report = peer::finish(s, "fionread server");
     let _: Report = peer::finish(c, "send client");
