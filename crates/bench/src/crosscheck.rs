@@ -8,7 +8,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use crate::proc::{command_in, sleep_interruptible, ChildGuard};
-use crate::runner::Runner;
+use crate::runner::{Runner, Sample};
 use crate::spec::{Placement, Sizes, Workload};
 use crate::topology::Built;
 use crate::BenchError;
@@ -90,6 +90,47 @@ fn compare(mut c: CrossCheck) -> CrossCheck {
     c
 }
 
+/// A cross-check of `b` with nothing measured yet.
+fn new_check(
+    b: &Built,
+    placement: Placement,
+    tool: &str,
+    metric: String,
+    unit: &str,
+) -> CrossCheck {
+    CrossCheck {
+        topology: b.name.into(),
+        placement,
+        tool: tool.into(),
+        metric,
+        unit: unit.into(),
+        tool_value: None,
+        ours: None,
+        tool_runs: vec![],
+        our_runs: vec![],
+        diff_pct: None,
+        agree: None,
+        note: None,
+    }
+}
+
+/// Alternates `REPS` times: one run of the tool (its value, or a note why there is none),
+/// then one of ours; then compares the medians.
+fn alternate(
+    mut c: CrossCheck,
+    mut tool_once: impl FnMut() -> Result<Result<f64, String>, BenchError>,
+    mut ours_once: impl FnMut() -> Result<Sample, BenchError>,
+) -> Result<CrossCheck, BenchError> {
+    for _ in 0..REPS {
+        match tool_once()? {
+            Ok(v) => c.tool_runs.push(v),
+            Err(note) => c.note = Some(note),
+        }
+        c.our_runs.extend(ours_once()?.value);
+    }
+    Ok(compare(c))
+}
+
 /// Runs both cross-checks on `b`.
 pub fn run(
     runner: &Runner,
@@ -113,20 +154,13 @@ fn sockperf(
     scpu: Option<usize>,
     duration: Duration,
 ) -> Result<CrossCheck, BenchError> {
-    let mut c = CrossCheck {
-        topology: b.name.into(),
+    let mut c = new_check(
+        b,
         placement,
-        tool: "sockperf".into(),
-        metric: format!("TCP ping-pong p50 round trip, {SOCKPERF_MSG} B"),
-        unit: "µs".into(),
-        tool_value: None,
-        ours: None,
-        tool_runs: vec![],
-        our_runs: vec![],
-        diff_pct: None,
-        agree: None,
-        note: None,
-    };
+        "sockperf",
+        format!("TCP ping-pong p50 round trip, {SOCKPERF_MSG} B"),
+        "µs",
+    );
     let Some(prog) = which("sockperf") else {
         c.note = Some("sockperf not installed (apt-get install sockperf)".into());
         return Ok(c);
@@ -136,16 +170,11 @@ fn sockperf(
         response: SOCKPERF_MSG,
         ..runner.config.sizes
     };
-    for _ in 0..REPS {
-        match sockperf_once(&prog, b, scpu, ccpu, duration)? {
-            Ok(v) => c.tool_runs.push(v),
-            Err(note) => c.note = Some(note),
-        }
-        let ours =
-            runner.measure_with(b, Workload::Ping, sizes, placement, ccpu, scpu, duration, 0)?;
-        c.our_runs.extend(ours.value);
-    }
-    Ok(compare(c))
+    alternate(
+        c,
+        || sockperf_once(&prog, b, scpu, ccpu, duration),
+        || runner.measure_with(b, Workload::Ping, sizes, placement, ccpu, scpu, duration, 0),
+    )
 }
 
 /// One sockperf ping-pong run: the p50 round trip, or why there is none.
@@ -210,46 +239,37 @@ fn iperf3(
     scpu: Option<usize>,
     duration: Duration,
 ) -> Result<CrossCheck, BenchError> {
-    let mut c = CrossCheck {
-        topology: b.name.into(),
+    let mut c = new_check(
+        b,
         placement,
-        tool: "iperf3".into(),
-        metric: format!(
+        "iperf3",
+        format!(
             "TCP bulk, one stream, {} KiB writes",
             runner.config.sizes.stream_write / 1024
         ),
-        unit: "Gbit/s".into(),
-        tool_value: None,
-        ours: None,
-        tool_runs: vec![],
-        our_runs: vec![],
-        diff_pct: None,
-        agree: None,
-        note: None,
-    };
+        "Gbit/s",
+    );
     let Some(prog) = which("iperf3") else {
         c.note = Some("iperf3 not installed (apt-get install iperf3)".into());
         return Ok(c);
     };
     let secs = duration.as_secs_f64().ceil().max(1.0) as u64;
-    for _ in 0..REPS {
-        match iperf3_once(&prog, runner, b, scpu, ccpu, secs)? {
-            Ok(v) => c.tool_runs.push(v),
-            Err(note) => c.note = Some(note),
-        }
-        let ours = runner.measure_with(
-            b,
-            Workload::Stream,
-            runner.config.sizes,
-            placement,
-            ccpu,
-            scpu,
-            Duration::from_secs(secs),
-            0,
-        )?;
-        c.our_runs.extend(ours.value);
-    }
-    Ok(compare(c))
+    alternate(
+        c,
+        || iperf3_once(&prog, runner, b, scpu, ccpu, secs),
+        || {
+            runner.measure_with(
+                b,
+                Workload::Stream,
+                runner.config.sizes,
+                placement,
+                ccpu,
+                scpu,
+                Duration::from_secs(secs),
+                0,
+            )
+        },
+    )
 }
 
 /// One iperf3 run: Gbit/s received, or why there is none.
