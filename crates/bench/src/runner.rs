@@ -383,36 +383,24 @@ impl Runner {
         drop(server.take_stdin());
         server.wait(Duration::from_secs(10))?;
         let sreport = read_report(server.stdout());
-        let cres = match creport {
-            Some(WorkerReport::Client(r)) => r,
-            Some(WorkerReport::Error(e)) => {
-                return Err(BenchError::Worker {
-                    what: client.what.clone(),
-                    detail: e,
-                })
-            }
-            _ => {
-                return Err(BenchError::Worker {
-                    what: client.what.clone(),
-                    detail: format!("{st}: {}", client.stderr_text()),
-                })
-            }
-        };
-        let scount = match sreport {
-            Some(WorkerReport::Server(c)) => c,
-            Some(WorkerReport::Error(e)) => {
-                return Err(BenchError::Worker {
-                    what: server.what.clone(),
-                    detail: e,
-                })
-            }
-            _ => {
-                return Err(BenchError::Worker {
-                    what: server.what.clone(),
-                    detail: format!("no counts reported: {}", server.stderr_text()),
-                })
-            }
-        };
+        let cres = expect_report(
+            creport,
+            &mut client,
+            |g| format!("{st}: {}", g.stderr_text()),
+            |r| match r {
+                WorkerReport::Client(r) => Ok(r),
+                other => Err(other),
+            },
+        )?;
+        let scount = expect_report(
+            sreport,
+            &mut server,
+            |g| format!("no counts reported: {}", g.stderr_text()),
+            |r| match r {
+                WorkerReport::Server(c) => Ok(c),
+                other => Err(other),
+            },
+        )?;
         // Both sides count; a mismatch means a bug or a broken path, not a figure to trust.
         let mismatch = match w {
             Workload::Rr | Workload::Crr | Workload::Ping
@@ -574,5 +562,24 @@ pub fn write_file(path: &std::path::Path, text: &str) -> Result<(), BenchError> 
     w().map_err(|source| BenchError::Write {
         path: path.to_path_buf(),
         source,
+    })
+}
+
+/// The report `worker` was expected to give (`pick` accepts it); otherwise the error it
+/// reported, or `missing()` when it reported nothing usable.
+fn expect_report<T>(
+    report: Option<WorkerReport>,
+    worker: &mut ChildGuard,
+    missing: impl FnOnce(&mut ChildGuard) -> String,
+    pick: impl FnOnce(WorkerReport) -> Result<T, WorkerReport>,
+) -> Result<T, BenchError> {
+    let detail = match report.map(pick) {
+        Some(Ok(v)) => return Ok(v),
+        Some(Err(WorkerReport::Error(e))) => e,
+        _ => missing(worker),
+    };
+    Err(BenchError::Worker {
+        what: worker.what.clone(),
+        detail,
     })
 }
