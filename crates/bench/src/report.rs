@@ -157,9 +157,11 @@ pub fn table(outcome: &Outcome) -> String {
             })
             .unwrap_or_default();
         let _ = writeln!(out, "\nplacement {p} ({cpus})");
+        // The topology column fits the longest name (cni-ptp-remote).
+        let tw = rows.iter().map(|r| r.topology.len()).max().unwrap_or(0).max(11);
         let _ = writeln!(
             out,
-            "{:<11} {:<11} {:>12} {:<7} {:>7} {:>8}  {:<22} {:>10}  notes",
+            "{:<11} {:<tw$} {:>12} {:<7} {:>7} {:>8}  {:<22} {:>10}  notes",
             "workload", "topology", "median", "unit", "× host", "spread", "min – max", "CPU cost",
         );
         let mut last_w = None;
@@ -201,7 +203,7 @@ pub fn table(outcome: &Outcome) -> String {
             }
             let _ = writeln!(
                 out,
-                "{:<11} {:<11} {:>12} {:<7} {:>7} {:>8}  {:<22} {:>10}  {}",
+                "{:<11} {:<tw$} {:>12} {:<7} {:>7} {:>8}  {:<22} {:>10}  {}",
                 w,
                 r.topology,
                 f(r.median),

@@ -97,6 +97,12 @@ pub fn registry() -> Vec<TopologyDef> {
             build: build_bpf,
         },
         TopologyDef {
+            name: "bpf-remote",
+            about: "veth + BPF host routing to a pod on another host over a veth wire (fib + redirect out, redirect_peer in)",
+            probe: || Ok(()),
+            build: build_bpf_remote,
+        },
+        TopologyDef {
             name: "netkit",
             about: "netkit pairs (L3) with BPF host routing (nsfast pod --mode netkit)",
             probe: probe_netkit,
@@ -108,6 +114,12 @@ pub fn registry() -> Vec<TopologyDef> {
                 "pods made by the reference CNI ptp plugin (host-local IPAM), routed by the host",
             probe: probe_cni_ptp,
             build: build_cni_ptp,
+        },
+        TopologyDef {
+            name: "cni-ptp-remote",
+            about: "reference ptp pods on two hosts joined by a veth wire, routed by both hosts' stacks",
+            probe: probe_cni_ptp,
+            build: build_cni_ptp_remote,
         },
         TopologyDef {
             name: "slirp4netns",
@@ -520,28 +532,33 @@ fn two_pods(
     Ok(b)
 }
 
-/// Two pods on one host (nsfast_pod::topology) in `mode`: pod a0 is the client, a1 the server.
+/// Two pods (nsfast_pod::topology) in `mode`: pod a0 is the client; the server is pod a1 on
+/// the same host, or with `remote` pod b0 on host B across the wire.
 fn build_pods(
     ctx: &BuildCtx,
     t: &'static str,
     mode: nsfast_pod::ModeRequest,
+    remote: bool,
 ) -> Result<Built, TopologyError> {
     let prefix = format!("{}-{t}", ctx.prefix);
-    let topo = nsfast_pod::topology::Topology::build(&prefix, mode, 2)
+    let per_host = if remote { 1 } else { 2 };
+    let topo = nsfast_pod::topology::Topology::build(&prefix, mode, per_host)
         .map_err(|e| other(t, e.to_string()))?;
-    let (a0, a1) = (topo.pod(0, 0).clone(), topo.pod(0, 1).clone());
+    let (h, i) = if remote { (1, 0) } else { (0, 1) };
+    let (a0, srv) = (topo.pod(0, 0).clone(), topo.pod(h, i).clone());
     let note = format!(
-        "pods {} -> {} on host {}: {:?}",
+        "pods {} -> {} (host {} -> {}): {:?}",
         a0.record.name,
-        a1.record.name,
+        srv.record.name,
         topo.host_name(0),
+        topo.host_name(h),
         a0.record.datapath
     );
     two_pods(
         ctx,
         t,
-        [&a0.record.netns, &a1.record.netns],
-        a1.ip(),
+        [&a0.record.netns, &srv.record.netns],
+        srv.ip(),
         Box::new(topo),
         note,
     )
@@ -549,27 +566,45 @@ fn build_pods(
 
 /// veth + TCX BPF host routing: pod → pod by bpf_redirect_peer (`nsfast pod --mode veth`).
 fn build_bpf(ctx: &BuildCtx) -> Result<Built, TopologyError> {
-    build_pods(ctx, "bpf", nsfast_pod::ModeRequest::Veth)
+    build_pods(ctx, "bpf", nsfast_pod::ModeRequest::Veth, false)
+}
+
+/// veth + BPF host routing, pod → pod on another host: fib lookup + redirect out of host A,
+/// TCX on host B's wire device + bpf_redirect_peer in.
+fn build_bpf_remote(ctx: &BuildCtx) -> Result<Built, TopologyError> {
+    build_pods(ctx, "bpf-remote", nsfast_pod::ModeRequest::Veth, true)
 }
 
 /// netkit L3 pairs with the pod programs (`nsfast pod --mode netkit`).
 fn build_netkit(ctx: &BuildCtx) -> Result<Built, TopologyError> {
-    build_pods(ctx, "netkit", nsfast_pod::ModeRequest::Netkit)
+    build_pods(ctx, "netkit", nsfast_pod::ModeRequest::Netkit, false)
 }
 
 /// Two pods made by the reference ptp plugin on one host, routed by its IP stack.
 fn build_cni_ptp(ctx: &BuildCtx) -> Result<Built, TopologyError> {
-    const T: &str = "cni-ptp";
-    let prefix = format!("{}-ptp", ctx.prefix);
-    let topo = nsfast_cni::reference::PtpTopology::build(&prefix, 2, CNI_PATH)
-        .map_err(|e| other(T, format!("{e} ({})", e.details)))?;
-    let (a0, a1) = (topo.pod(0, 0), topo.pod(0, 1));
-    let names = [a0.netns.name().to_string(), a1.netns.name().to_string()];
-    let server_ip = a1.ip;
+    cni_ptp_pods(ctx, "cni-ptp", false)
+}
+
+/// ptp pods on two hosts across the wire, routed by both hosts' stacks.
+fn build_cni_ptp_remote(ctx: &BuildCtx) -> Result<Built, TopologyError> {
+    cni_ptp_pods(ctx, "cni-ptp-remote", true)
+}
+
+/// Pods made by the reference ptp plugin: client pod a0, server pod a1 (same host) or, with
+/// `remote`, pod b0 on host B.
+fn cni_ptp_pods(ctx: &BuildCtx, t: &'static str, remote: bool) -> Result<Built, TopologyError> {
+    let prefix = format!("{}-{}", ctx.prefix, if remote { "ptpr" } else { "ptp" });
+    let per_host = if remote { 1 } else { 2 };
+    let topo = nsfast_cni::reference::PtpTopology::build(&prefix, per_host, CNI_PATH)
+        .map_err(|e| other(t, format!("{e} ({})", e.details)))?;
+    let (h, i) = if remote { (1, 0) } else { (0, 1) };
+    let (a0, srv) = (topo.pod(0, 0), topo.pod(h, i));
+    let names = [a0.netns.name().to_string(), srv.netns.name().to_string()];
+    let server_ip = srv.ip;
     let note = format!("ptp pods {} -> {} ({server_ip})", names[0], names[1]);
     two_pods(
         ctx,
-        T,
+        t,
         [&names[0], &names[1]],
         server_ip,
         Box::new(topo),

@@ -123,7 +123,7 @@ fn build_and_teardown_leave_nothing_behind() {
         );
         // The pod topologies are always available here (cni-ptp needs
         // containernetworking-plugins, which `make test` installs).
-        for t in ["bpf", "cni-ptp"] {
+        for t in ["bpf", "bpf-remote", "cni-ptp", "cni-ptp-remote"] {
             assert!(names.contains(&t), "topology {t} was skipped: {names:?}");
         }
         assert!(!leftovers(&prefix).is_empty());
