@@ -7,7 +7,9 @@
 //!   BPF link per attachment (`link-<ifname>`, `uplink-<ifname>`). Pins keep the programs
 //!   attached after `nsfast pod add` exits; removing a pin detaches its program.
 //! - `/run/nsfast/pod/<key>/`: one JSON record per pod (what `del`/`list`/CNI `CHECK` need:
-//!   names, devices, netns ownership) and a lock file serialising concurrent changes.
+//!   names, devices, netns ownership, and the priority/handle of classic-tc filters, which
+//!   cannot be pinned), `uplinks/<ifname>.json` for an uplink's tc filter, and a lock file
+//!   serialising concurrent changes.
 //!
 //! Both live on memory file systems: like the namespaces and links they describe, they do not
 //! survive a reboot. When a host's last pod goes, both directories are removed.
@@ -99,6 +101,64 @@ impl Host {
 
     pub fn pin_dir(&self) -> PathBuf {
         bpffs_root().join(PIN_SUBDIR).join(&self.key)
+    }
+
+    /// Where the cls_bpf filters on uplinks are remembered (TCX uplinks are pins instead).
+    pub fn uplink_dir(&self) -> PathBuf {
+        self.state_dir().join("uplinks")
+    }
+
+    /// The tc filter on uplink `ifname`, if the wire program is attached there with tc.
+    pub fn uplink_tc(&self, ifname: &str) -> Result<Option<TcFilter>, PodError> {
+        let p = self.uplink_dir().join(format!("{ifname}.json"));
+        let body = match fs::read(&p) {
+            Ok(b) => b,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(PodError::io(format!("read {}", p.display()))(e)),
+        };
+        serde_json::from_slice(&body)
+            .map(Some)
+            .map_err(|e| PodError::State { path: p, source: e })
+    }
+
+    /// Every uplink tc filter of this host, sorted by device.
+    pub fn uplink_tcs(&self) -> Result<Vec<TcFilter>, PodError> {
+        let mut v = Vec::new();
+        let Ok(rd) = fs::read_dir(self.uplink_dir()) else {
+            return Ok(v);
+        };
+        for e in rd.flatten() {
+            let name = e.file_name();
+            if let Some(dev) = name.to_str().and_then(|n| n.strip_suffix(".json")) {
+                if let Some(f) = self.uplink_tc(dev)? {
+                    v.push(f);
+                }
+            }
+        }
+        v.sort_by(|a, b| a.ifname.cmp(&b.ifname));
+        Ok(v)
+    }
+
+    /// Remembers an uplink's tc filter (written as soon as it is attached).
+    pub fn write_uplink_tc(&self, f: &TcFilter) -> Result<(), PodError> {
+        let dir = self.uplink_dir();
+        create_dir_all_racy(&dir)?;
+        let p = dir.join(format!("{}.json", f.ifname));
+        let body = serde_json::to_vec_pretty(f).map_err(|e| PodError::State {
+            path: p.clone(),
+            source: e,
+        })?;
+        fs::write(&p, body).map_err(PodError::io(format!("write {}", p.display())))
+    }
+
+    /// Forgets an uplink's tc filter.
+    pub fn remove_uplink_tc(&self, ifname: &str) -> Result<(), PodError> {
+        let p = self.uplink_dir().join(format!("{ifname}.json"));
+        match fs::remove_file(&p) {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(PodError::io(format!("remove {}", p.display()))(e)),
+        }
     }
 
     pub fn record_path(&self, pod: &str) -> PathBuf {
@@ -218,10 +278,15 @@ pub fn create_dir_all_racy(dir: &Path) -> Result<(), PodError> {
 
 fn read_record(p: &Path) -> Result<PodRecord, PodError> {
     let body = fs::read(p).map_err(PodError::io(format!("read {}", p.display())))?;
-    serde_json::from_slice(&body).map_err(|e| PodError::State {
+    let mut r: PodRecord = serde_json::from_slice(&body).map_err(|e| PodError::State {
         path: p.to_path_buf(),
         source: e,
-    })
+    })?;
+    // Records written before `attach` existed: netkit pods were netkit, veth pods TCX.
+    if r.datapath != Datapath::Veth {
+        r.attach = AttachMethod::Netkit;
+    }
+    Ok(r)
 }
 
 /// Held while a host's pods change.
@@ -240,6 +305,48 @@ pub enum Datapath {
     NetkitL3,
     /// netkit pair in L2 mode.
     NetkitL2,
+}
+
+/// How a pod's (or uplink's) programs are attached.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "kebab-case")]
+pub enum AttachMethod {
+    /// TCX ingress links (Linux 6.6+), pinned in bpffs.
+    #[default]
+    Tcx,
+    /// Classic tc: a cls_bpf direct-action filter on the clsact ingress hook, made over
+    /// netlink; not a BPF link, so remembered as a [`TcFilter`] in the state instead of a pin.
+    Tc,
+    /// netkit links (`BPF_NETKIT_PEER` / `BPF_NETKIT_PRIMARY`), pinned in bpffs.
+    Netkit,
+}
+
+impl AttachMethod {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AttachMethod::Tcx => "tcx",
+            AttachMethod::Tc => "tc",
+            AttachMethod::Netkit => "netkit",
+        }
+    }
+}
+
+/// A cls_bpf filter nsfast attached (classic tc), with what removing exactly it needs.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TcFilter {
+    /// Device in the host namespace.
+    pub ifname: String,
+    /// Its index when attached: a device of the same name made later is left alone.
+    pub ifindex: u32,
+    /// Filter priority the kernel assigned.
+    pub priority: u16,
+    /// Filter handle the kernel assigned.
+    pub handle: u32,
+    /// The program's name, as the filter reports it.
+    pub program: String,
+    /// Whether nsfast added the device's clsact qdisc (then it is removed with the filter,
+    /// unless other filters were added to it since).
+    pub qdisc_added: bool,
 }
 
 impl Datapath {
@@ -271,8 +378,14 @@ pub struct PodRecord {
     pub pod_if: String,
     pub pod_mac: String,
     pub host_mac: String,
-    /// Pins of the BPF links attached for this pod.
+    /// How the programs are attached: `tcx`, `tc` (veth) or `netkit`.
+    #[serde(default)]
+    pub attach: AttachMethod,
+    /// Pins of the BPF links attached for this pod (TCX, netkit).
     pub link_pins: Vec<PathBuf>,
+    /// cls_bpf filters attached for this pod (classic tc).
+    #[serde(default)]
+    pub tc_filters: Vec<TcFilter>,
     /// CNI attachment, if made by nsfast-cni: (container id, network name).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cni: Option<CniAttachment>,
