@@ -610,10 +610,31 @@ pub fn stale_leftovers() -> (Vec<String>, Vec<PathBuf>) {
     (ns, cgs)
 }
 
-/// Removes what [`stale_leftovers`] finds; returns what was removed.
+/// Removes what [`stale_leftovers`] finds, and the `nsfast pod` state of killed runs' pod
+/// topologies (`bpf`, `netkit`): pods of a stale host namespace are deleted through
+/// `nsfast pod` (their tc filters, pins and records with them) before the namespaces go, and
+/// pod state whose host namespace is already gone is removed after. Returns what was removed.
 pub fn cleanup_stale() -> Vec<String> {
-    let (ns, cgs) = stale_leftovers();
     let mut done = Vec::new();
+    let (ns, _) = stale_leftovers();
+    for n in &ns {
+        let Ok(host) = nsfast_pod::Host::open(Some(n)) else {
+            continue;
+        };
+        if !host.state_dir().exists() && !host.pin_dir().exists() {
+            continue;
+        }
+        drop(host);
+        match nsfast_pod::pod::del_all(Some(n)) {
+            Ok(pods) => done.push(format!(
+                "nsfast pod state of host namespace {n} ({} pod(s))",
+                pods.len()
+            )),
+            Err(e) => tracing::warn!("pods of stale host namespace {n}: {e}"),
+        }
+    }
+    // Pod namespaces went with their pods: list again.
+    let (ns, cgs) = stale_leftovers();
     for n in ns {
         match nsfast_sys::netns::delete_named(&n) {
             Ok(()) => done.push(format!("network namespace {n}")),
@@ -625,6 +646,13 @@ pub fn cleanup_stale() -> Vec<String> {
             Ok(()) => done.push(format!("cgroup {}", c.display())),
             Err(e) => tracing::warn!("remove cgroup {}: {e}", c.display()),
         }
+    }
+    match nsfast_pod::pod::remove_orphaned_state() {
+        Ok(dirs) => done.extend(
+            dirs.iter()
+                .map(|d| format!("nsfast pod state of a deleted namespace: {}", d.display())),
+        ),
+        Err(e) => tracing::warn!("orphaned pod state: {e}"),
     }
     done
 }

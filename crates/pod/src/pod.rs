@@ -564,6 +564,16 @@ pub fn gc_host(host: &Host) -> Result<bool, PodError> {
     host.gc_if_empty()
 }
 
+/// Removes the pod state of host namespaces that no longer exist (see
+/// [`crate::state::orphaned_keys`]). Returns the directories removed.
+pub fn remove_orphaned_state() -> Result<Vec<PathBuf>, PodError> {
+    let mut gone = Vec::new();
+    for k in crate::state::orphaned_keys() {
+        gone.extend(crate::state::remove_orphan(&k)?);
+    }
+    Ok(gone)
+}
+
 /// Tears down what `r` describes (lock held).
 fn remove(host: &Host, r: &PodRecord) -> Result<(), PodError> {
     datapath::endpoint_remove(host, r.ip, r.host_ifindex)?;

@@ -260,6 +260,125 @@ impl Host {
     }
 }
 
+/// Inodes of every network namespace that can still be reached: named ones (/run/netns),
+/// any process's or thread's (`/proc/*/task/*/ns/net`), any open namespace fd
+/// (`/proc/*/fd/*`), and nsfs bind mounts in any mount namespace (e.g. a container
+/// runtime's), found through each process's mountinfo and root.
+pub fn live_netns_inodes() -> std::collections::BTreeSet<u64> {
+    use std::os::unix::fs::MetadataExt;
+    let mut live = std::collections::BTreeSet::new();
+    let mut mnt_seen = std::collections::BTreeSet::new();
+    let parse = |p: &Path| -> Option<u64> {
+        let t = fs::read_link(p).ok()?;
+        let t = t.to_str()?;
+        t.strip_prefix("net:[")?.strip_suffix(']')?.parse().ok()
+    };
+    if let Ok(rd) = fs::read_dir("/run/netns") {
+        for e in rd.flatten() {
+            if let Ok(m) = fs::metadata(e.path()) {
+                live.insert(m.ino());
+            }
+        }
+    }
+    for proc_ in fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let pd = proc_.path();
+        if !proc_
+            .file_name()
+            .to_str()
+            .is_some_and(|n| n.bytes().all(|b| b.is_ascii_digit()))
+        {
+            continue;
+        }
+        for t in fs::read_dir(pd.join("task"))
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            if let Some(i) = parse(&t.path().join("ns/net")) {
+                live.insert(i);
+            }
+        }
+        for f in fs::read_dir(pd.join("fd")).into_iter().flatten().flatten() {
+            if let Some(i) = parse(&f.path()) {
+                live.insert(i);
+            }
+        }
+        // nsfs bind mounts, once per mount namespace, seen through this process's root.
+        let Some(mnt) = fs::read_link(pd.join("ns/mnt")).ok() else {
+            continue;
+        };
+        if !mnt_seen.insert(mnt) {
+            continue;
+        }
+        let Ok(mi) = fs::read_to_string(pd.join("mountinfo")) else {
+            continue;
+        };
+        for line in mi.lines() {
+            let Some((pre, post)) = line.split_once(" - ") else {
+                continue;
+            };
+            if post.split_whitespace().next() != Some("nsfs") {
+                continue;
+            }
+            // The mount's root field names the namespace: `net:[<inode>]`.
+            let root = pre.split_whitespace().nth(3).unwrap_or("");
+            if let Some(i) = root
+                .strip_prefix("net:[")
+                .and_then(|r| r.strip_suffix(']'))
+                .and_then(|r| r.parse().ok())
+            {
+                live.insert(i);
+            }
+        }
+    }
+    live
+}
+
+/// Host keys (`netns-<inode>`) with pod state (pins or records) whose network namespace no
+/// longer exists anywhere ([`live_netns_inodes`]): what is left when a host namespace was
+/// deleted without its pods (a killed run, or a namespace deleted by hand).
+pub fn orphaned_keys() -> Vec<String> {
+    let live = live_netns_inodes();
+    let mut keys = std::collections::BTreeSet::new();
+    for dir in [PathBuf::from(STATE_ROOT), bpffs_root().join(PIN_SUBDIR)] {
+        for e in fs::read_dir(dir).into_iter().flatten().flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let Some(ino) = name
+                .strip_prefix("netns-")
+                .and_then(|i| i.parse::<u64>().ok())
+            else {
+                continue;
+            };
+            if !live.contains(&ino) {
+                keys.insert(name);
+            }
+        }
+    }
+    keys.into_iter().collect()
+}
+
+/// Removes the pins and records of host `key` (from [`orphaned_keys`]). Its namespace is gone,
+/// and with it every device and tc filter the records describe; dropping the pins frees the
+/// maps and the detached links. Returns what was removed.
+pub fn remove_orphan(key: &str) -> Result<Vec<PathBuf>, PodError> {
+    let mut gone = Vec::new();
+    let state = Path::new(STATE_ROOT).join(key);
+    // Serialise with anything that took this (then dead) host's lock.
+    let _lock = File::open(state.join(".lock"))
+        .ok()
+        .and_then(|f| nix::fcntl::Flock::lock(f, nix::fcntl::FlockArg::LockExclusive).ok());
+    for dir in [bpffs_root().join(PIN_SUBDIR).join(key), state.clone()] {
+        if dir.exists() {
+            fs::remove_dir_all(&dir).map_err(PodError::io(format!("remove {}", dir.display())))?;
+            gone.push(dir);
+        }
+    }
+    let _ = fs::remove_dir(bpffs_root().join(PIN_SUBDIR));
+    let _ = fs::remove_dir(STATE_ROOT);
+    let _ = fs::remove_dir("/run/nsfast");
+    Ok(gone)
+}
+
 /// `create_dir_all` that tolerates a parent being removed concurrently (by another host's
 /// cleanup of the shared, then empty, parent directory).
 pub fn create_dir_all_racy(dir: &Path) -> Result<(), PodError> {
