@@ -733,6 +733,18 @@ mod tests {
     }
 
     #[test]
+    fn parses_attach_methods() {
+        assert_eq!("tc".parse::<AttachRequest>().unwrap(), AttachRequest::Tc);
+        assert_eq!("tcx".parse::<AttachRequest>().unwrap(), AttachRequest::Tcx);
+        assert_eq!(
+            "auto".parse::<AttachRequest>().unwrap(),
+            AttachRequest::Auto
+        );
+        let e = "xdp".parse::<AttachRequest>().unwrap_err().to_string();
+        assert!(e.contains("\"xdp\"") && e.contains("tcx"), "{e}");
+    }
+
+    #[test]
     fn parses_modes() {
         assert_eq!("auto".parse::<ModeRequest>().unwrap(), ModeRequest::Auto);
         assert_eq!(

@@ -517,3 +517,49 @@ pub struct CniAttachment {
     pub network: String,
     pub ifname: String,
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A record written before `attach`/`tc_filters` existed still reads, with the method its
+    /// datapath implies.
+    #[test]
+    fn old_records_read_with_their_attach_method() {
+        let dir = std::env::temp_dir().join(format!("nsfast-pod-state-{}", std::process::id()));
+        fs::create_dir_all(&dir).unwrap();
+        let body = |dp: &str| {
+            format!(
+                r#"{{"name":"p","ip":"10.0.0.1","prefix":24,"gateway":"169.254.1.1",
+                "datapath":"{dp}","host":"h","netns":"p","netns_owned":true,
+                "host_if":"nsf0","host_ifindex":3,"pod_if":"eth0","pod_mac":"","host_mac":"",
+                "link_pins":[]}}"#
+            )
+        };
+        for (dp, want) in [
+            ("veth", AttachMethod::Tcx),
+            ("netkit-l3", AttachMethod::Netkit),
+        ] {
+            let p = dir.join(format!("{dp}.json"));
+            fs::write(&p, body(dp)).unwrap();
+            let r = read_record(&p).unwrap();
+            assert_eq!(r.attach, want, "{dp}");
+            assert!(r.tc_filters.is_empty());
+        }
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn tc_filter_round_trips() {
+        let f = TcFilter {
+            ifname: "wire0".into(),
+            ifindex: 7,
+            priority: 49152,
+            handle: 1,
+            program: "nsf_pod_from_wire".into(),
+            qdisc_added: true,
+        };
+        let j = serde_json::to_string(&f).unwrap();
+        assert_eq!(serde_json::from_str::<TcFilter>(&j).unwrap(), f);
+    }
+}
