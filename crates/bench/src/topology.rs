@@ -97,6 +97,12 @@ pub fn registry() -> Vec<TopologyDef> {
             build: build_bpf,
         },
         TopologyDef {
+            name: "bpf-tc",
+            about: "bpf with the programs attached by classic tc (clsact + cls_bpf) instead of TCX",
+            probe: || Ok(()),
+            build: build_bpf_tc,
+        },
+        TopologyDef {
             name: "netkit",
             about: "netkit pairs (L3) with BPF host routing (nsfast pod --mode netkit)",
             probe: probe_netkit,
@@ -525,17 +531,19 @@ fn build_pods(
     ctx: &BuildCtx,
     t: &'static str,
     mode: nsfast_pod::ModeRequest,
+    attach: nsfast_pod::AttachRequest,
 ) -> Result<Built, TopologyError> {
     let prefix = format!("{}-{t}", ctx.prefix);
-    let topo = nsfast_pod::topology::Topology::build(&prefix, mode, 2)
+    let topo = nsfast_pod::topology::Topology::build_with(&prefix, mode, attach, 2)
         .map_err(|e| other(t, e.to_string()))?;
     let (a0, a1) = (topo.pod(0, 0).clone(), topo.pod(0, 1).clone());
     let note = format!(
-        "pods {} -> {} on host {}: {:?}",
+        "pods {} -> {} on host {}: {:?}, attached by {}",
         a0.record.name,
         a1.record.name,
         topo.host_name(0),
-        a0.record.datapath
+        a0.record.datapath,
+        a0.record.attach.as_str()
     );
     two_pods(
         ctx,
@@ -549,12 +557,33 @@ fn build_pods(
 
 /// veth + TCX BPF host routing: pod → pod by bpf_redirect_peer (`nsfast pod --mode veth`).
 fn build_bpf(ctx: &BuildCtx) -> Result<Built, TopologyError> {
-    build_pods(ctx, "bpf", nsfast_pod::ModeRequest::Veth)
+    build_pods(
+        ctx,
+        "bpf",
+        nsfast_pod::ModeRequest::Veth,
+        nsfast_pod::AttachRequest::Auto,
+    )
+}
+
+/// `bpf` with classic tc attachments (what kernels without TCX, e.g. 6.1, get), to compare
+/// the two attach methods on one kernel.
+fn build_bpf_tc(ctx: &BuildCtx) -> Result<Built, TopologyError> {
+    build_pods(
+        ctx,
+        "bpf-tc",
+        nsfast_pod::ModeRequest::Veth,
+        nsfast_pod::AttachRequest::Tc,
+    )
 }
 
 /// netkit L3 pairs with the pod programs (`nsfast pod --mode netkit`).
 fn build_netkit(ctx: &BuildCtx) -> Result<Built, TopologyError> {
-    build_pods(ctx, "netkit", nsfast_pod::ModeRequest::Netkit)
+    build_pods(
+        ctx,
+        "netkit",
+        nsfast_pod::ModeRequest::Netkit,
+        nsfast_pod::AttachRequest::Auto,
+    )
 }
 
 /// Two pods made by the reference ptp plugin on one host, routed by its IP stack.

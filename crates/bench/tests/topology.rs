@@ -133,7 +133,7 @@ fn build_and_teardown_leave_nothing_behind() {
         );
         // The pod topologies are always available here (cni-ptp needs
         // containernetworking-plugins, which `make test` installs).
-        for t in ["bpf", "cni-ptp"] {
+        for t in ["bpf", "bpf-tc", "cni-ptp"] {
             assert!(names.contains(&t), "topology {t} was skipped: {names:?}");
         }
         assert!(!leftovers(&prefix).is_empty());
