@@ -689,6 +689,26 @@ fn tc_uplink_keeps_a_clsact_qdisc_it_did_not_add() {
         assert_eq!(f.len(), 1, "{dev}: {f:?}");
         assert_eq!(f[0].bpf_name.as_deref(), Some(abi::PROG_FROM_WIRE));
     }
+    // CHECK (the CNI plugin's) finds the pod's filter gone after someone removed it.
+    let h = nsfast_pod::Host::open(Some(&host)).unwrap();
+    let r = h.record(&pod).unwrap().unwrap();
+    assert_eq!(nsfast_pod::pod::check(&h, &r), Vec::<String>::new());
+    let f = &r.tc_filters[0];
+    assert!(net::tc_filter_delete(
+        Some(&host_ns),
+        &f.ifname,
+        Some(f.ifindex),
+        true,
+        f.priority,
+        f.handle
+    )
+    .unwrap());
+    let bad = nsfast_pod::pod::check(&h, &r);
+    assert!(
+        bad.len() == 1 && bad[0].contains("tc filter") && bad[0].contains("missing"),
+        "{bad:?}"
+    );
+    drop(h);
     let out = nsfast(&["pod", "del", &pod, "--host", &host]);
     assert!(out.status.success());
     for dev in ["upa0", "upb0"] {
