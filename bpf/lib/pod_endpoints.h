@@ -10,7 +10,7 @@
 
 /* Endpoint flags. */
 #define NSF_EP_NETKIT (1U << 0) /* host-side device is a netkit primary */
-#define NSF_EP_L3 (1U << 1)	/* no Ethernet header on the pod's device (netkit L3) */
+#define NSF_EP_L3 (1U << 1)	/* netkit L3 pod (no ARP; its device still has an Ethernet header) */
 
 /* One pod address. Key: the pod's IPv4 address, network byte order. */
 struct nsf_endpoint {

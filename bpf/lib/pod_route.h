@@ -234,11 +234,13 @@ NSF_INLINE long nsf_from_wire(struct __sk_buff *skb)
 	if ((void *)(ip + 1) > data_end)
 		return TC_ACT_OK;
 	ep = nsf_endpoint(ip->daddr);
-	if (!ep || (ep->flags & NSF_EP_L3)) {
-		/* L3 netkit pods take the stack path from the wire (no header to strip here). */
+	if (!ep) {
 		nsf_count(NSF_CNT_WIRE_TO_STACK);
 		return TC_ACT_OK;
 	}
+	/* Every pod, netkit L3 included: L3 netkit devices are Ethernet devices too (IFF_NOARP),
+	 * and the peer redirect scrubs the frame to PACKET_HOST, so bpf_redirect_peer delivers it
+	 * as for veth (checked on 6.12 and 7.2). */
 	if (nsf_dec_ttl(skb, ETH_HLEN, ip->ttl) < 0) {
 		nsf_count(NSF_CNT_WIRE_TO_STACK);
 		return TC_ACT_OK;

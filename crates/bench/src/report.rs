@@ -158,7 +158,12 @@ pub fn table(outcome: &Outcome) -> String {
             .unwrap_or_default();
         let _ = writeln!(out, "\nplacement {p} ({cpus})");
         // The topology column fits the longest name (cni-ptp-remote).
-        let tw = rows.iter().map(|r| r.topology.len()).max().unwrap_or(0).max(11);
+        let tw = rows
+            .iter()
+            .map(|r| r.topology.len())
+            .max()
+            .unwrap_or(0)
+            .max(11);
         let _ = writeln!(
             out,
             "{:<11} {:<tw$} {:>12} {:<7} {:>7} {:>8}  {:<22} {:>10}  notes",

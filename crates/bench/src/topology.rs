@@ -103,6 +103,12 @@ pub fn registry() -> Vec<TopologyDef> {
             build: build_bpf_remote,
         },
         TopologyDef {
+            name: "bpf-tc",
+            about: "bpf with the programs attached by classic tc (clsact + cls_bpf) instead of TCX",
+            probe: || Ok(()),
+            build: build_bpf_tc,
+        },
+        TopologyDef {
             name: "netkit",
             about: "netkit pairs (L3) with BPF host routing (nsfast pod --mode netkit)",
             probe: probe_netkit,
@@ -538,21 +544,23 @@ fn build_pods(
     ctx: &BuildCtx,
     t: &'static str,
     mode: nsfast_pod::ModeRequest,
+    attach: nsfast_pod::AttachRequest,
     remote: bool,
 ) -> Result<Built, TopologyError> {
     let prefix = format!("{}-{t}", ctx.prefix);
     let per_host = if remote { 1 } else { 2 };
-    let topo = nsfast_pod::topology::Topology::build(&prefix, mode, per_host)
+    let topo = nsfast_pod::topology::Topology::build_with(&prefix, mode, attach, per_host)
         .map_err(|e| other(t, e.to_string()))?;
     let (h, i) = if remote { (1, 0) } else { (0, 1) };
     let (a0, srv) = (topo.pod(0, 0).clone(), topo.pod(h, i).clone());
     let note = format!(
-        "pods {} -> {} (host {} -> {}): {:?}",
+        "pods {} -> {} (host {} -> {}): {:?}, attached by {}",
         a0.record.name,
         srv.record.name,
         topo.host_name(0),
         topo.host_name(h),
-        a0.record.datapath
+        a0.record.datapath,
+        a0.record.attach.as_str()
     );
     two_pods(
         ctx,
@@ -566,18 +574,48 @@ fn build_pods(
 
 /// veth + TCX BPF host routing: pod → pod by bpf_redirect_peer (`nsfast pod --mode veth`).
 fn build_bpf(ctx: &BuildCtx) -> Result<Built, TopologyError> {
-    build_pods(ctx, "bpf", nsfast_pod::ModeRequest::Veth, false)
+    build_pods(
+        ctx,
+        "bpf",
+        nsfast_pod::ModeRequest::Veth,
+        nsfast_pod::AttachRequest::Auto,
+        false,
+    )
+}
+
+/// `bpf` with classic tc attachments (what kernels without TCX, e.g. 6.1, get), to compare
+/// the two attach methods on one kernel.
+fn build_bpf_tc(ctx: &BuildCtx) -> Result<Built, TopologyError> {
+    build_pods(
+        ctx,
+        "bpf-tc",
+        nsfast_pod::ModeRequest::Veth,
+        nsfast_pod::AttachRequest::Tc,
+        false,
+    )
 }
 
 /// veth + BPF host routing, pod → pod on another host: fib lookup + redirect out of host A,
 /// TCX on host B's wire device + bpf_redirect_peer in.
 fn build_bpf_remote(ctx: &BuildCtx) -> Result<Built, TopologyError> {
-    build_pods(ctx, "bpf-remote", nsfast_pod::ModeRequest::Veth, true)
+    build_pods(
+        ctx,
+        "bpf-remote",
+        nsfast_pod::ModeRequest::Veth,
+        nsfast_pod::AttachRequest::Auto,
+        true,
+    )
 }
 
 /// netkit L3 pairs with the pod programs (`nsfast pod --mode netkit`).
 fn build_netkit(ctx: &BuildCtx) -> Result<Built, TopologyError> {
-    build_pods(ctx, "netkit", nsfast_pod::ModeRequest::Netkit, false)
+    build_pods(
+        ctx,
+        "netkit",
+        nsfast_pod::ModeRequest::Netkit,
+        nsfast_pod::AttachRequest::Auto,
+        false,
+    )
 }
 
 /// Two pods made by the reference ptp plugin on one host, routed by its IP stack.
@@ -645,10 +683,31 @@ pub fn stale_leftovers() -> (Vec<String>, Vec<PathBuf>) {
     (ns, cgs)
 }
 
-/// Removes what [`stale_leftovers`] finds; returns what was removed.
+/// Removes what [`stale_leftovers`] finds, and the `nsfast pod` state of killed runs' pod
+/// topologies (`bpf`, `netkit`): pods of a stale host namespace are deleted through
+/// `nsfast pod` (their tc filters, pins and records with them) before the namespaces go, and
+/// pod state whose host namespace is already gone is removed after. Returns what was removed.
 pub fn cleanup_stale() -> Vec<String> {
-    let (ns, cgs) = stale_leftovers();
     let mut done = Vec::new();
+    let (ns, _) = stale_leftovers();
+    for n in &ns {
+        let Ok(host) = nsfast_pod::Host::open(Some(n)) else {
+            continue;
+        };
+        if !host.state_dir().exists() && !host.pin_dir().exists() {
+            continue;
+        }
+        drop(host);
+        match nsfast_pod::pod::del_all(Some(n)) {
+            Ok(pods) => done.push(format!(
+                "nsfast pod state of host namespace {n} ({} pod(s))",
+                pods.len()
+            )),
+            Err(e) => tracing::warn!("pods of stale host namespace {n}: {e}"),
+        }
+    }
+    // Pod namespaces went with their pods: list again.
+    let (ns, cgs) = stale_leftovers();
     for n in ns {
         match nsfast_sys::netns::delete_named(&n) {
             Ok(()) => done.push(format!("network namespace {n}")),
@@ -660,6 +719,13 @@ pub fn cleanup_stale() -> Vec<String> {
             Ok(()) => done.push(format!("cgroup {}", c.display())),
             Err(e) => tracing::warn!("remove cgroup {}: {e}", c.display()),
         }
+    }
+    match nsfast_pod::pod::remove_orphaned_state() {
+        Ok(dirs) => done.extend(
+            dirs.iter()
+                .map(|d| format!("nsfast pod state of a deleted namespace: {}", d.display())),
+        ),
+        Err(e) => tracing::warn!("orphaned pod state: {e}"),
     }
     // The slirp4netns / vpnrelay topologies build vpnrelay's test world (nsfv<pid>x<n>-*):
     // its tenant processes, namespaces and runtime folder.

@@ -15,6 +15,15 @@ use nsfast_bench::topology::{registry, BuildCtx, Built, RunCgroup};
 /// processes, and the relay binary has to be built first).
 const ROOTLESS: [&str; 2] = ["slirp4netns", "vpnrelay"];
 
+/// Serialises the tests that build pod topologies or run `cleanup_stale`: a cleanup removes
+/// every dead-pid run's leftovers (also another test's fake ones mid-build), and pod state
+/// made meanwhile would count as pins left behind.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 fn require_root() {
     assert!(
         nix::unistd::geteuid().is_root(),
@@ -94,6 +103,7 @@ fn exercise(b: &Built) {
 #[test]
 fn build_and_teardown_leave_nothing_behind() {
     require_root();
+    let _serial = serial();
     let prefix = format!("nsfb-{}-tb", std::process::id());
     let cpus_before = nsfast_sys::sched::allowed_cpus().unwrap();
     let pins_before = pod_pins();
@@ -123,7 +133,7 @@ fn build_and_teardown_leave_nothing_behind() {
         );
         // The pod topologies are always available here (cni-ptp needs
         // containernetworking-plugins, which `make test` installs).
-        for t in ["bpf", "bpf-remote", "cni-ptp", "cni-ptp-remote"] {
+        for t in ["bpf", "bpf-tc", "bpf-remote", "cni-ptp", "cni-ptp-remote"] {
             assert!(names.contains(&t), "topology {t} was skipped: {names:?}");
         }
         assert!(!leftovers(&prefix).is_empty());
@@ -168,14 +178,10 @@ fn unknown_topology_is_one_clear_error() {
     );
 }
 
-/// The cleanup tests each plant a dead run's leftovers; one cleanup at a time, so neither
-/// removes the other's before it looks.
-static CLEANUP: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
 #[test]
 fn cleanup_removes_what_a_killed_run_left() {
     require_root();
-    let _one = CLEANUP.lock().unwrap_or_else(|e| e.into_inner());
+    let _serial = serial();
     // A pid that is not running: what a SIGKILLed run would have left.
     let dead = (3_000_000..4_000_000u32)
         .find(|p| !Path::new(&format!("/proc/{p}")).exists())
@@ -205,7 +211,7 @@ fn cleanup_removes_what_a_killed_run_left() {
 #[test]
 fn cleanup_removes_a_killed_runs_vpnrelay_world() {
     require_root();
-    let _one = CLEANUP.lock().unwrap_or_else(|e| e.into_inner());
+    let _serial = serial();
     let dead = (3_000_000..4_000_000u32)
         .rev()
         .find(|p| !Path::new(&format!("/proc/{p}")).exists())
@@ -256,6 +262,65 @@ fn cleanup_removes_a_killed_runs_vpnrelay_world() {
     );
     bystander.kill().unwrap();
     bystander.wait().unwrap();
+}
+
+/// What a SIGKILLed run of the `bpf` topology leaves: a host namespace whose pods were made
+/// (pinned links and maps, records, pod namespaces, a tc-attached uplink) and never deleted;
+/// and pod state whose host namespace is already gone. `cleanup_stale` removes both.
+#[test]
+fn cleanup_removes_the_pod_state_a_killed_run_left() {
+    require_root();
+    let _serial = serial();
+    let dead = (4_000_000..5_000_000u32)
+        .find(|p| !Path::new(&format!("/proc/{p}")).exists())
+        .unwrap();
+    let prefix = format!("nsfb-{dead}");
+    let make_host = |tag: &str, attach: nsfast_pod::AttachRequest, net: u8| {
+        let host = format!("{prefix}-{tag}-ha");
+        drop(nsfast_sys::netns::NetNs::create(&host).unwrap().persist());
+        let h = nsfast_sys::netns::NetNs::open(&host).unwrap();
+        nsfast_sys::net::create_veth(&h, "wire0", &h, "wire1").unwrap();
+        drop(h);
+        for i in 0..2u8 {
+            let mut o = nsfast_pod::AddOptions::new(
+                &format!("{prefix}-{tag}-a{i}"),
+                nsfast_pod::PodIp {
+                    ip: std::net::Ipv4Addr::new(10, 253, net, 10 + i),
+                    prefix: 24,
+                },
+            );
+            o.mode = nsfast_pod::ModeRequest::Veth;
+            o.attach = attach;
+            o.host = Some(host.clone());
+            o.uplinks = vec!["wire0".into()];
+            nsfast_pod::add(&o).unwrap();
+        }
+        // The state's directories, found by the host namespace's key.
+        let h = nsfast_pod::Host::open(Some(&host)).unwrap();
+        let dirs = [h.state_dir(), h.pin_dir()];
+        assert!(dirs.iter().all(|d| d.exists()));
+        (host, dirs)
+    };
+    // Killed with its pods in place (no destructor ran).
+    let (_, kept) = make_host("k", nsfast_pod::AttachRequest::Tc, 1);
+    // Its host namespace already deleted by hand (or by an older cleanup): orphaned state.
+    let (gone_host, orphan) = make_host("o", nsfast_pod::AttachRequest::Auto, 2);
+    nsfast_sys::netns::delete_named(&gone_host).unwrap();
+    let removed = nsfast_bench::topology::cleanup_stale();
+    let all = removed.join("\n");
+    assert!(all.contains("nsfast pod state of host namespace"), "{all}");
+    assert!(
+        all.contains("nsfast pod state of a deleted namespace"),
+        "{all}"
+    );
+    for d in kept.iter().chain(orphan.iter()) {
+        assert!(!d.exists(), "{} left; cleanup said:\n{all}", d.display());
+    }
+    let left: Vec<String> = nsfast_sys::netns::list_named()
+        .into_iter()
+        .filter(|n| n.starts_with(&format!("{prefix}-")))
+        .collect();
+    assert!(left.is_empty(), "{left:?}");
 }
 
 /// Builds the `vpnrelay` binary of this profile (as crates/vpnrelay/tests/rootless.rs does)

@@ -147,7 +147,12 @@ fn mode() -> ModeRequest {
         .unwrap_or(ModeRequest::Veth)
 }
 
-/// netkit L3 pods need no ARP and take the stack from the wire (no Ethernet header).
+/// Whether this kernel has TCX (6.6+); without it veth and uplink programs attach with tc.
+fn tcx() -> bool {
+    nsfast_pod::pod::tcx_support().available
+}
+
+/// netkit L3 pods need no ARP.
 fn l3() -> bool {
     mode() == ModeRequest::Netkit
 }
@@ -197,9 +202,9 @@ fn pod_to_remote_pod_over_the_wire_tcp_and_udp_take_fib_and_redirect_peer() {
             out >= (2 * 2 * ROUNDS) as u64,
             "host {h}: pod->wire {out}: {v}"
         );
-        let into_pods = if l3() { "wire_to_stack" } else { "wire_to_pod" };
+        // netkit L3 pods too: their devices carry an Ethernet header like veth and L2.
         assert!(
-            c(&v, into_pods) >= (2 * 2 * ROUNDS) as u64,
+            c(&v, "wire_to_pod") >= (2 * 2 * ROUNDS) as u64,
             "host {h}: wire->pod: {v}"
         );
         assert_eq!(c(&v, "pod_to_pod"), 0, "host {h}: {v}");
@@ -235,26 +240,42 @@ fn a_pod_cannot_see_or_detach_its_programs() {
     // The programs sit on the host-side device, in the host namespace: not nameable from the
     // pod, and the pod's own device carries nothing it could detach.
     assert!(!net::link_exists(Some(&pod_ns), &host_if).unwrap());
-    for ingress in [true, false] {
-        let progs = nsfast_pod::datapath::tcx_programs(&pod_ns, "eth0", ingress).unwrap();
-        assert!(progs.is_empty(), "programs on the pod's eth0: {progs:?}");
+    if tcx() {
+        for ingress in [true, false] {
+            let progs = nsfast_pod::datapath::tcx_programs(&pod_ns, "eth0", ingress).unwrap();
+            assert!(progs.is_empty(), "programs on the pod's eth0: {progs:?}");
+        }
     }
-    // The host device's name means nothing in the pod's namespace.
+    // The host device's name means nothing in the pod's namespace, and the pod's own device
+    // has no tc filters either.
     assert!(nsfast_pod::datapath::tcx_programs(&pod_ns, &host_if, true).is_err());
-    if mode() == ModeRequest::Veth {
-        let names = nsfast_pod::datapath::tcx_ingress_programs(
-            &nsfast_pod::Host::open(Some(t.host_name(0))).unwrap(),
-            &host_if,
-        )
-        .unwrap();
-        assert_eq!(
-            names,
-            vec![abi::kernel_name(abi::PROG_FROM_CONTAINER).to_string()]
-        );
-    } else {
-        // netkit: both links pinned in the host's bpffs directory, on the primary.
-        assert_eq!(a0.record.link_pins.len(), 2);
-        assert!(a0.record.link_pins.iter().all(|p| p.exists()));
+    for ingress in [true, false] {
+        let f = net::tc_filters(Some(&pod_ns), "eth0", ingress).unwrap();
+        assert!(f.is_empty(), "tc filters on the pod's eth0: {f:?}");
+    }
+    match a0.record.attach {
+        nsfast_pod::AttachMethod::Tcx => {
+            let names = nsfast_pod::datapath::tcx_ingress_programs(
+                &nsfast_pod::Host::open(Some(t.host_name(0))).unwrap(),
+                &host_if,
+            )
+            .unwrap();
+            assert_eq!(
+                names,
+                vec![abi::kernel_name(abi::PROG_FROM_CONTAINER).to_string()]
+            );
+        }
+        nsfast_pod::AttachMethod::Tc => {
+            // Classic tc (no TCX on this kernel): one cls_bpf filter on the host end.
+            let f = net::tc_filters(Some(&t.hosts[0]), &host_if, true).unwrap();
+            assert_eq!(f.len(), 1, "{f:?}");
+            assert_eq!(f[0].bpf_name.as_deref(), Some(abi::PROG_FROM_CONTAINER));
+        }
+        nsfast_pod::AttachMethod::Netkit => {
+            // netkit: both links pinned in the host's bpffs directory, on the primary.
+            assert_eq!(a0.record.link_pins.len(), 2);
+            assert!(a0.record.link_pins.iter().all(|p| p.exists()));
+        }
     }
     // And the path still works after the pod's attempts.
     let before = counters(t.host_name(0));
@@ -419,6 +440,15 @@ fn netkit_mode_on_a_kernel_without_netkit_says_so_and_changes_nothing() {
         );
         let s = String::from_utf8_lossy(&out.stdout);
         assert!(s.contains("lacks netkit, using veth"), "{s}");
+        // ... and says how it attaches: TCX, or tc where the kernel lacks TCX (6.1).
+        let how = if tcx() {
+            "veth + TCX"
+        } else {
+            "veth + tc (kernel"
+        };
+        assert!(s.contains(how), "{s}");
+        let want = if tcx() { "attach: tcx" } else { "attach: tc," };
+        assert!(s.contains(want), "{s}");
         assert!(nsfast(&["pod", "del", &pod, "--host", host_ns.name()])
             .status
             .success());
@@ -426,10 +456,11 @@ fn netkit_mode_on_a_kernel_without_netkit_says_so_and_changes_nothing() {
     assert_unchanged(&host_ns, &pod);
 }
 
-/// The datapath attaches TCX links (Linux 6.6): on an older kernel (6.1 in the VM matrix)
-/// `pod add` must say so before changing anything; elsewhere the same command works.
+/// Without TCX (6.1 in the VM matrix) `--mode veth` falls back to classic tc and says so;
+/// forcing TCX there (`NSFAST_POD_ATTACH=tcx`) is one clear error that changes nothing. On a
+/// TCX kernel veth uses TCX, and `NSFAST_POD_ATTACH=tc` forces tc.
 #[test]
-fn veth_mode_without_tcx_says_so_and_changes_nothing() {
+fn veth_without_tcx_falls_back_to_tc_and_forced_tcx_is_refused() {
     require_root();
     let p = prefix();
     let host_ns = NetNs::create(&format!("{p}-h")).unwrap();
@@ -438,31 +469,258 @@ fn veth_mode_without_tcx_says_so_and_changes_nothing() {
         host: host_ns.name(),
         names: vec![pod.clone()],
     };
-    let has_tcx = nsfast_sys::probe::tcx().available;
-    let out = nsfast(&[
-        "pod",
-        "add",
-        &pod,
-        "--ip",
-        "10.252.1.11/24",
-        "--host",
-        host_ns.name(),
-        "--mode",
-        "veth",
-    ]);
-    let stderr = String::from_utf8_lossy(&out.stderr).to_string();
-    if has_tcx {
-        assert!(out.status.success(), "{stderr}");
-        assert!(nsfast(&["pod", "del", &pod, "--host", host_ns.name()])
-            .status
-            .success());
+    let add = |env: Option<&str>| {
+        let mut c = Command::new(nsfast_bin());
+        c.args([
+            "pod",
+            "add",
+            &pod,
+            "--ip",
+            "10.252.1.11/24",
+            "--host",
+            host_ns.name(),
+            "--mode",
+            "veth",
+            "--json",
+        ])
+        .env("RUST_LOG", "warn")
+        .env_remove("NSFAST_POD_ATTACH");
+        if let Some(v) = env {
+            c.env("NSFAST_POD_ATTACH", v);
+        }
+        c.output().expect("run nsfast")
+    };
+    let del = || {
+        let out = nsfast(&["pod", "del", &pod, "--host", host_ns.name()]);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    let json = |out: &Output| -> serde_json::Value {
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice(&out.stdout).unwrap()
+    };
+    // Default: TCX where the kernel has it, else tc.
+    let v = json(&add(None));
+    let want = if tcx() { "tcx" } else { "tc" };
+    assert_eq!(v["attach"], want, "{v}");
+    assert_eq!(v["record"]["attach"], want, "{v}");
+    if !tcx() {
+        assert!(
+            v["mode_note"].as_str().unwrap().contains("lacks TCX"),
+            "{v}"
+        );
+        assert_eq!(v["record"]["tc_filters"].as_array().unwrap().len(), 1);
+    }
+    del();
+    assert_unchanged(&host_ns, &pod);
+    // Forced tc: works everywhere.
+    let v = json(&add(Some("tc")));
+    assert_eq!(v["record"]["attach"], "tc", "{v}");
+    let f = &v["record"]["tc_filters"][0];
+    assert_eq!(f["program"], abi::PROG_FROM_CONTAINER, "{v}");
+    assert_eq!(f["qdisc_added"], true, "{v}");
+    del();
+    assert_unchanged(&host_ns, &pod);
+    // Forced TCX: works with TCX, else one clear error and nothing changed.
+    let out = add(Some("tcx"));
+    if tcx() {
+        assert_eq!(json(&out)["record"]["attach"], "tcx");
+        del();
     } else {
+        let stderr = String::from_utf8_lossy(&out.stderr);
         assert!(!out.status.success());
         assert!(
             stderr.contains("lacks TCX") && stderr.contains("nothing was changed"),
             "{stderr}"
         );
     }
+    assert_unchanged(&host_ns, &pod);
+    // A bad value names itself and the valid ones.
+    let out = add(Some("xdp"));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && stderr.contains("\"xdp\"") && stderr.contains("tcx"),
+        "{stderr}"
+    );
+    assert_unchanged(&host_ns, &pod);
+}
+
+/// The whole path with classic tc attachments (forced here; the only choice on 6.1): pod ->
+/// pod on one host, pod -> remote pod over the wire both ways, TCP and UDP, counters proving
+/// the BPF programs carried it; the filters are cls_bpf on clsact ingress; deleting the pods
+/// removes exactly them and the clsact qdiscs nsfast added, leaving the devices clean.
+#[test]
+fn tc_attach_carries_pod_and_wire_traffic_and_cleans_up_exactly() {
+    require_root();
+    let t = Topology::build_with(&prefix(), mode(), nsfast_pod::AttachRequest::Tc, 2)
+        .expect("build topology");
+    let (a0, a1, b0) = (t.pod(0, 0), t.pod(0, 1), t.pod(1, 0));
+    let veth = mode() == ModeRequest::Veth;
+    // What was attached, as `pod list --json` reports it.
+    for h in 0..2 {
+        let out = nsfast(&["pod", "list", "--host", t.host_name(h), "--json"]);
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        for p in v["pods"].as_array().unwrap() {
+            let want = if veth { "tc" } else { "netkit" };
+            assert_eq!(p["attach"], want, "{p}");
+        }
+        assert_eq!(v["uplinks"][0]["ifname"], topology::WIRE_IF, "{v}");
+        assert_eq!(v["uplinks"][0]["attach"], "tc", "{v}");
+        let f = net::tc_filters(Some(&t.hosts[h]), topology::WIRE_IF, true).unwrap();
+        assert_eq!(f.len(), 1, "{f:?}");
+        assert_eq!(f[0].bpf_name.as_deref(), Some(abi::PROG_FROM_WIRE));
+        if tcx() {
+            let progs =
+                nsfast_pod::datapath::tcx_programs(&t.hosts[h], topology::WIRE_IF, true).unwrap();
+            assert!(progs.is_empty(), "TCX programs with tc forced: {progs:?}");
+        }
+    }
+    if veth {
+        for p in [a0, a1, b0] {
+            let f = net::tc_filters(Some(&t.hosts[p.host]), &p.record.host_if, true).unwrap();
+            assert_eq!(f.len(), 1, "{f:?}");
+            assert_eq!(f[0].bpf_name.as_deref(), Some(abi::PROG_FROM_CONTAINER));
+        }
+    }
+    let before = counters(t.host_name(0));
+    exchange(&a0.netns().unwrap(), &a1.netns().unwrap(), a1.ip(), 7011);
+    let mid = counters(t.host_name(0));
+    let n = c(&mid, "pod_to_pod") - c(&before, "pod_to_pod");
+    assert!(
+        n >= (2 * 2 * ROUNDS) as u64,
+        "pod_to_pod grew by {n}: {mid}"
+    );
+    exchange(&a0.netns().unwrap(), &b0.netns().unwrap(), b0.ip(), 7012);
+    exchange(&b0.netns().unwrap(), &a0.netns().unwrap(), a0.ip(), 7013);
+    for h in 0..2 {
+        let v = counters(t.host_name(h));
+        let out = c(&v, "fib_redirect") + c(&v, "fib_redirect_neigh");
+        assert!(
+            out >= (2 * 2 * ROUNDS) as u64,
+            "host {h}: pod->wire {out}: {v}"
+        );
+        // netkit L3 pods too: their devices carry an Ethernet header like veth and L2.
+        assert!(
+            c(&v, "wire_to_pod") >= (2 * 2 * ROUNDS) as u64,
+            "host {h}: wire->pod: {v}"
+        );
+    }
+    // Pods go one by one: the uplink filter stays until the host's last pod.
+    for p in &t.pods {
+        let host = t.host_name(p.host);
+        assert!(nsfast_pod::del(&p.record.name, Some(host))
+            .unwrap()
+            .is_some());
+        if veth {
+            assert!(!net::link_exists(Some(&t.hosts[p.host]), &p.record.host_if).unwrap());
+        }
+        let left = nsfast_pod::list(Some(host)).unwrap().pods.len();
+        let f = net::tc_filters(Some(&t.hosts[p.host]), topology::WIRE_IF, true).unwrap();
+        assert_eq!(f.len(), usize::from(left > 0), "{host}: {left} pods, {f:?}");
+    }
+    for h in 0..2 {
+        assert!(
+            !net::has_clsact(Some(&t.hosts[h]), topology::WIRE_IF).unwrap(),
+            "host {h}: the clsact qdisc nsfast added is still on {}",
+            topology::WIRE_IF
+        );
+        let host = nsfast_pod::Host::open(Some(t.host_name(h))).unwrap();
+        assert!(!host.state_dir().exists() && !host.pin_dir().exists());
+    }
+}
+
+/// A clsact qdisc that was there before nsfast is left in place (only the filter goes); one
+/// nsfast added goes with its last filter. Through the CLI with tc forced.
+#[test]
+fn tc_uplink_keeps_a_clsact_qdisc_it_did_not_add() {
+    require_root();
+    let p = prefix();
+    let host_ns = NetNs::create(&format!("{p}-h")).unwrap();
+    let host = host_ns.name().to_string();
+    let pod = format!("{p}-u");
+    let _guard = CliPods {
+        host: &host,
+        names: vec![pod.clone()],
+    };
+    net::create_veth(&host_ns, "upa0", &host_ns, "upb0").unwrap();
+    host_ns
+        .run(|| aya::programs::tc::qdisc_add_clsact("upa0"))
+        .unwrap()
+        .unwrap();
+    let out = Command::new(nsfast_bin())
+        .args([
+            "pod",
+            "add",
+            &pod,
+            "--ip",
+            "10.252.4.10/24",
+            "--host",
+            &host,
+            "--mode",
+            "veth",
+            "--uplink",
+            "upa0",
+            "--uplink",
+            "upb0",
+        ])
+        .env("RUST_LOG", "warn")
+        .env("NSFAST_POD_ATTACH", "tc")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let s = String::from_utf8_lossy(&out.stdout);
+    assert!(s.contains("+ tc (requested)"), "{s}");
+    let out = nsfast(&["pod", "list", "--host", &host]);
+    let s = String::from_utf8_lossy(&out.stdout);
+    assert!(s.contains("upa0 (tc), upb0 (tc)"), "{s}");
+    for dev in ["upa0", "upb0"] {
+        let f = net::tc_filters(Some(&host_ns), dev, true).unwrap();
+        assert_eq!(f.len(), 1, "{dev}: {f:?}");
+        assert_eq!(f[0].bpf_name.as_deref(), Some(abi::PROG_FROM_WIRE));
+    }
+    // CHECK (the CNI plugin's) finds the pod's filter gone after someone removed it.
+    let h = nsfast_pod::Host::open(Some(&host)).unwrap();
+    let r = h.record(&pod).unwrap().unwrap();
+    assert_eq!(nsfast_pod::pod::check(&h, &r), Vec::<String>::new());
+    let f = &r.tc_filters[0];
+    assert!(net::tc_filter_delete(
+        Some(&host_ns),
+        &f.ifname,
+        Some(f.ifindex),
+        true,
+        f.priority,
+        f.handle
+    )
+    .unwrap());
+    let bad = nsfast_pod::pod::check(&h, &r);
+    assert!(
+        bad.len() == 1 && bad[0].contains("tc filter") && bad[0].contains("missing"),
+        "{bad:?}"
+    );
+    drop(h);
+    let out = nsfast(&["pod", "del", &pod, "--host", &host]);
+    assert!(out.status.success());
+    for dev in ["upa0", "upb0"] {
+        assert!(net::tc_filters(Some(&host_ns), dev, true)
+            .unwrap()
+            .is_empty());
+    }
+    assert!(
+        net::has_clsact(Some(&host_ns), "upa0").unwrap(),
+        "the clsact that was there before went"
+    );
+    assert!(!net::has_clsact(Some(&host_ns), "upb0").unwrap());
     assert_unchanged(&host_ns, &pod);
 }
 

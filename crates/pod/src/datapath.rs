@@ -1,20 +1,21 @@
-//! Loading the pod BPF object against a host's pinned maps, attaching and pinning its
-//! programs (TCX on veth and uplinks, raw `BPF_LINK_CREATE` on netkit), and the endpoint
-//! table and counters.
+//! Loading the pod BPF object against a host's pinned maps, attaching its programs (TCX links
+//! on veth and uplinks, pinned; classic tc cls_bpf filters where the kernel has no TCX,
+//! remembered in the state; raw `BPF_LINK_CREATE` on netkit, pinned), and the endpoint table
+//! and counters.
 
 use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
 
 use aya::maps::{HashMap as BpfHashMap, Map, MapData, PerCpuArray};
 use aya::programs::links::FdLink;
-use aya::programs::tc::TcAttachOptions;
+use aya::programs::tc::{self as aya_tc, NlOptions, TcAttachOptions, TcError};
 use aya::programs::{LinkOrder, SchedClassifier, TcAttachType};
 use aya::{Ebpf, EbpfLoader};
 use nsfast_sys::bpf::netkit;
 
 use crate::abi::{self, Endpoint};
 use crate::error::PodError;
-use crate::state::{ensure_bpffs, Host};
+use crate::state::{ensure_bpffs, Host, TcFilter};
 
 fn bpf_err<E: std::error::Error + Send + Sync + 'static>(
     what: impl Into<String>,
@@ -94,6 +95,133 @@ pub fn attach_tcx(host: &Host, prog_name: &str, ifname: &str, pin: &Path) -> Res
             .map_err(bpf_err(format!("pin link at {}", pin.display())))?;
         Ok(())
     })?
+}
+
+/// Attaches `prog_name` as a cls_bpf direct-action filter on the clsact ingress hook of
+/// `ifname` in the host namespace (classic tc, for kernels without TCX), adding the clsact
+/// qdisc if the device has none. The kernel picks priority and handle; both are returned for
+/// the state, since a tc filter cannot be pinned. Nothing stays attached on error.
+pub fn attach_tc(host: &Host, prog_name: &str, ifname: &str) -> Result<TcFilter, PodError> {
+    let pins = host.pin_dir();
+    let ifindex = nsfast_sys::net::link_index(Some(&host.ns), ifname)?;
+    host.ns.run(|| -> Result<TcFilter, PodError> {
+        let qdisc_added = match aya_tc::qdisc_add_clsact(ifname) {
+            Ok(()) => true,
+            Err(TcError::NetlinkError(e)) if e.raw_os_error() == Some(libc::EEXIST) => false,
+            Err(e) => {
+                return Err(bpf_err(format!(
+                    "add clsact qdisc to {ifname} (needs CONFIG_NET_SCH_INGRESS / sch_ingress)"
+                ))(e))
+            }
+        };
+        let attach = || -> Result<(u16, u32), PodError> {
+            let mut ebpf = load(&pins)?;
+            let prog = loaded(&mut ebpf, prog_name)?;
+            let id = prog
+                .attach_with_options(
+                    ifname,
+                    TcAttachType::Ingress,
+                    TcAttachOptions::Netlink(NlOptions::default()),
+                )
+                .map_err(PodError::prog(format!(
+                    "attach {prog_name} to {ifname} (tc clsact ingress, cls_bpf direct-action)"
+                )))?;
+            let link = prog
+                .take_link(id)
+                .map_err(PodError::prog("take tc filter"))?;
+            let priority = link.priority().map_err(PodError::prog("tc priority"))?;
+            let handle = u32::from(link.handle().map_err(PodError::prog("tc handle"))?);
+            // Dropping the link would delete the filter: it must outlive this process, like
+            // a pinned link. Only its description (no fd) is leaked.
+            std::mem::forget(link);
+            Ok((priority, handle))
+        };
+        match attach() {
+            Ok((priority, handle)) => Ok(TcFilter {
+                ifname: ifname.to_string(),
+                ifindex,
+                priority,
+                handle,
+                program: prog_name.to_string(),
+                qdisc_added,
+            }),
+            Err(e) => {
+                if qdisc_added {
+                    let _ = nsfast_sys::net::delete_clsact(None, ifname, Some(ifindex));
+                }
+                Err(e)
+            }
+        }
+    })?
+}
+
+/// Whether the filter `f` is still on its device: same ifindex, priority, handle and program.
+pub fn tc_present(host: &Host, f: &TcFilter) -> Result<bool, PodError> {
+    match nsfast_sys::net::link_index(Some(&host.ns), &f.ifname) {
+        Ok(i) if i == f.ifindex => {}
+        Ok(_) | Err(nsfast_sys::net::NetError::NoSuchLink(_)) => return Ok(false),
+        Err(e) => return Err(e.into()),
+    }
+    Ok(
+        nsfast_sys::net::tc_filters(Some(&host.ns), &f.ifname, true)?
+            .iter()
+            .any(|x| is_ours(x, f)),
+    )
+}
+
+fn is_ours(x: &nsfast_sys::net::TcFilterInfo, f: &TcFilter) -> bool {
+    x.priority == f.priority
+        && x.handle == f.handle
+        && x.kind == "bpf"
+        && x.bpf_name.as_deref() == Some(f.program.as_str())
+}
+
+/// Removes exactly the filter `f` (if its device, with the same index, still carries it) and
+/// the clsact qdisc if nsfast added it and no other filter is left on either hook. A device
+/// that is gone took both with it.
+pub fn detach_tc(host: &Host, f: &TcFilter) -> Result<(), PodError> {
+    let ns = Some(&host.ns);
+    match nsfast_sys::net::link_index(ns, &f.ifname) {
+        Ok(i) if i == f.ifindex => {}
+        Ok(_) | Err(nsfast_sys::net::NetError::NoSuchLink(_)) => return Ok(()),
+        Err(e) => return Err(e.into()),
+    }
+    let filters = nsfast_sys::net::tc_filters(ns, &f.ifname, true)?;
+    if filters.iter().any(|x| is_ours(x, f)) {
+        nsfast_sys::net::tc_filter_delete(
+            ns,
+            &f.ifname,
+            Some(f.ifindex),
+            true,
+            f.priority,
+            f.handle,
+        )?;
+    } else if let Some(x) = filters
+        .iter()
+        .find(|x| x.priority == f.priority && x.handle == f.handle)
+    {
+        tracing::warn!(
+            "{}: filter prio {} handle {:#x} is now {:?}, not {}: left alone",
+            f.ifname,
+            f.priority,
+            f.handle,
+            x.bpf_name,
+            f.program
+        );
+    }
+    if f.qdisc_added {
+        let left = nsfast_sys::net::tc_filters(ns, &f.ifname, true)?.len()
+            + nsfast_sys::net::tc_filters(ns, &f.ifname, false)?.len();
+        if left == 0 {
+            nsfast_sys::net::delete_clsact(ns, &f.ifname, Some(f.ifindex))?;
+        } else {
+            tracing::info!(
+                "{}: clsact qdisc kept: {left} other filter(s) were added to it",
+                f.ifname
+            );
+        }
+    }
+    Ok(())
 }
 
 /// Attaches the netkit programs to the pair whose primary is `primary` (in the host
@@ -230,8 +358,44 @@ pub fn tcx_programs(
     })?
 }
 
-/// Uplinks with the wire program pinned on this host.
-pub fn uplinks(host: &Host) -> Vec<String> {
+/// An uplink carrying the wire program, as `pod list` shows it.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Uplink {
+    pub ifname: String,
+    /// `tcx` (pinned link) or `tc` (cls_bpf filter).
+    pub attach: crate::state::AttachMethod,
+    /// The filter, for `tc`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tc: Option<TcFilter>,
+}
+
+/// Uplinks with the wire program attached on this host: TCX links pinned, tc filters
+/// remembered in the state.
+pub fn uplinks(host: &Host) -> Vec<Uplink> {
+    let mut v: Vec<Uplink> = tcx_uplinks(host)
+        .into_iter()
+        .map(|ifname| Uplink {
+            ifname,
+            attach: crate::state::AttachMethod::Tcx,
+            tc: None,
+        })
+        .collect();
+    v.extend(
+        host.uplink_tcs()
+            .unwrap_or_default()
+            .into_iter()
+            .map(|f| Uplink {
+                ifname: f.ifname.clone(),
+                attach: crate::state::AttachMethod::Tc,
+                tc: Some(f),
+            }),
+    );
+    v.sort_by(|a, b| a.ifname.cmp(&b.ifname));
+    v
+}
+
+/// Uplinks with the wire program pinned (TCX) on this host.
+pub fn tcx_uplinks(host: &Host) -> Vec<String> {
     let mut v: Vec<String> = std::fs::read_dir(host.pin_dir())
         .into_iter()
         .flatten()

@@ -19,9 +19,15 @@ pub enum PodError {
     /// Netkit requested on a kernel without it.
     #[error("kernel {0} lacks netkit (needs Linux >= 6.7 with CONFIG_NETKIT): use --mode veth or --mode auto; nothing was changed")]
     NoNetkit(String),
-    /// No TCX: the veth and uplink programs are attached as TCX links.
-    #[error("kernel {kernel} lacks TCX (BPF_TCX_INGRESS links, Linux >= 6.6), which nsfast pod attaches its programs with ({reason}); nothing was changed")]
+    /// TCX requested on a kernel without it.
+    #[error("kernel {kernel} lacks TCX (BPF_TCX_INGRESS links, Linux >= 6.6), which NSFAST_POD_ATTACH=tcx asks for ({reason}): use tc or auto; nothing was changed")]
     NoTcx { kernel: String, reason: String },
+    /// Bad attach method.
+    #[error("invalid attach method {0:?}: expected auto, tcx or tc")]
+    BadAttach(String),
+    /// Bad NSFAST_POD_ATTACH.
+    #[error("invalid NSFAST_POD_ATTACH={0:?}: expected auto, tcx or tc")]
+    BadAttachEnv(String),
     /// A pod of that name exists on the host.
     #[error("pod {name:?} already exists on host {host}")]
     Exists { name: String, host: String },

@@ -4,7 +4,8 @@
 //! - [`pod`]       — `add` / `del` / `list` / `check`: namespaces, device pairs, addresses,
 //!   routes, attachments and endpoint entries, each undone on failure.
 //! - [`datapath`]  — load `bpf/pod.bpf.c` against a host's pinned maps; TCX and netkit
-//!   attachment and pinning; endpoint table and counters.
+//!   attachment and pinning, classic tc (clsact + cls_bpf) where TCX is missing; endpoint
+//!   table and counters.
 //! - [`state`]     — per-host state: bpffs pins and JSON records under /run/nsfast/pod.
 //! - [`topology`]  — reusable two-host test/bench topology (hosts joined by a veth wire, pods).
 //! - [`abi`]       — mirrors of the BPF types and names.
@@ -18,5 +19,5 @@ pub mod state;
 pub mod topology;
 
 pub use error::PodError;
-pub use pod::{add, del, list, AddOptions, Added, Listing, ModeRequest, PodIp};
-pub use state::{Datapath, Host, PodRecord};
+pub use pod::{add, del, list, AddOptions, Added, AttachRequest, Listing, ModeRequest, PodIp};
+pub use state::{AttachMethod, Datapath, Host, PodRecord, TcFilter};

@@ -13,7 +13,7 @@ use tracing::{info, warn};
 use crate::abi::{self, Endpoint};
 use crate::datapath;
 use crate::error::PodError;
-use crate::state::{CniAttachment, Datapath, Host, PodRecord};
+use crate::state::{AttachMethod, CniAttachment, Datapath, Host, PodRecord, TcFilter};
 
 /// The link-local gateway every pod routes through (answered by the BPF ARP responder on
 /// veth and netkit L2; netkit L3 needs no ARP).
@@ -44,6 +44,66 @@ impl FromStr for ModeRequest {
             "auto" => Ok(Self::Auto),
             _ => Err(PodError::BadMode(s.into())),
         }
+    }
+}
+
+/// How to attach the veth and uplink programs (`NSFAST_POD_ATTACH`, or [`AddOptions::attach`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum AttachRequest {
+    /// TCX where the kernel has it (6.6+), else classic tc; `NSFAST_POD_ATTACH` overrides.
+    #[default]
+    Auto,
+    /// TCX links only (an error on kernels without TCX).
+    Tcx,
+    /// Classic tc (clsact + cls_bpf direct-action over netlink), also where TCX exists.
+    Tc,
+}
+
+/// The environment variable that forces the attach method (`auto`, `tcx`, `tc`).
+pub const ATTACH_ENV: &str = "NSFAST_POD_ATTACH";
+
+impl FromStr for AttachRequest {
+    type Err = PodError;
+    fn from_str(s: &str) -> Result<Self, PodError> {
+        match s {
+            "auto" | "" => Ok(Self::Auto),
+            "tcx" => Ok(Self::Tcx),
+            "tc" => Ok(Self::Tc),
+            _ => Err(PodError::BadAttach(s.into())),
+        }
+    }
+}
+
+/// TCX support, probed once per process (a read-only query in a throwaway namespace).
+pub fn tcx_support() -> &'static nsfast_sys::probe::Feature {
+    static TCX: std::sync::OnceLock<nsfast_sys::probe::Feature> = std::sync::OnceLock::new();
+    TCX.get_or_init(nsfast_sys::probe::tcx)
+}
+
+/// Resolves the attach method for veth and uplink programs: `req`, else `NSFAST_POD_ATTACH`,
+/// else TCX if the kernel has it, else tc. Returns the method and why it was chosen.
+pub fn resolve_attach(req: AttachRequest) -> Result<(AttachMethod, String), PodError> {
+    let req = match req {
+        AttachRequest::Auto => match std::env::var(ATTACH_ENV) {
+            Ok(v) => v.parse().map_err(|_| PodError::BadAttachEnv(v))?,
+            Err(_) => AttachRequest::Auto,
+        },
+        r => r,
+    };
+    let tcx = tcx_support();
+    let kver = nsfast_sys::kernel::release();
+    match req {
+        AttachRequest::Tc => Ok((AttachMethod::Tc, "tc (requested)".into())),
+        AttachRequest::Tcx if !tcx.available => Err(PodError::NoTcx {
+            kernel: kver,
+            reason: tcx.reason.clone(),
+        }),
+        AttachRequest::Tcx => Ok((AttachMethod::Tcx, "TCX (requested)".into())),
+        AttachRequest::Auto if tcx.available => Ok((AttachMethod::Tcx, "TCX".into())),
+        AttachRequest::Auto => Ok((
+            AttachMethod::Tc,
+            format!("tc (kernel {kver} lacks TCX, Linux >= 6.6: clsact + cls_bpf direct-action)"),
+        )),
     }
 }
 
@@ -112,6 +172,8 @@ pub struct AddOptions {
     pub host: Option<String>,
     /// Uplinks to attach the wire program to (once per host).
     pub uplinks: Vec<String>,
+    /// How veth and uplink programs are attached.
+    pub attach: AttachRequest,
     /// An existing namespace (name or path) to put the pod in; `None`: create one named after
     /// the pod.
     pub netns: Option<String>,
@@ -128,6 +190,7 @@ impl AddOptions {
             mode: ModeRequest::Veth,
             host: None,
             uplinks: Vec::new(),
+            attach: AttachRequest::Auto,
             netns: None,
             pod_if: POD_IF.into(),
             cni: None,
@@ -139,16 +202,23 @@ impl AddOptions {
 #[derive(Debug, Clone, Serialize)]
 pub struct Added {
     pub record: PodRecord,
-    /// How the mode was chosen, e.g. "auto: kernel lacks netkit, using veth".
+    /// How the mode was chosen, e.g. "auto: kernel lacks netkit, using veth + TCX".
     pub mode_note: String,
+    /// How the veth and uplink programs are attached (`tcx` or `tc`; netkit pods use netkit
+    /// links, see the record's `attach`).
+    pub attach: AttachMethod,
 }
 
-/// Resolves `--mode` against the running kernel without changing anything.
-pub fn resolve_mode(m: ModeRequest) -> Result<(Datapath, String), PodError> {
+/// Resolves `--mode` and the attach method against the running kernel without changing
+/// anything: the device pair, how veth/uplink programs attach, and a note saying why.
+pub fn resolve_mode(
+    m: ModeRequest,
+    attach: AttachRequest,
+) -> Result<(Datapath, AttachMethod, String), PodError> {
     let kver = nsfast_sys::kernel::release();
     let has = || net::probe_netkit().unwrap_or(false);
-    let r = match m {
-        ModeRequest::Veth => (Datapath::Veth, "veth (requested)".into()),
+    let (dp, note) = match m {
+        ModeRequest::Veth => (Datapath::Veth, "veth (requested)".to_string()),
         ModeRequest::Netkit | ModeRequest::NetkitL2 => {
             if !has() {
                 return Err(PodError::NoNetkit(kver));
@@ -168,20 +238,18 @@ pub fn resolve_mode(m: ModeRequest) -> Result<(Datapath, String), PodError> {
             } else {
                 (
                     Datapath::Veth,
-                    format!("auto: kernel {kver} lacks netkit, using veth + TCX"),
+                    format!("auto: kernel {kver} lacks netkit, using veth"),
                 )
             }
         }
     };
-    // Every mode needs TCX (veth programs, uplinks); netkit kernels (>= 6.7) always have it.
-    let tcx = nsfast_sys::probe::tcx();
-    if !tcx.available {
-        return Err(PodError::NoTcx {
-            kernel: kver,
-            reason: tcx.reason,
-        });
-    }
-    Ok(r)
+    let (method, why) = resolve_attach(attach)?;
+    let note = if dp == Datapath::Veth {
+        format!("{note} + {why}")
+    } else {
+        format!("{note}; uplinks: {why}")
+    };
+    Ok((dp, method, note))
 }
 
 /// Undo steps of a half-made pod, run in reverse on failure.
@@ -189,6 +257,7 @@ pub fn resolve_mode(m: ModeRequest) -> Result<(Datapath, String), PodError> {
 struct Undo {
     host_link: Option<String>,
     pins: Vec<PathBuf>,
+    tc: Vec<TcFilter>,
     endpoint: Option<(Ipv4Addr, u32)>,
 }
 
@@ -199,6 +268,9 @@ impl Undo {
         }
         for p in self.pins.iter().rev() {
             let _ = datapath::unpin(p);
+        }
+        for f in self.tc.iter().rev() {
+            let _ = datapath::detach_tc(host, f);
         }
         if let Some(l) = self.host_link {
             let _ = net::delete_link(Some(&host.ns), &l);
@@ -234,12 +306,12 @@ pub fn add(opts: &AddOptions) -> Result<Added, PodError> {
             opts.name.clone(),
         )));
     }
-    let (dp, mode_note) = resolve_mode(opts.mode)?;
+    let (dp, attach, mode_note) = resolve_mode(opts.mode, opts.attach)?;
     info!("pod {}: {mode_note}", opts.name);
 
     let _lock = host.lock()?;
     let cleanup_empty = |host: &Host| {
-        let _ = host.gc_if_empty();
+        let _ = gc_host(host);
     };
     let precheck = || -> Result<(), PodError> {
         if host.record(&opts.name)?.is_some() {
@@ -268,7 +340,7 @@ pub fn add(opts: &AddOptions) -> Result<Added, PodError> {
         Some(p) => (NetNs::open(p)?, p.clone(), false),
     };
     let mut undo = Undo::default();
-    match build(&host, &pod_ns, opts, dp, &mut undo) {
+    match build(&host, &pod_ns, opts, dp, attach, &mut undo) {
         Ok(mut record) => {
             record.netns = netns_name;
             record.netns_owned = owned;
@@ -280,7 +352,11 @@ pub fn add(opts: &AddOptions) -> Result<Added, PodError> {
             if owned {
                 let _ = pod_ns.persist();
             }
-            Ok(Added { record, mode_note })
+            Ok(Added {
+                record,
+                mode_note,
+                attach,
+            })
         }
         Err(e) => {
             warn!("pod {}: add failed, undoing: {e}", opts.name);
@@ -304,6 +380,7 @@ fn build(
     pod_ns: &NetNs,
     opts: &AddOptions,
     dp: Datapath,
+    attach: AttachMethod,
     undo: &mut Undo,
 ) -> Result<PodRecord, PodError> {
     let host_if = host_ifname(host, &opts.name);
@@ -359,6 +436,10 @@ fn build(
 
     datapath::prepare_pins(host)?;
     match dp {
+        Datapath::Veth if attach == AttachMethod::Tc => {
+            let f = datapath::attach_tc(host, abi::PROG_FROM_CONTAINER, &host_if)?;
+            undo.tc.push(f);
+        }
         Datapath::Veth => {
             let pin = datapath::link_pin(host, &host_if);
             datapath::attach_tcx(host, abi::PROG_FROM_CONTAINER, &host_if, &pin)?;
@@ -376,8 +457,22 @@ fn build(
     }
     for u in &opts.uplinks {
         let pin = datapath::uplink_pin(host, u);
-        if !pin.exists() {
-            // Shared by the host's pods: removed with the host's last pod, not undone here.
+        if pin.exists() || host.uplink_tc(u)?.is_some() {
+            continue;
+        }
+        // Shared by the host's pods: removed with the host's last pod (gc_host), not undone
+        // here; a tc filter is remembered at once so that removal finds it.
+        if attach == AttachMethod::Tc {
+            let f = datapath::attach_tc(host, abi::PROG_FROM_WIRE, u)?;
+            if let Err(e) = host.write_uplink_tc(&f) {
+                let _ = datapath::detach_tc(host, &f);
+                return Err(e);
+            }
+            info!(
+                "uplink {u}: wire program attached (tc clsact ingress, prio {} handle {:#x})",
+                f.priority, f.handle
+            );
+        } else {
             datapath::attach_tcx(host, abi::PROG_FROM_WIRE, u, &pin)?;
             info!("uplink {u}: wire program attached (tcx ingress)");
         }
@@ -414,7 +509,13 @@ fn build(
         pod_if: opts.pod_if.clone(),
         pod_mac: mac_str(pod_mac),
         host_mac: mac_str(host_mac),
+        attach: if dp == Datapath::Veth {
+            attach
+        } else {
+            AttachMethod::Netkit
+        },
         link_pins: undo.pins.clone(),
+        tc_filters: undo.tc.clone(),
         cni: opts.cni.clone(),
     })
 }
@@ -432,11 +533,11 @@ pub fn del(name: &str, host: Option<&str>) -> Result<Option<PodRecord>, PodError
     }
     let _lock = host.lock()?;
     let Some(r) = host.record(name)? else {
-        let _ = host.gc_if_empty();
+        let _ = gc_host(&host);
         return Ok(None);
     };
     remove(&host, &r)?;
-    host.gc_if_empty()?;
+    gc_host(&host)?;
     Ok(Some(r))
 }
 
@@ -450,11 +551,37 @@ pub fn del_all(host: Option<&str>) -> Result<Vec<PodRecord>, PodError> {
     remove_where(&host, |_| false)
 }
 
+/// With no pod left on `host`: detaches the uplinks' tc filters (TCX uplinks go with their
+/// pins), then removes the host's pins and state directories. Lock held.
+pub fn gc_host(host: &Host) -> Result<bool, PodError> {
+    if !host.records()?.is_empty() {
+        return Ok(false);
+    }
+    for f in host.uplink_tcs()? {
+        datapath::detach_tc(host, &f)?;
+        host.remove_uplink_tc(&f.ifname)?;
+    }
+    host.gc_if_empty()
+}
+
+/// Removes the pod state of host namespaces that no longer exist (see
+/// [`crate::state::orphaned_keys`]). Returns the directories removed.
+pub fn remove_orphaned_state() -> Result<Vec<PathBuf>, PodError> {
+    let mut gone = Vec::new();
+    for k in crate::state::orphaned_keys() {
+        gone.extend(crate::state::remove_orphan(&k)?);
+    }
+    Ok(gone)
+}
+
 /// Tears down what `r` describes (lock held).
 fn remove(host: &Host, r: &PodRecord) -> Result<(), PodError> {
     datapath::endpoint_remove(host, r.ip, r.host_ifindex)?;
     for p in &r.link_pins {
         datapath::unpin(p)?;
+    }
+    for f in &r.tc_filters {
+        datapath::detach_tc(host, f)?;
     }
     net::delete_link(Some(&host.ns), &r.host_if)?;
     if r.netns_owned {
@@ -468,7 +595,7 @@ fn remove(host: &Host, r: &PodRecord) -> Result<(), PodError> {
 pub struct Listing {
     pub host: String,
     pub pods: Vec<PodRecord>,
-    pub uplinks: Vec<String>,
+    pub uplinks: Vec<datapath::Uplink>,
     /// Datapath counters of the host (all its pods), by name.
     pub counters: std::collections::BTreeMap<String, u64>,
 }
@@ -506,7 +633,17 @@ pub fn check(host: &Host, r: &PodRecord) -> Vec<String> {
             bad.push(format!("BPF link pin {} missing", p.display()));
         }
     }
-    if r.datapath == Datapath::Veth {
+    for f in &r.tc_filters {
+        match datapath::tc_present(host, f) {
+            Ok(true) => {}
+            Ok(false) => bad.push(format!(
+                "tc filter {} prio {} handle {:#x} missing from {} ingress",
+                f.program, f.priority, f.handle, f.ifname
+            )),
+            Err(e) => bad.push(format!("query tc filters of {}: {e}", f.ifname)),
+        }
+    }
+    if r.datapath == Datapath::Veth && r.attach == AttachMethod::Tcx {
         match datapath::tcx_ingress_programs(host, &r.host_if) {
             Ok(v)
                 if v.iter()
@@ -551,7 +688,7 @@ pub fn remove_where(
             gone.push(r);
         }
     }
-    host.gc_if_empty()?;
+    gc_host(host)?;
     Ok(gone)
 }
 
@@ -593,6 +730,18 @@ mod tests {
         assert!(valid_ifname("eth0"));
         assert!(!valid_ifname("a/b"));
         assert!(!valid_ifname("sixteen-chars-xx"));
+    }
+
+    #[test]
+    fn parses_attach_methods() {
+        assert_eq!("tc".parse::<AttachRequest>().unwrap(), AttachRequest::Tc);
+        assert_eq!("tcx".parse::<AttachRequest>().unwrap(), AttachRequest::Tcx);
+        assert_eq!(
+            "auto".parse::<AttachRequest>().unwrap(),
+            AttachRequest::Auto
+        );
+        let e = "xdp".parse::<AttachRequest>().unwrap_err().to_string();
+        assert!(e.contains("\"xdp\"") && e.contains("tcx"), "{e}");
     }
 
     #[test]

@@ -7,7 +7,9 @@
 //!   BPF link per attachment (`link-<ifname>`, `uplink-<ifname>`). Pins keep the programs
 //!   attached after `nsfast pod add` exits; removing a pin detaches its program.
 //! - `/run/nsfast/pod/<key>/`: one JSON record per pod (what `del`/`list`/CNI `CHECK` need:
-//!   names, devices, netns ownership) and a lock file serialising concurrent changes.
+//!   names, devices, netns ownership, and the priority/handle of classic-tc filters, which
+//!   cannot be pinned), `uplinks/<ifname>.json` for an uplink's tc filter, and a lock file
+//!   serialising concurrent changes.
 //!
 //! Both live on memory file systems: like the namespaces and links they describe, they do not
 //! survive a reboot. When a host's last pod goes, both directories are removed.
@@ -99,6 +101,64 @@ impl Host {
 
     pub fn pin_dir(&self) -> PathBuf {
         bpffs_root().join(PIN_SUBDIR).join(&self.key)
+    }
+
+    /// Where the cls_bpf filters on uplinks are remembered (TCX uplinks are pins instead).
+    pub fn uplink_dir(&self) -> PathBuf {
+        self.state_dir().join("uplinks")
+    }
+
+    /// The tc filter on uplink `ifname`, if the wire program is attached there with tc.
+    pub fn uplink_tc(&self, ifname: &str) -> Result<Option<TcFilter>, PodError> {
+        let p = self.uplink_dir().join(format!("{ifname}.json"));
+        let body = match fs::read(&p) {
+            Ok(b) => b,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(PodError::io(format!("read {}", p.display()))(e)),
+        };
+        serde_json::from_slice(&body)
+            .map(Some)
+            .map_err(|e| PodError::State { path: p, source: e })
+    }
+
+    /// Every uplink tc filter of this host, sorted by device.
+    pub fn uplink_tcs(&self) -> Result<Vec<TcFilter>, PodError> {
+        let mut v = Vec::new();
+        let Ok(rd) = fs::read_dir(self.uplink_dir()) else {
+            return Ok(v);
+        };
+        for e in rd.flatten() {
+            let name = e.file_name();
+            if let Some(dev) = name.to_str().and_then(|n| n.strip_suffix(".json")) {
+                if let Some(f) = self.uplink_tc(dev)? {
+                    v.push(f);
+                }
+            }
+        }
+        v.sort_by(|a, b| a.ifname.cmp(&b.ifname));
+        Ok(v)
+    }
+
+    /// Remembers an uplink's tc filter (written as soon as it is attached).
+    pub fn write_uplink_tc(&self, f: &TcFilter) -> Result<(), PodError> {
+        let dir = self.uplink_dir();
+        create_dir_all_racy(&dir)?;
+        let p = dir.join(format!("{}.json", f.ifname));
+        let body = serde_json::to_vec_pretty(f).map_err(|e| PodError::State {
+            path: p.clone(),
+            source: e,
+        })?;
+        fs::write(&p, body).map_err(PodError::io(format!("write {}", p.display())))
+    }
+
+    /// Forgets an uplink's tc filter.
+    pub fn remove_uplink_tc(&self, ifname: &str) -> Result<(), PodError> {
+        let p = self.uplink_dir().join(format!("{ifname}.json"));
+        match fs::remove_file(&p) {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(PodError::io(format!("remove {}", p.display()))(e)),
+        }
     }
 
     pub fn record_path(&self, pod: &str) -> PathBuf {
@@ -200,6 +260,125 @@ impl Host {
     }
 }
 
+/// Inodes of every network namespace that can still be reached: named ones (/run/netns),
+/// any process's or thread's (`/proc/*/task/*/ns/net`), any open namespace fd
+/// (`/proc/*/fd/*`), and nsfs bind mounts in any mount namespace (e.g. a container
+/// runtime's), found through each process's mountinfo and root.
+pub fn live_netns_inodes() -> std::collections::BTreeSet<u64> {
+    use std::os::unix::fs::MetadataExt;
+    let mut live = std::collections::BTreeSet::new();
+    let mut mnt_seen = std::collections::BTreeSet::new();
+    let parse = |p: &Path| -> Option<u64> {
+        let t = fs::read_link(p).ok()?;
+        let t = t.to_str()?;
+        t.strip_prefix("net:[")?.strip_suffix(']')?.parse().ok()
+    };
+    if let Ok(rd) = fs::read_dir("/run/netns") {
+        for e in rd.flatten() {
+            if let Ok(m) = fs::metadata(e.path()) {
+                live.insert(m.ino());
+            }
+        }
+    }
+    for proc_ in fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let pd = proc_.path();
+        if !proc_
+            .file_name()
+            .to_str()
+            .is_some_and(|n| n.bytes().all(|b| b.is_ascii_digit()))
+        {
+            continue;
+        }
+        for t in fs::read_dir(pd.join("task"))
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            if let Some(i) = parse(&t.path().join("ns/net")) {
+                live.insert(i);
+            }
+        }
+        for f in fs::read_dir(pd.join("fd")).into_iter().flatten().flatten() {
+            if let Some(i) = parse(&f.path()) {
+                live.insert(i);
+            }
+        }
+        // nsfs bind mounts, once per mount namespace, seen through this process's root.
+        let Some(mnt) = fs::read_link(pd.join("ns/mnt")).ok() else {
+            continue;
+        };
+        if !mnt_seen.insert(mnt) {
+            continue;
+        }
+        let Ok(mi) = fs::read_to_string(pd.join("mountinfo")) else {
+            continue;
+        };
+        for line in mi.lines() {
+            let Some((pre, post)) = line.split_once(" - ") else {
+                continue;
+            };
+            if post.split_whitespace().next() != Some("nsfs") {
+                continue;
+            }
+            // The mount's root field names the namespace: `net:[<inode>]`.
+            let root = pre.split_whitespace().nth(3).unwrap_or("");
+            if let Some(i) = root
+                .strip_prefix("net:[")
+                .and_then(|r| r.strip_suffix(']'))
+                .and_then(|r| r.parse().ok())
+            {
+                live.insert(i);
+            }
+        }
+    }
+    live
+}
+
+/// Host keys (`netns-<inode>`) with pod state (pins or records) whose network namespace no
+/// longer exists anywhere ([`live_netns_inodes`]): what is left when a host namespace was
+/// deleted without its pods (a killed run, or a namespace deleted by hand).
+pub fn orphaned_keys() -> Vec<String> {
+    let live = live_netns_inodes();
+    let mut keys = std::collections::BTreeSet::new();
+    for dir in [PathBuf::from(STATE_ROOT), bpffs_root().join(PIN_SUBDIR)] {
+        for e in fs::read_dir(dir).into_iter().flatten().flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let Some(ino) = name
+                .strip_prefix("netns-")
+                .and_then(|i| i.parse::<u64>().ok())
+            else {
+                continue;
+            };
+            if !live.contains(&ino) {
+                keys.insert(name);
+            }
+        }
+    }
+    keys.into_iter().collect()
+}
+
+/// Removes the pins and records of host `key` (from [`orphaned_keys`]). Its namespace is gone,
+/// and with it every device and tc filter the records describe; dropping the pins frees the
+/// maps and the detached links. Returns what was removed.
+pub fn remove_orphan(key: &str) -> Result<Vec<PathBuf>, PodError> {
+    let mut gone = Vec::new();
+    let state = Path::new(STATE_ROOT).join(key);
+    // Serialise with anything that took this (then dead) host's lock.
+    let _lock = File::open(state.join(".lock"))
+        .ok()
+        .and_then(|f| nix::fcntl::Flock::lock(f, nix::fcntl::FlockArg::LockExclusive).ok());
+    for dir in [bpffs_root().join(PIN_SUBDIR).join(key), state.clone()] {
+        if dir.exists() {
+            fs::remove_dir_all(&dir).map_err(PodError::io(format!("remove {}", dir.display())))?;
+            gone.push(dir);
+        }
+    }
+    let _ = fs::remove_dir(bpffs_root().join(PIN_SUBDIR));
+    let _ = fs::remove_dir(STATE_ROOT);
+    let _ = fs::remove_dir("/run/nsfast");
+    Ok(gone)
+}
+
 /// `create_dir_all` that tolerates a parent being removed concurrently (by another host's
 /// cleanup of the shared, then empty, parent directory).
 pub fn create_dir_all_racy(dir: &Path) -> Result<(), PodError> {
@@ -218,10 +397,15 @@ pub fn create_dir_all_racy(dir: &Path) -> Result<(), PodError> {
 
 fn read_record(p: &Path) -> Result<PodRecord, PodError> {
     let body = fs::read(p).map_err(PodError::io(format!("read {}", p.display())))?;
-    serde_json::from_slice(&body).map_err(|e| PodError::State {
+    let mut r: PodRecord = serde_json::from_slice(&body).map_err(|e| PodError::State {
         path: p.to_path_buf(),
         source: e,
-    })
+    })?;
+    // Records written before `attach` existed: netkit pods were netkit, veth pods TCX.
+    if r.datapath != Datapath::Veth {
+        r.attach = AttachMethod::Netkit;
+    }
+    Ok(r)
 }
 
 /// Held while a host's pods change.
@@ -240,6 +424,48 @@ pub enum Datapath {
     NetkitL3,
     /// netkit pair in L2 mode.
     NetkitL2,
+}
+
+/// How a pod's (or uplink's) programs are attached.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "kebab-case")]
+pub enum AttachMethod {
+    /// TCX ingress links (Linux 6.6+), pinned in bpffs.
+    #[default]
+    Tcx,
+    /// Classic tc: a cls_bpf direct-action filter on the clsact ingress hook, made over
+    /// netlink; not a BPF link, so remembered as a [`TcFilter`] in the state instead of a pin.
+    Tc,
+    /// netkit links (`BPF_NETKIT_PEER` / `BPF_NETKIT_PRIMARY`), pinned in bpffs.
+    Netkit,
+}
+
+impl AttachMethod {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AttachMethod::Tcx => "tcx",
+            AttachMethod::Tc => "tc",
+            AttachMethod::Netkit => "netkit",
+        }
+    }
+}
+
+/// A cls_bpf filter nsfast attached (classic tc), with what removing exactly it needs.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TcFilter {
+    /// Device in the host namespace.
+    pub ifname: String,
+    /// Its index when attached: a device of the same name made later is left alone.
+    pub ifindex: u32,
+    /// Filter priority the kernel assigned.
+    pub priority: u16,
+    /// Filter handle the kernel assigned.
+    pub handle: u32,
+    /// The program's name, as the filter reports it.
+    pub program: String,
+    /// Whether nsfast added the device's clsact qdisc (then it is removed with the filter,
+    /// unless other filters were added to it since).
+    pub qdisc_added: bool,
 }
 
 impl Datapath {
@@ -271,8 +497,14 @@ pub struct PodRecord {
     pub pod_if: String,
     pub pod_mac: String,
     pub host_mac: String,
-    /// Pins of the BPF links attached for this pod.
+    /// How the programs are attached: `tcx`, `tc` (veth) or `netkit`.
+    #[serde(default)]
+    pub attach: AttachMethod,
+    /// Pins of the BPF links attached for this pod (TCX, netkit).
     pub link_pins: Vec<PathBuf>,
+    /// cls_bpf filters attached for this pod (classic tc).
+    #[serde(default)]
+    pub tc_filters: Vec<TcFilter>,
     /// CNI attachment, if made by nsfast-cni: (container id, network name).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cni: Option<CniAttachment>,
@@ -284,4 +516,50 @@ pub struct CniAttachment {
     pub container_id: String,
     pub network: String,
     pub ifname: String,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A record written before `attach`/`tc_filters` existed still reads, with the method its
+    /// datapath implies.
+    #[test]
+    fn old_records_read_with_their_attach_method() {
+        let dir = std::env::temp_dir().join(format!("nsfast-pod-state-{}", std::process::id()));
+        fs::create_dir_all(&dir).unwrap();
+        let body = |dp: &str| {
+            format!(
+                r#"{{"name":"p","ip":"10.0.0.1","prefix":24,"gateway":"169.254.1.1",
+                "datapath":"{dp}","host":"h","netns":"p","netns_owned":true,
+                "host_if":"nsf0","host_ifindex":3,"pod_if":"eth0","pod_mac":"","host_mac":"",
+                "link_pins":[]}}"#
+            )
+        };
+        for (dp, want) in [
+            ("veth", AttachMethod::Tcx),
+            ("netkit-l3", AttachMethod::Netkit),
+        ] {
+            let p = dir.join(format!("{dp}.json"));
+            fs::write(&p, body(dp)).unwrap();
+            let r = read_record(&p).unwrap();
+            assert_eq!(r.attach, want, "{dp}");
+            assert!(r.tc_filters.is_empty());
+        }
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn tc_filter_round_trips() {
+        let f = TcFilter {
+            ifname: "wire0".into(),
+            ifindex: 7,
+            priority: 49152,
+            handle: 1,
+            program: "nsf_pod_from_wire".into(),
+            qdisc_added: true,
+        };
+        let j = serde_json::to_string(&f).unwrap();
+        assert_eq!(serde_json::from_str::<TcFilter>(&j).unwrap(), f);
+    }
 }

@@ -15,7 +15,7 @@ use nsfast_sys::net;
 use nsfast_sys::netns::NetNs;
 
 use crate::error::PodError;
-use crate::pod::{self, AddOptions, ModeRequest, PodIp};
+use crate::pod::{self, AddOptions, AttachRequest, ModeRequest, PodIp};
 use crate::state::PodRecord;
 
 /// Uplink device name on both hosts.
@@ -61,6 +61,16 @@ impl Topology {
     /// Builds hosts `<prefix>-ha` / `<prefix>-hb` and `pods_per_host` pods on each
     /// (`<prefix>-a0`, …), in `mode`. `prefix`: 1-30 of [a-z0-9-], unique per run.
     pub fn build(prefix: &str, mode: ModeRequest, pods_per_host: usize) -> Result<Self, PodError> {
+        Self::build_with(prefix, mode, AttachRequest::Auto, pods_per_host)
+    }
+
+    /// [`Topology::build`] with the attach method of the veth and uplink programs chosen.
+    pub fn build_with(
+        prefix: &str,
+        mode: ModeRequest,
+        attach: AttachRequest,
+        pods_per_host: usize,
+    ) -> Result<Self, PodError> {
         let a = NetNs::create(&format!("{prefix}-ha"))?;
         let b = NetNs::create(&format!("{prefix}-hb"))?;
         let mut t = Topology {
@@ -91,6 +101,7 @@ impl Topology {
                     },
                 );
                 o.mode = mode;
+                o.attach = attach;
                 o.host = Some(t.hosts[h].name().to_string());
                 o.uplinks = vec![WIRE_IF.into()];
                 let added = pod::add(&o)?;

@@ -292,7 +292,7 @@ fn wire_to_pod_is_redirected_into_the_pod_and_others_go_to_the_stack() {
         assert_eq!(h.run(abi::PROG_FROM_WIRE, &other, None), (TC_ACT_OK, other));
         assert_eq!(h.counter(cnt::WIRE_TO_STACK), 1);
 
-        // An L3 (netkit) pod has no Ethernet header to rewrite: left to the stack.
+        // An L3 (netkit) pod's device is an Ethernet device too: redirected like the others.
         let l3 = Ipv4Addr::new(10, 251, 1, 30);
         h.endpoint(
             l3,
@@ -303,9 +303,10 @@ fn wire_to_pod_is_redirected_into_the_pod_and_others_go_to_the_stack() {
             },
         );
         let f3 = udp_frame(Ipv4Addr::new(10, 251, 2, 10), l3, wire_mac);
-        assert_eq!(h.run(abi::PROG_FROM_WIRE, &f3, None), (TC_ACT_OK, f3));
-        assert_eq!(h.counter(cnt::WIRE_TO_STACK), 2);
-        assert_eq!(h.counter(cnt::WIRE_TO_POD), 1);
+        let (rc, _) = h.run(abi::PROG_FROM_WIRE, &f3, None);
+        assert_eq!(rc, TC_ACT_REDIRECT, "wire -> L3 netkit pod");
+        assert_eq!(h.counter(cnt::WIRE_TO_STACK), 1);
+        assert_eq!(h.counter(cnt::WIRE_TO_POD), 2);
     });
 }
 

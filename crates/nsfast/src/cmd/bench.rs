@@ -16,8 +16,8 @@ pub struct BenchArgs {
     /// Short run for demos (5 rounds × 0.6 s, 0.2 s warm-up; about a minute on 2 vCPUs).
     #[arg(long)]
     pub quick: bool,
-    /// Comma-separated topologies: host, veth, routed, sockmap, bpf, netkit, slirp4netns,
-    /// vpnrelay [default: host,veth,routed,sockmap]. Unsupported ones are skipped with the reason.
+    /// Comma-separated topologies: host, veth, routed, sockmap, bpf, bpf-tc, netkit, cni-ptp,
+    /// slirp4netns, vpnrelay [default: host,veth,routed,sockmap]. Unsupported ones are skipped with the reason.
     #[arg(long, value_name = "LIST", allow_hyphen_values = true)]
     pub topologies: Option<String>,
     /// Comma-separated workloads: rr, crr, stream, udp-stream, ping [default: all].
@@ -57,8 +57,9 @@ pub struct BenchArgs {
     /// List the topologies and whether this machine can run them, then exit.
     #[arg(long)]
     pub list: bool,
-    /// Remove what runs that were killed left (namespaces and cgroups nsfb-<dead pid>-*, the
-    /// vpnrelay test world nsfv<dead pid>x*: its processes, namespaces, runtime folder), then exit.
+    /// Remove what runs that were killed left (namespaces, cgroups and nsfast pod state of
+    /// nsfb-<dead pid>-*, pod state whose host namespace is gone, the vpnrelay test world
+    /// nsfv<dead pid>x*: its processes, namespaces, runtime folder), then exit.
     #[arg(long)]
     pub cleanup: bool,
     /// No progress bar.

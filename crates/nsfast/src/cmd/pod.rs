@@ -42,6 +42,8 @@ pub struct AddArgs {
     #[arg(long)]
     ip: String,
     /// Device pair: netkit (L3), netkit-l2, veth, or auto (netkit if the kernel has it).
+    /// veth and uplink programs attach as TCX links, or with classic tc (clsact + cls_bpf)
+    /// on kernels without TCX (< 6.6); NSFAST_POD_ATTACH=tc|tcx|auto forces the method.
     #[arg(long, default_value = "auto")]
     mode: String,
     /// Host network namespace (under /run/netns); default: the current namespace.
@@ -91,6 +93,15 @@ fn run_inner(cmd: PodCmd) -> Result<()> {
                     "pod {} on host {}: {}/{} on {} (netns {}), host device {} (ifindex {})",
                     r.name, r.host, r.ip, r.prefix, r.pod_if, r.netns, r.host_if, r.host_ifindex
                 );
+                for f in &r.tc_filters {
+                    println!(
+                        "attach: tc, {} on {} clsact ingress (prio {}, handle {:#x})",
+                        f.program, f.ifname, f.priority, f.handle
+                    );
+                }
+                if r.tc_filters.is_empty() {
+                    println!("attach: {}", r.attach.as_str());
+                }
             }
             Ok(())
         }
@@ -123,17 +134,23 @@ fn run_inner(cmd: PodCmd) -> Result<()> {
                 println!("{}", serde_json::to_string_pretty(&l)?);
                 return Ok(());
             }
-            println!("host {}  uplinks: {:?}", l.host, l.uplinks);
+            let ups: Vec<String> = l
+                .uplinks
+                .iter()
+                .map(|u| format!("{} ({})", u.ifname, u.attach.as_str()))
+                .collect();
+            println!("host {}  uplinks: [{}]", l.host, ups.join(", "));
             println!(
-                "{:<24} {:<18} {:<10} {:<12} {:<20}",
-                "NAME", "IP", "MODE", "HOST-IF", "NETNS"
+                "{:<24} {:<18} {:<10} {:<7} {:<12} {:<20}",
+                "NAME", "IP", "MODE", "ATTACH", "HOST-IF", "NETNS"
             );
             for p in &l.pods {
                 println!(
-                    "{:<24} {:<18} {:<10} {:<12} {:<20}",
+                    "{:<24} {:<18} {:<10} {:<7} {:<12} {:<20}",
                     p.name,
                     format!("{}/{}", p.ip, p.prefix),
                     p.datapath.as_str(),
+                    p.attach.as_str(),
                     p.host_if,
                     p.netns
                 );
