@@ -214,8 +214,15 @@ pub fn run(cmd: VsockCmd) -> anyhow::Result<()> {
                 println!("{}", serde_json::to_string_pretty(&r)?);
             } else {
                 println!(
-                    "{}: {} bytes in {:.3} s = {:.2} Gbit/s (buffer {})",
-                    r.address, r.bytes, r.seconds, r.gbit_per_s, r.buffer
+                    "{}: {} bytes in {:.3} s = {:.2} Gbit/s (buffer {}){}",
+                    r.address,
+                    r.bytes,
+                    r.seconds,
+                    r.gbit_per_s,
+                    r.buffer,
+                    r.cpu_s_per_gb
+                        .map(|c| format!(", machine CPU {c:.2} s/GB"))
+                        .unwrap_or_default()
                 );
             }
             Ok(())
