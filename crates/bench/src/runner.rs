@@ -372,6 +372,12 @@ impl Runner {
             }),
             relay_to: None,
         };
+        if let Some(pid) = b.vsock.and_then(|v| v.helper_pid) {
+            place_helper(pid, scpu).map_err(|source| BenchError::Spawn {
+                what: format!("sched_setaffinity of the {} helper (pid {pid})", b.name),
+                source,
+            })?;
+        }
         let mut server = self.spawn_worker(b, &spec)?;
         let addr = match read_report(server.stdout()) {
             Some(WorkerReport::Ready(a)) => a,
@@ -504,6 +510,21 @@ impl Runner {
             error: None,
         })
     }
+}
+
+/// Pins process `pid` (its main thread: the threads and children it starts later inherit
+/// it) to `cpu`, or lets it run on every CPU this process may use.
+fn place_helper(pid: u32, cpu: Option<usize>) -> std::io::Result<()> {
+    use nix::sched::{sched_setaffinity, CpuSet};
+    let cpus = match cpu {
+        Some(c) => vec![c],
+        None => nsfast_sys::sched::allowed_cpus()?,
+    };
+    let mut set = CpuSet::new();
+    for c in cpus {
+        set.set(c).map_err(std::io::Error::from)?;
+    }
+    sched_setaffinity(nix::unistd::Pid::from_raw(pid as i32), &set).map_err(std::io::Error::from)
 }
 
 /// The headline figure (and udp loss) from what both sides counted.

@@ -209,6 +209,10 @@ pub struct Endpoint {
 pub struct VsockPath {
     pub server_port: u32,
     pub client_port: u32,
+    /// The process in between (relay or socat), if any: before each measurement the runner
+    /// gives it the server's CPU placement (its new per-connection threads and children
+    /// inherit it).
+    pub helper_pid: Option<u32>,
 }
 
 /// A built topology. Dropping it tears it down: extras (e.g. BPF attachments) first, then

@@ -7,7 +7,9 @@
 //! before any socket exists. All three topologies put the server (and the relay or socat, so
 //! their CPU time is counted with the server's) in one fresh network namespace; on Linux 7.0+
 //! that namespace gets its vsock mode from the parent's `child_ns_mode` (global by default),
-//! and CID 1 reaches listeners of the same namespace in either mode.
+//! and CID 1 reaches listeners of the same namespace in either mode. The relay or socat is
+//! placed like the server (same CPU, or unpinned) before every measurement, so a same-cpu
+//! run keeps all three on one CPU as the direct path keeps client and server.
 
 use std::path::PathBuf;
 use std::process::Stdio;
@@ -130,6 +132,7 @@ pub fn build_direct(ctx: &BuildCtx) -> Result<Built, TopologyError> {
         VsockPath {
             server_port: p,
             client_port: p,
+            helper_pid: None,
         },
     )
 }
@@ -138,9 +141,10 @@ pub fn build_direct(ctx: &BuildCtx) -> Result<Built, TopologyError> {
 /// unpinned), which forwards every connection of its port to the server's.
 pub fn build_relay(ctx: &BuildCtx) -> Result<Built, TopologyError> {
     const T: &str = "vsock-relay";
-    let path = VsockPath {
+    let mut path = VsockPath {
         server_port: port(1),
         client_port: port(2),
+        helper_pid: None,
     };
     let mut b = base(ctx, T, path)?;
     let launcher = ctx
@@ -181,6 +185,8 @@ pub fn build_relay(ctx: &BuildCtx) -> Result<Built, TopologyError> {
         Some(WorkerReport::Error(e)) => return Err(other(T, format!("relay: {e}"))),
         _ => return Err(other(T, "relay exited before listening")),
     }
+    path.helper_pid = Some(relay.pid());
+    b.vsock = Some(path);
     b.note = Some(format!(
         "vsock-relay: nsfast vsock relay vsock-listen:{} -> vsock-connect:1:{} (default buffers)",
         path.client_port, path.server_port
@@ -193,9 +199,10 @@ pub fn build_relay(ctx: &BuildCtx) -> Result<Built, TopologyError> {
 /// cgroup, unpinned; ready once a connection to its port is accepted.
 pub fn build_socat(ctx: &BuildCtx) -> Result<Built, TopologyError> {
     const T: &str = "vsock-socat";
-    let path = VsockPath {
+    let mut path = VsockPath {
         server_port: port(3),
         client_port: port(4),
+        helper_pid: None,
     };
     let socat = socat_path().map_err(|e| other(T, e))?;
     let mut b = base(ctx, T, path)?;
@@ -213,6 +220,8 @@ pub fn build_socat(ctx: &BuildCtx) -> Result<Built, TopologyError> {
     cmd.stdout(Stdio::null()).stderr(Stdio::null());
     let mut child = ChildGuard::spawn(cmd, "socat").map_err(|e| other(T, e.to_string()))?;
     wait_listening(&b.namespaces[0], &mut child, path.client_port).map_err(|e| other(T, e))?;
+    path.helper_pid = Some(child.pid());
+    b.vsock = Some(path);
     b.note = Some(format!(
         "vsock-socat: {} {} {}",
         socat.display(),

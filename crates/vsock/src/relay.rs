@@ -124,8 +124,9 @@ fn splice_loop(
 ) -> io::Result<()> {
     let (pr, pw) = pipe(buffer)?;
     let flags = SpliceFFlags::SPLICE_F_MOVE | SpliceFFlags::SPLICE_F_MORE;
+    let mut chunk = SPLICE_MIN.min(buffer);
     loop {
-        let n = match splice(src, None, &pw, None, buffer, flags) {
+        let n = match splice(src, None, &pw, None, chunk, flags) {
             Ok(n) => n,
             Err(Errno::EINTR) => continue,
             Err(e) => return Err(e.into()),
@@ -133,6 +134,7 @@ fn splice_loop(
         if n == 0 {
             return Ok(());
         }
+        chunk = next_chunk(chunk, n, buffer);
         let mut left = n;
         while left > 0 {
             match splice(&pr, None, dst, None, left, flags) {
@@ -148,6 +150,25 @@ fn splice_loop(
             }
         }
         *total += n as u64;
+    }
+}
+
+/// The smallest splice request: one page.
+const SPLICE_MIN: usize = 4096;
+
+/// The next splice request size: double it when the last one came back full (bulk data is
+/// waiting), halve it when it came back less than a quarter full (small messages), within
+/// [one page, `buffer`]. A socket without its own splice_read (AF_VSOCK among them) is read
+/// through copy_splice_read, which allocates pages for the whole request before it reads:
+/// asking for 256 KiB to move a 1-byte request cost 64 page allocations per message.
+fn next_chunk(chunk: usize, got: usize, buffer: usize) -> usize {
+    let min = SPLICE_MIN.min(buffer);
+    if got >= chunk {
+        (chunk * 2).min(buffer)
+    } else if got < chunk / 4 {
+        (chunk / 2).max(min)
+    } else {
+        chunk
     }
 }
 
@@ -341,4 +362,34 @@ pub fn error_chain(e: &dyn std::error::Error) -> String {
         cur = c.source();
     }
     s
+}
+
+#[cfg(test)]
+mod chunk_tests {
+    use super::*;
+
+    #[test]
+    fn splice_requests_grow_with_bulk_and_shrink_with_small_messages() {
+        let buf = 256 << 10;
+        let mut c = SPLICE_MIN;
+        for _ in 0..10 {
+            c = next_chunk(c, c, buf);
+        }
+        assert_eq!(c, buf, "full reads grow the request up to the buffer");
+        for _ in 0..10 {
+            c = next_chunk(c, 1, buf);
+        }
+        assert_eq!(c, SPLICE_MIN, "1-byte messages shrink it to one page");
+        assert_eq!(
+            next_chunk(64 << 10, 20 << 10, buf),
+            64 << 10,
+            "steady in between"
+        );
+        assert_eq!(next_chunk(4096, 4096, 1024), 1024, "never above the buffer");
+        assert_eq!(
+            next_chunk(1024, 1, 1024),
+            1024,
+            "nor below it when it is under a page"
+        );
+    }
 }
