@@ -205,6 +205,11 @@ impl Runner {
             obs.note(n);
             notes.push(n.to_string());
         }
+        if pairs == 0 {
+            return Err(BenchError::NothingToRun(
+                "no selected workload runs on the selected topologies (vsock topologies have no udp-stream)".into(),
+            ));
+        }
         let per_round = (placements.len() * pairs) as u64;
         let total = per_round * (u64::from(cfg.rounds) + u64::from(warm));
         let pb = self.progress_bar(total);
