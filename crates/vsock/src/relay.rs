@@ -24,7 +24,7 @@ pub struct Options {
     pub fork: bool,
     /// With `fork`: at most this many connections at once (the next waits).
     pub max_children: usize,
-    /// Bytes moved per call (splice pipe size or copy buffer).
+    /// Most bytes moved per call (pipe size and largest splice request, or copy buffer).
     pub buffer: usize,
     /// Socket-level options.
     pub sock: SockOpts,

@@ -40,7 +40,8 @@ pub enum VsockCmd {
         /// With --fork: at most N connections at once.
         #[arg(long, value_name = "N", default_value_t = 64)]
         max_children: usize,
-        /// Bytes moved per call (splice pipe size / copy buffer), e.g. 256K, 1M.
+        /// Most bytes moved per call (splice pipe size and largest request / copy buffer),
+        /// e.g. 256K, 1M.
         #[arg(long, value_name = "SIZE", default_value = "256K", value_parser = parse_buffer)]
         buffer: u64,
         /// SO_VM_SOCKETS_BUFFER_SIZE for vsock sockets, e.g. 1M.
