@@ -27,6 +27,7 @@ pub mod spec;
 pub mod stats;
 pub mod svg;
 pub mod topology;
+pub mod vsock_hook;
 pub mod worker;
 
 /// Errors of a benchmark run; each names the value, process or topology involved.

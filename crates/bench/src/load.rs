@@ -8,13 +8,86 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
+use nsfast_sys::vsock::{VsockAddr, VsockListener, VsockStream, VMADDR_CID_ANY};
 use serde::{Deserialize, Serialize};
-use socket2::{Domain, Protocol, Socket, Type};
+use socket2::{Domain, Protocol, SockRef, Socket, Type};
 
 use crate::spec::{Sizes, Workload};
 
 /// How often blocked server calls wake up to look at the stop flag.
 const POLL: Duration = Duration::from_millis(100);
+
+/// Where a client connects: an IP socket address, or a vsock CID and port (stream
+/// workloads only; vsock has no datagram transport on loopback).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Peer {
+    Ip(SocketAddr),
+    Vsock { cid: u32, port: u32 },
+}
+
+impl std::fmt::Display for Peer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Peer::Ip(a) => write!(f, "{a}"),
+            Peer::Vsock { cid, port } => write!(f, "vsock {cid}:{port}"),
+        }
+    }
+}
+
+/// A connected stream: TCP, or vsock.
+#[derive(Debug)]
+pub enum Stream {
+    Tcp(TcpStream),
+    Vsock(VsockStream),
+}
+
+impl Stream {
+    fn sock(&self) -> SockRef<'_> {
+        match self {
+            Stream::Tcp(s) => SockRef::from(s),
+            Stream::Vsock(s) => SockRef::from(s),
+        }
+    }
+
+    /// TCP_NODELAY on TCP; vsock has no Nagle, so nothing to do there.
+    pub fn set_nodelay(&self, on: bool) -> io::Result<()> {
+        match self {
+            Stream::Tcp(s) => s.set_nodelay(on),
+            Stream::Vsock(_) => Ok(()),
+        }
+    }
+
+    pub fn set_read_timeout(&self, d: Option<Duration>) -> io::Result<()> {
+        self.sock().set_read_timeout(d)
+    }
+
+    pub fn shutdown(&self, how: Shutdown) -> io::Result<()> {
+        self.sock().shutdown(how)
+    }
+}
+
+impl Read for Stream {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        match self {
+            Stream::Tcp(s) => s.read(buf),
+            Stream::Vsock(s) => s.read(buf),
+        }
+    }
+}
+
+impl Write for Stream {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        match self {
+            Stream::Tcp(s) => s.write(buf),
+            Stream::Vsock(s) => s.write(buf),
+        }
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
 
 /// Load generator errors; each says what the peer did or which call failed.
 #[derive(Debug, thiserror::Error)]
@@ -23,7 +96,7 @@ pub enum LoadError {
     #[error("{workload}: the peer at {addr} closed the connection early (after {done} complete transactions)")]
     PeerClosed {
         workload: Workload,
-        addr: SocketAddr,
+        addr: Peer,
         done: u64,
     },
     /// A socket call failed.
@@ -31,7 +104,7 @@ pub enum LoadError {
     Io {
         workload: Workload,
         op: &'static str,
-        addr: SocketAddr,
+        addr: Peer,
         #[source]
         source: io::Error,
     },
@@ -98,6 +171,8 @@ pub struct ServerCounts {
 pub enum Listener {
     Tcp(TcpListener),
     Udp(UdpSocket),
+    /// A vsock stream listener (rr, crr, stream, ping) and the port it is bound to.
+    Vsock(VsockListener, u32),
 }
 
 impl Listener {
@@ -124,10 +199,55 @@ impl Listener {
         }
     }
 
+    /// Binds a vsock stream listener on `port` (any CID) for `workload`; udp-stream has no
+    /// vsock form and is refused with InvalidInput.
+    pub fn bind_vsock(workload: Workload, port: u32) -> io::Result<Self> {
+        if workload.is_udp() {
+            return Err(io::Error::new(
+                ErrorKind::InvalidInput,
+                format!("{workload} has no vsock form (vsock streams only)"),
+            ));
+        }
+        let l = VsockListener::bind(VsockAddr {
+            cid: VMADDR_CID_ANY,
+            port,
+        })?;
+        // vsock's accept() honours SO_RCVTIMEO too, so the stop flag is seen.
+        SockRef::from(&l).set_read_timeout(Some(POLL))?;
+        Ok(Listener::Vsock(l, port))
+    }
+
+    /// The bound address (vsock listeners: port only, in [`Listener::peer`]).
     pub fn local_addr(&self) -> io::Result<SocketAddr> {
         match self {
             Listener::Tcp(l) => l.local_addr(),
             Listener::Udp(u) => u.local_addr(),
+            Listener::Vsock(..) => Err(io::Error::new(
+                ErrorKind::InvalidInput,
+                "a vsock listener has no IP address",
+            )),
+        }
+    }
+
+    /// Where a client on this machine reaches this listener.
+    pub fn peer(&self) -> io::Result<Peer> {
+        match self {
+            Listener::Vsock(_, port) => Ok(Peer::Vsock {
+                cid: nsfast_sys::vsock::VMADDR_CID_LOCAL,
+                port: *port,
+            }),
+            _ => self.local_addr().map(Peer::Ip),
+        }
+    }
+
+    fn accept_stream(&self) -> io::Result<Stream> {
+        match self {
+            Listener::Tcp(l) => l.accept().map(|(s, _)| Stream::Tcp(s)),
+            Listener::Vsock(l, _) => l.accept().map(|(s, _)| Stream::Vsock(s)),
+            Listener::Udp(_) => Err(io::Error::new(
+                ErrorKind::InvalidInput,
+                "a UDP socket accepts no connections",
+            )),
         }
     }
 }
@@ -167,10 +287,10 @@ pub fn serve(
                 c.bytes += n as u64;
             }
         }
-        (_, Listener::Tcp(l)) => {
+        (w, Listener::Tcp(_) | Listener::Vsock(..)) if !w.is_udp() => {
             while !stop.load(Ordering::Relaxed) {
-                let conn = match l.accept() {
-                    Ok((s, _)) => s,
+                let conn = match listener.accept_stream() {
+                    Ok(s) => s,
                     Err(e) if timed_out(&e) || e.kind() == ErrorKind::Interrupted => continue,
                     Err(e) => return Err(e),
                 };
@@ -198,7 +318,7 @@ pub fn serve(
 }
 
 /// Reads exactly `buf.len()` bytes; `Ok(false)` on a clean EOF before the first byte.
-fn read_full(s: &mut TcpStream, buf: &mut [u8], stop: &AtomicBool) -> io::Result<bool> {
+fn read_full(s: &mut Stream, buf: &mut [u8], stop: &AtomicBool) -> io::Result<bool> {
     let mut got = 0;
     while got < buf.len() {
         match s.read(&mut buf[got..]) {
@@ -222,7 +342,7 @@ fn read_full(s: &mut TcpStream, buf: &mut [u8], stop: &AtomicBool) -> io::Result
 }
 
 fn serve_rr(
-    mut s: TcpStream,
+    mut s: Stream,
     sizes: Sizes,
     c: &mut ServerCounts,
     stop: &AtomicBool,
@@ -249,7 +369,7 @@ fn serve_rr(
 }
 
 fn serve_stream(
-    mut s: TcpStream,
+    mut s: Stream,
     sizes: Sizes,
     c: &mut ServerCounts,
     stop: &AtomicBool,
@@ -275,6 +395,16 @@ fn serve_stream(
 pub fn run_client(
     workload: Workload,
     addr: SocketAddr,
+    sizes: Sizes,
+    duration: Duration,
+) -> Result<ClientResult, LoadError> {
+    run_client_to(workload, Peer::Ip(addr), sizes, duration)
+}
+
+/// [`run_client`] for any [`Peer`]: TCP/UDP at an IP address, or vsock streams.
+pub fn run_client_to(
+    workload: Workload,
+    addr: Peer,
     sizes: Sizes,
     duration: Duration,
 ) -> Result<ClientResult, LoadError> {
@@ -370,13 +500,19 @@ pub fn run_client(
             let _ = s.read(&mut sink);
         }
         Workload::UdpStream => {
-            let bind: SocketAddr = if addr.is_ipv4() {
+            let Peer::Ip(ip) = addr else {
+                return Err(io_err("send to")(io::Error::new(
+                    ErrorKind::InvalidInput,
+                    "udp-stream has no vsock form (vsock streams only)",
+                )));
+            };
+            let bind: SocketAddr = if ip.is_ipv4() {
                 "0.0.0.0:0".parse().expect("literal")
             } else {
                 "[::]:0".parse().expect("literal")
             };
             let s = UdpSocket::bind(bind).map_err(io_err("bind for"))?;
-            s.connect(addr).map_err(io_err("connect to"))?;
+            s.connect(ip).map_err(io_err("connect to"))?;
             let buf = vec![0xa5u8; sizes.datagram as usize];
             start = Instant::now();
             let deadline = start + duration;
@@ -418,18 +554,21 @@ pub fn run_client(
 
 /// Connects; request/response sockets get TCP_NODELAY (as netperf's RR tests), bulk ones keep
 /// Nagle (as iperf3 and netperf's STREAM tests).
-fn connect(addr: SocketAddr, nodelay: bool) -> io::Result<TcpStream> {
-    let s = TcpStream::connect_timeout(&addr, Duration::from_secs(5))?;
+fn connect(addr: Peer, nodelay: bool) -> io::Result<Stream> {
+    let s = match addr {
+        Peer::Ip(a) => Stream::Tcp(TcpStream::connect_timeout(&a, Duration::from_secs(5))?),
+        Peer::Vsock { cid, port } => Stream::Vsock(VsockStream::connect(VsockAddr { cid, port })?),
+    };
     s.set_nodelay(nodelay)?;
     Ok(s)
 }
 
 /// Reads one whole reply; EOF or reset means the server went away.
-fn read_reply(s: &mut TcpStream, buf: &mut [u8]) -> io::Result<()> {
+fn read_reply(s: &mut Stream, buf: &mut [u8]) -> io::Result<()> {
     s.read_exact(buf)
 }
 
-fn reply_err(e: io::Error, workload: Workload, addr: SocketAddr, done: u64) -> LoadError {
+fn reply_err(e: io::Error, workload: Workload, addr: Peer, done: u64) -> LoadError {
     if matches!(
         e.kind(),
         ErrorKind::UnexpectedEof | ErrorKind::ConnectionReset | ErrorKind::BrokenPipe

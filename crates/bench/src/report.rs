@@ -132,12 +132,13 @@ pub fn fmt_value(v: f64) -> String {
 /// The terminal table: one row per topology × workload, grouped by placement.
 pub fn table(outcome: &Outcome) -> String {
     let rows = summarize(&outcome.samples, &outcome.topologies);
+    let base = crate::stats::baseline(&outcome.topologies);
     let c = &outcome.config;
     let mut out = String::new();
     let m = &outcome.machine;
     let _ = writeln!(
         out,
-        "nsfast bench — {} — kernel {} — {} CPUs — {} rounds × {:.1} s (medians; ratio = median over rounds of topology/host)",
+        "nsfast bench — {} — kernel {} — {} CPUs — {} rounds × {:.1} s (medians; ratio = median over rounds of topology/{base})",
         m.date,
         m.kernel,
         m.cpus,
@@ -167,7 +168,14 @@ pub fn table(outcome: &Outcome) -> String {
         let _ = writeln!(
             out,
             "{:<11} {:<tw$} {:>12} {:<7} {:>7} {:>8}  {:<22} {:>10}  notes",
-            "workload", "topology", "median", "unit", "× host", "spread", "min – max", "CPU cost",
+            "workload",
+            "topology",
+            "median",
+            "unit",
+            format!("× {base}"),
+            "spread",
+            "min – max",
+            "CPU cost",
         );
         let mut last_w = None;
         for r in rows.iter().filter(|r| r.placement == p) {
@@ -223,7 +231,7 @@ pub fn table(outcome: &Outcome) -> String {
     }
     let _ = writeln!(
         out,
-        "\nping is latency (lower is better, × host > 1 is slower); the others are rates. \
+        "\nping is latency (lower is better, × {base} > 1 is slower); the others are rates. \
 CPU cost = client + server cgroup CPU time + ksoftirqd time on the pinned CPUs{}, per transaction (µs/tx) or per GB (s/GB).",
         if crate::runner::irq_time_accounting() { " + softirq time (IRQ time accounted apart)" } else { " (softirq run in task context is inside the cgroup time: no CONFIG_IRQ_TIME_ACCOUNTING)" }
     );

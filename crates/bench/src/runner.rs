@@ -17,7 +17,7 @@ use crate::proc::{check_interrupt, command_in, ChildGuard, Launcher};
 use crate::report::Machine;
 use crate::spec::{Config, Placement, Sizes, Workload};
 use crate::topology::{self, BuildCtx, Built, RunCgroup};
-use crate::worker::{read_report, Role, WorkerReport, WorkerSpec};
+use crate::worker::{read_report, Role, VsockEnd, WorkerReport, WorkerSpec};
 use crate::BenchError;
 
 /// CPU time one measurement consumed.
@@ -161,6 +161,7 @@ impl Runner {
         let ctx = BuildCtx {
             prefix: self.prefix.clone(),
             cgroup_root: run_cg.path().to_path_buf(),
+            launcher: Some(self.launcher.clone()),
         };
         let mut built: Vec<Built> = Vec::new();
         let mut notes = Vec::new();
@@ -192,7 +193,24 @@ impl Runner {
 
         let cfg = &self.config;
         let warm = !cfg.warmup.is_zero();
-        let per_round = (placements.len() * cfg.workloads.len() * built.len()) as u64;
+        // vsock is streams only: udp-stream is not measured on the vsock topologies.
+        let pairs = cfg
+            .workloads
+            .iter()
+            .map(|&w| built.iter().filter(|b| b.supports(w)).count())
+            .sum::<usize>();
+        if cfg.workloads.iter().any(|w| w.is_udp()) && built.iter().any(|b| b.vsock.is_some()) {
+            let n =
+                "udp-stream is not measured on vsock topologies (vsock loopback has streams only)";
+            obs.note(n);
+            notes.push(n.to_string());
+        }
+        if pairs == 0 {
+            return Err(BenchError::NothingToRun(
+                "no selected workload runs on the selected topologies (vsock topologies have no udp-stream)".into(),
+            ));
+        }
+        let per_round = (placements.len() * pairs) as u64;
         let total = per_round * (u64::from(cfg.rounds) + u64::from(warm));
         let pb = self.progress_bar(total);
         let mut samples = Vec::new();
@@ -202,7 +220,7 @@ impl Runner {
             let d = if round == 0 { cfg.warmup } else { cfg.duration };
             for &(placement, ccpu, scpu) in &placements {
                 for &w in &cfg.workloads {
-                    for b in &built {
+                    for b in built.iter().filter(|b| b.supports(w)) {
                         pb.set_message(format!(
                             "{} {} {} {w} {placement}",
                             if round == 0 {
@@ -296,7 +314,7 @@ impl Runner {
     /// Starts a worker of `role` on `b`, pinned to `cpu`.
     pub fn spawn_worker(&self, b: &Built, spec: &WorkerSpec) -> Result<ChildGuard, BenchError> {
         let (ns, cg) = match spec.role {
-            Role::Server => (b.server_ns(), &b.server.cgroup),
+            Role::Server | Role::Relay => (b.server_ns(), &b.server.cgroup),
             Role::Client => (b.client_ns(), &b.client.cgroup),
         };
         let mut args = self.launcher.args.clone();
@@ -353,10 +371,23 @@ impl Runner {
             sizes,
             duration_s: duration.as_secs_f64(),
             cpu: scpu,
+            vsock: b.vsock.map(|v| VsockEnd {
+                cid: nsfast_sys::vsock::VMADDR_CID_ANY,
+                port: v.server_port,
+            }),
+            relay_to: None,
         };
+        if let Some(pid) = b.vsock.and_then(|v| v.helper_pid) {
+            place_helper(pid, scpu).map_err(|source| BenchError::Spawn {
+                what: format!("sched_setaffinity of the {} helper (pid {pid})", b.name),
+                source,
+            })?;
+        }
         let mut server = self.spawn_worker(b, &spec)?;
         let addr = match read_report(server.stdout()) {
             Some(WorkerReport::Ready(a)) => a,
+            // The client goes to the topology's client port (a relay's, or the server's).
+            Some(WorkerReport::ReadyVsock(_)) => spec.addr,
             Some(WorkerReport::Error(e)) => {
                 return Err(BenchError::Worker {
                     what: server.what.clone(),
@@ -375,6 +406,10 @@ impl Runner {
         spec.role = Role::Client;
         spec.addr = addr;
         spec.cpu = ccpu;
+        spec.vsock = b.vsock.map(|v| VsockEnd {
+            cid: nsfast_sys::vsock::VMADDR_CID_LOCAL,
+            port: v.client_port,
+        });
         let mut client = self.spawn_worker(b, &spec)?;
         let st = client.wait(duration + Duration::from_secs(20))?;
         let after = CpuSnapshot::take(&b.client.cgroup, &b.server.cgroup);
@@ -468,6 +503,21 @@ impl Runner {
             error: None,
         })
     }
+}
+
+/// Pins process `pid` (its main thread: the threads and children it starts later inherit
+/// it) to `cpu`, or lets it run on every CPU this process may use.
+fn place_helper(pid: u32, cpu: Option<usize>) -> std::io::Result<()> {
+    use nix::sched::{sched_setaffinity, CpuSet};
+    let cpus = match cpu {
+        Some(c) => vec![c],
+        None => nsfast_sys::sched::allowed_cpus()?,
+    };
+    let mut set = CpuSet::new();
+    for c in cpus {
+        set.set(c).map_err(std::io::Error::from)?;
+    }
+    sched_setaffinity(nix::unistd::Pid::from_raw(pid as i32), &set).map_err(std::io::Error::from)
 }
 
 /// The headline figure (and udp loss) from what both sides counted.

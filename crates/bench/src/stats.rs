@@ -33,7 +33,9 @@ pub struct Row {
     pub median: Option<f64>,
     pub min: Option<f64>,
     pub max: Option<f64>,
-    /// Median over rounds of (this topology's figure / host's figure in the same round).
+    /// Median over rounds of (this topology's figure / the baseline's figure in the same
+    /// round); the baseline is `host`, or the first topology when `host` did not run
+    /// ([`baseline`]).
     pub ratio_to_host: Option<f64>,
     /// (max - min) / median, in percent.
     pub spread_pct: Option<f64>,
@@ -48,8 +50,19 @@ pub struct Row {
     pub error: Option<String>,
 }
 
+/// The topology ratios are taken against: `host` when it ran, else the first one that ran
+/// (e.g. `vsock` in a `vsock,vsock-relay,vsock-socat` run).
+pub fn baseline(topologies: &[String]) -> &str {
+    if topologies.iter().any(|t| t == "host") {
+        "host"
+    } else {
+        topologies.first().map(String::as_str).unwrap_or("host")
+    }
+}
+
 /// Summarises samples into rows, ordered by placement, workload, then topology run order.
 pub fn summarize(samples: &[Sample], topologies: &[String]) -> Vec<Row> {
+    let base = baseline(topologies);
     let mut keys: Vec<(Placement, Workload)> =
         samples.iter().map(|s| (s.placement, s.workload)).collect();
     keys.sort();
@@ -71,7 +84,7 @@ pub fn summarize(samples: &[Sample], topologies: &[String]) -> Vec<Row> {
                     let host = samples.iter().find(|h| {
                         h.placement == p
                             && h.workload == w
-                            && h.topology == "host"
+                            && h.topology == base
                             && h.round == s.round
                     })?;
                     match (s.value, host.value) {
@@ -129,5 +142,16 @@ mod tests {
         assert_eq!(median(&[3.0, 1.0, 2.0]), Some(2.0));
         assert_eq!(median(&[4.0, 1.0, 2.0, 3.0]), Some(2.5));
         assert_eq!(median(&[f64::NAN, 1.0]), Some(1.0));
+    }
+
+    #[test]
+    fn baseline_is_host_else_the_first_topology() {
+        let t = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert_eq!(baseline(&t(&["veth", "host"])), "host");
+        assert_eq!(
+            baseline(&t(&["vsock", "vsock-relay", "vsock-socat"])),
+            "vsock"
+        );
+        assert_eq!(baseline(&[]), "host");
     }
 }

@@ -33,6 +33,12 @@ fn nice_max(v: f64) -> f64 {
 
 /// Renders the chart for `rows` (all of one workload and placement).
 pub fn chart(workload: Workload, placement: Placement, rows: &[&Row], machine: &Machine) -> String {
+    // Ratios are to `host`, or to the first topology when host did not run (stats::baseline).
+    let base = if rows.iter().any(|r| r.topology == "host") {
+        "host"
+    } else {
+        rows.first().map(|r| r.topology.as_str()).unwrap_or("host")
+    };
     let (w, h) = (720.0, 420.0);
     let (left, right, top, bottom) = (80.0, 20.0, 60.0, 70.0);
     let plot_w = w - left - right;
@@ -141,7 +147,7 @@ pub fn chart(workload: Workload, placement: Placement, rows: &[&Row], machine: &
         );
         let ratio = r
             .ratio_to_host
-            .map(|x| format!("{x:.2} × host"))
+            .map(|x| format!("{x:.2} × {base}"))
             .unwrap_or_default();
         let _ = writeln!(
             s,

@@ -52,6 +52,9 @@ pub struct BuildCtx {
     pub prefix: String,
     /// The run's cgroup directory (created by [`RunCgroup::create`]).
     pub cgroup_root: PathBuf,
+    /// How to start helper workers (the vsock-relay topology's relay); `None`: such
+    /// topologies cannot be built.
+    pub launcher: Option<crate::proc::Launcher>,
 }
 
 /// A topology that can be built.
@@ -139,6 +142,24 @@ pub fn registry() -> Vec<TopologyDef> {
             probe: crate::rootless_hook::probe_relay,
             build: build_vpnrelay,
         },
+        TopologyDef {
+            name: "vsock",
+            about: "both ends in one namespace over vsock loopback (CID 1); VM guests only",
+            probe: crate::vsock_hook::probe,
+            build: crate::vsock_hook::build_direct,
+        },
+        TopologyDef {
+            name: "vsock-relay",
+            about: "vsock loopback through nsfast's vsock relay (vsock-listen -> vsock-connect:1); VM guests only",
+            probe: crate::vsock_hook::probe,
+            build: crate::vsock_hook::build_relay,
+        },
+        TopologyDef {
+            name: "vsock-socat",
+            about: "vsock loopback through socat VSOCK-LISTEN,fork -> VSOCK-CONNECT:1; VM guests only",
+            probe: crate::vsock_hook::probe_socat,
+            build: crate::vsock_hook::build_socat,
+        },
     ]
 }
 
@@ -200,6 +221,18 @@ pub struct Endpoint {
     pub cgroup: Cgroup,
 }
 
+/// Where a vsock topology's server listens and its client connects (over CID 1, the local
+/// loopback): the same port directly, or a relay's port in front of the server's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct VsockPath {
+    pub server_port: u32,
+    pub client_port: u32,
+    /// The process in between (relay or socat), if any: before each measurement the runner
+    /// gives it the server's CPU placement (its new per-connection threads and children
+    /// inherit it).
+    pub helper_pid: Option<u32>,
+}
+
 /// A built topology. Dropping it tears it down: extras (e.g. BPF attachments) first, then
 /// cgroups, then namespaces (which takes their links with them).
 pub struct Built {
@@ -213,6 +246,9 @@ pub struct Built {
     pub server_port: u16,
     /// The topology's cgroup directory (parent of the client and server cgroups).
     pub cgroup_dir: PathBuf,
+    /// vsock topologies: the ports the server listens on and the client connects to (CID 1);
+    /// `server_ip`/`server_port` are then unused.
+    pub vsock: Option<VsockPath>,
     /// Things to keep alive while the topology exists (dropped first).
     pub extras: Vec<Box<dyn Any>>,
     /// A note printed with the results (e.g. what was attached).
@@ -220,6 +256,11 @@ pub struct Built {
 }
 
 impl Built {
+    /// Whether `w` can run here: everything on IP topologies, streams only on vsock ones.
+    pub fn supports(&self, w: crate::spec::Workload) -> bool {
+        self.vsock.is_none() || !w.is_udp()
+    }
+
     pub fn client_ns(&self) -> &NetNs {
         &self.namespaces[self.client.ns]
     }
@@ -302,7 +343,7 @@ pub fn remove_cgroup_tree(path: &Path) -> io::Result<()> {
     remove_cgroup_retry(path)
 }
 
-fn ns(topology: &'static str, name: String) -> Result<NetNs, TopologyError> {
+pub(crate) fn ns(topology: &'static str, name: String) -> Result<NetNs, TopologyError> {
     NetNs::create(&name).map_err(|source| TopologyError::Netns { topology, source })
 }
 
@@ -310,7 +351,7 @@ fn nl<T>(topology: &'static str, r: Result<T, NetError>) -> Result<T, TopologyEr
     r.map_err(|source| TopologyError::Net { topology, source })
 }
 
-fn cgroups(
+pub(crate) fn cgroups(
     ctx: &BuildCtx,
     topology: &'static str,
 ) -> Result<(PathBuf, Cgroup, Cgroup), TopologyError> {
@@ -351,6 +392,7 @@ fn build_host(ctx: &BuildCtx) -> Result<Built, TopologyError> {
         server_ip: IpAddr::V4(Ipv4Addr::LOCALHOST),
         server_port: 0,
         cgroup_dir: dir,
+        vsock: None,
         extras: vec![],
         note: None,
     };
@@ -376,6 +418,7 @@ fn build_veth_pair(ctx: &BuildCtx, t: &'static str) -> Result<Built, TopologyErr
         server_ip: IpAddr::V4(Ipv4Addr::new(10, 201, 0, 2)),
         server_port: 0,
         cgroup_dir: dir,
+        vsock: None,
         extras: vec![],
         note: None,
     };
@@ -428,6 +471,7 @@ fn build_routed(ctx: &BuildCtx) -> Result<Built, TopologyError> {
         server_ip: ip(10, 202, 2, 2),
         server_port: 0,
         cgroup_dir: dir,
+        vsock: None,
         extras: vec![],
         note: None,
     };
@@ -493,6 +537,7 @@ fn build_rootless(ctx: &BuildCtx, t: &'static str, relay: bool) -> Result<Built,
         server_ip: IpAddr::V4(nsfast_vpnrelay::testbed::SERVER_IP),
         server_port: crate::rootless_hook::PORT,
         cgroup_dir: dir,
+        vsock: None,
         extras: parts.guards,
         note: Some(parts.note),
     })
@@ -524,6 +569,7 @@ fn two_pods(
         server_ip: IpAddr::V4(server_ip),
         server_port: 0,
         cgroup_dir: dir,
+        vsock: None,
         extras: vec![keep],
         note: Some(note),
     };

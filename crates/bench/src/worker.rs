@@ -5,6 +5,8 @@
 //! Server: prints `{"ready":ADDR}` once listening, serves until the client is done or stdin
 //! reaches EOF (the runner closes it), then prints its [`ServerCounts`].
 //! Client: runs for the duration and prints its [`ClientResult`] (or `{"error":...}`).
+//! Relay (vsock topologies): listens on `vsock.port`, prints `{"readyvsock":...}`, and relays
+//! every connection to `relay_to` with nsfast's vsock relay until it is killed.
 
 use std::io::{BufRead, Read, Write};
 use std::net::SocketAddr;
@@ -14,7 +16,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::load::{self, ClientResult, Listener, ServerCounts};
+use crate::load::{self, ClientResult, Listener, Peer, ServerCounts};
 use crate::spec::{Sizes, Workload};
 
 /// Which side a worker plays.
@@ -23,6 +25,14 @@ use crate::spec::{Sizes, Workload};
 pub enum Role {
     Server,
     Client,
+    Relay,
+}
+
+/// A vsock endpoint: the server's listening port (any CID) or the client's target.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VsockEnd {
+    pub cid: u32,
+    pub port: u32,
 }
 
 /// Everything a worker needs, passed as one JSON argument.
@@ -35,6 +45,13 @@ pub struct WorkerSpec {
     pub sizes: Sizes,
     pub duration_s: f64,
     pub cpu: Option<usize>,
+    /// Use vsock instead of `addr`: server and relay listen on this port, the client
+    /// connects to this CID and port.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vsock: Option<VsockEnd>,
+    /// Relay: where each accepted connection goes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub relay_to: Option<VsockEnd>,
 }
 
 /// One line a worker prints.
@@ -42,6 +59,8 @@ pub struct WorkerSpec {
 #[serde(rename_all = "lowercase")]
 pub enum WorkerReport {
     Ready(SocketAddr),
+    /// A vsock server or relay is listening (CID to connect to, port).
+    ReadyVsock(VsockEnd),
     Server(ServerCounts),
     Client(ClientResult),
     Error(String),
@@ -71,9 +90,14 @@ fn run_spec(spec: &WorkerSpec, out: &mut dyn Write) -> Result<(), String> {
     }
     match spec.role {
         Role::Server => {
-            let l = Listener::bind(spec.workload, spec.addr)
-                .map_err(|e| format!("{}: listen on {}: {e}", spec.workload, spec.addr))?;
-            let local = l.local_addr().map_err(|e| e.to_string())?;
+            let l = match spec.vsock {
+                Some(v) => Listener::bind_vsock(spec.workload, v.port).map_err(|e| {
+                    format!("{}: listen on vsock port {}: {e}", spec.workload, v.port)
+                })?,
+                None => Listener::bind(spec.workload, spec.addr)
+                    .map_err(|e| format!("{}: listen on {}: {e}", spec.workload, spec.addr))?,
+            };
+            let local = l.peer().map_err(|e| e.to_string())?;
             let stop = Arc::new(AtomicBool::new(false));
             let s2 = stop.clone();
             // The runner closes our stdin when the client is done.
@@ -82,16 +106,29 @@ fn run_spec(spec: &WorkerSpec, out: &mut dyn Write) -> Result<(), String> {
                 let _ = std::io::stdin().lock().read_to_end(&mut sink);
                 s2.store(true, Ordering::Relaxed);
             });
-            emit(out, &WorkerReport::Ready(local));
+            emit(
+                out,
+                &match local {
+                    Peer::Ip(a) => WorkerReport::Ready(a),
+                    Peer::Vsock { cid, port } => WorkerReport::ReadyVsock(VsockEnd { cid, port }),
+                },
+            );
             let c = load::serve(spec.workload, &l, spec.sizes, &stop)
                 .map_err(|e| format!("{} server on {local}: {e}", spec.workload))?;
             emit(out, &WorkerReport::Server(c));
             Ok(())
         }
         Role::Client => {
-            let r = load::run_client(
+            let peer = match spec.vsock {
+                Some(v) => Peer::Vsock {
+                    cid: v.cid,
+                    port: v.port,
+                },
+                None => Peer::Ip(spec.addr),
+            };
+            let r = load::run_client_to(
                 spec.workload,
-                spec.addr,
+                peer,
                 spec.sizes,
                 Duration::from_secs_f64(spec.duration_s),
             )
@@ -99,7 +136,48 @@ fn run_spec(spec: &WorkerSpec, out: &mut dyn Write) -> Result<(), String> {
             emit(out, &WorkerReport::Client(r));
             Ok(())
         }
+        Role::Relay => relay(spec, out),
     }
+}
+
+/// nsfast's vsock relay (the code behind `nsfast vsock relay --fork`) from `spec.vsock` to
+/// `spec.relay_to`, one thread per connection, until the process is killed.
+fn relay(spec: &WorkerSpec, out: &mut dyn Write) -> Result<(), String> {
+    use nsfast_vsock::conn::{self, Listener as RelayListener, SockOpts};
+    use nsfast_vsock::Address;
+    let (Some(from), Some(to)) = (spec.vsock, spec.relay_to) else {
+        return Err("a relay worker needs vsock and relay_to".into());
+    };
+    let a = Address::VsockListen {
+        port: from.port,
+        cid: None,
+    };
+    let b = Address::VsockConnect {
+        cid: to.cid,
+        port: to.port,
+        to_host: false,
+    };
+    let opts = nsfast_vsock::relay::Options::default();
+    let l = RelayListener::open(&a, opts.sock).map_err(|e| e.to_string())?;
+    emit(out, &WorkerReport::ReadyVsock(from));
+    let sock: SockOpts = opts.sock;
+    std::thread::scope(|s| {
+        for id in 1u64.. {
+            let ca = match l.accept() {
+                Ok(c) => c,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(format!("relay accept on {a}: {e}")),
+            };
+            let b = &b;
+            s.spawn(move || match conn::connect(b, sock) {
+                Ok(cb) => {
+                    nsfast_vsock::relay::relay(id, ca, cb, opts.buffer);
+                }
+                Err(_) => ca.abort(),
+            });
+        }
+        Ok(())
+    })
 }
 
 /// Parses one report line.
@@ -120,5 +198,31 @@ pub fn read_report(r: &mut dyn BufRead) -> Option<WorkerReport> {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn specs_without_vsock_fields_still_parse_and_vsock_ones_round_trip() {
+        let old = r#"{"role":"client","workload":"rr","addr":"127.0.0.1:5","sizes":{"request":1,"response":1,"stream_write":131072,"datagram":1400},"duration_s":1.0,"cpu":null}"#;
+        let s: WorkerSpec = serde_json::from_str(old).unwrap();
+        assert_eq!(s.vsock, None);
+        assert_eq!(s.relay_to, None);
+        let mut v = s.clone();
+        v.role = Role::Relay;
+        v.vsock = Some(VsockEnd { cid: 1, port: 7 });
+        v.relay_to = Some(VsockEnd { cid: 1, port: 8 });
+        let back: WorkerSpec = serde_json::from_str(&serde_json::to_string(&v).unwrap()).unwrap();
+        assert_eq!(back.role, Role::Relay);
+        assert_eq!(back.relay_to, Some(VsockEnd { cid: 1, port: 8 }));
+        let line =
+            serde_json::to_string(&WorkerReport::ReadyVsock(VsockEnd { cid: 1, port: 9 })).unwrap();
+        assert!(matches!(
+            parse_report(&line),
+            Some(WorkerReport::ReadyVsock(VsockEnd { cid: 1, port: 9 }))
+        ));
     }
 }

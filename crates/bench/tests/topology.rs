@@ -113,6 +113,7 @@ fn build_and_teardown_leave_nothing_behind() {
         let ctx = BuildCtx {
             prefix: prefix.clone(),
             cgroup_root: run_cg.path().to_path_buf(),
+            launcher: None,
         };
         let mut built = Vec::new();
         for d in registry() {
@@ -158,6 +159,7 @@ fn teardown_happens_when_the_user_panics() {
         let ctx = BuildCtx {
             prefix: p2.clone(),
             cgroup_root: run_cg.path().to_path_buf(),
+            launcher: None,
         };
         let _routed = (registry()[2].build)(&ctx).unwrap();
         panic!("boom while the routed topology exists");
@@ -411,6 +413,7 @@ fn rootless_topologies_build_and_leave_nothing_behind() {
         let ctx = BuildCtx {
             prefix: prefix.clone(),
             cgroup_root: run_cg.path().to_path_buf(),
+            launcher: None,
         };
         for t in ROOTLESS {
             let d = nsfast_bench::topology::find(t).unwrap();

@@ -241,3 +241,46 @@ fn sigkill_leaves_no_process_and_cleanup_removes_the_rest() {
     assert!(out.status.success());
     assert_eq!(leftovers(pid), Vec::<String>::new());
 }
+
+/// Outside a VM guest (no NSFAST_VM_GUEST=1) the vsock topologies are skipped with the reason
+/// before any AF_VSOCK socket exists; the run goes on with the others.
+#[test]
+fn vsock_topologies_are_skipped_outside_a_guest() {
+    require_root();
+    let out = Command::new(EXE)
+        .env_remove("NSFAST_VM_GUEST")
+        .args([
+            "bench",
+            "--topologies",
+            "host,vsock,vsock-relay,vsock-socat",
+            "--workloads",
+            "rr",
+            "--rounds",
+            "1",
+            "--duration",
+            "0.2",
+            "--warmup",
+            "0",
+            "--no-progress",
+        ])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    for t in ["vsock", "vsock-relay", "vsock-socat"] {
+        assert!(
+            stderr.contains(&format!(
+                "skipping topology {t}: vsock topologies run only inside a VM guest"
+            )),
+            "{stderr}"
+        );
+    }
+    // `--list` shows them too (with the same reason).
+    let list = Command::new(EXE)
+        .env_remove("NSFAST_VM_GUEST")
+        .args(["bench", "--list"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&list.stdout);
+    assert!(text.contains("vsock-relay"), "{text}");
+}

@@ -552,3 +552,87 @@ fn hostpeer_round_trip_through_vhost_device_vsock_and_our_host_relay() {
     let echoed = echo.join().unwrap().unwrap();
     assert_eq!(echoed, n as u64);
 }
+
+/// `nsfast bench --quick` over the three vsock topologies (direct, nsfast relay, socat): every
+/// stream workload measured in every round with both sides' counts agreeing (the runner
+/// rejects a mismatch), udp-stream left out with a note, nothing skipped, nothing left behind.
+#[test]
+#[ignore = "needs vsock loopback: runs only in the VM harness's guests"]
+fn bench_vsock_topologies_quick() {
+    require_guest();
+    let dir = std::env::temp_dir().join(format!("nsfb-vsock-{}", std::process::id()));
+    let json = dir.join("run.json");
+    let topologies = ["vsock", "vsock-relay", "vsock-socat"];
+    let out = nsfast(&[
+        "bench",
+        "--quick",
+        "--topologies",
+        &topologies.join(","),
+        "--no-progress",
+        "--json",
+        json.to_str().unwrap(),
+    ]);
+    let stdout = ok(&out);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    println!("{stdout}\n{stderr}");
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert_eq!(
+        v["skipped"].as_array().unwrap().len(),
+        0,
+        "{}",
+        v["skipped"]
+    );
+    let ran: Vec<&str> = v["topologies"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t.as_str().unwrap())
+        .collect();
+    assert_eq!(ran, topologies);
+    assert!(
+        v["notes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|n| n.as_str().unwrap().contains("udp-stream is not measured")),
+        "{}",
+        v["notes"]
+    );
+    let samples = v["samples"].as_array().unwrap();
+    let workloads = ["rr", "crr", "stream", "ping"];
+    assert_eq!(samples.len(), 5 * workloads.len() * topologies.len());
+    for s in samples {
+        assert!(s["error"].is_null(), "{s}");
+        assert!(s["value"].as_f64().unwrap() > 0.0, "{s}");
+        assert!(workloads.contains(&s["workload"].as_str().unwrap()), "{s}");
+        assert!(s["cpu"]["per_unit"].as_f64().unwrap() > 0.0, "{s}");
+        if s["workload"] == "stream" {
+            assert_eq!(s["client"]["bytes"], s["server"]["bytes"], "{s}");
+        } else {
+            assert_eq!(
+                s["client"]["transactions"], s["server"]["transactions"],
+                "{s}"
+            );
+        }
+    }
+    // crr over a relay: one relayed connection per transaction, each answered.
+    let crr_relay: Vec<_> = samples
+        .iter()
+        .filter(|s| s["workload"] == "crr" && s["topology"] == "vsock-relay")
+        .collect();
+    assert!(crr_relay
+        .iter()
+        .all(|s| s["server"]["connections"] == s["client"]["transactions"]));
+    // The run's namespaces are gone.
+    let left: Vec<String> = std::fs::read_dir("/run/netns")
+        .map(|rd| {
+            rd.flatten()
+                .filter_map(|e| e.file_name().into_string().ok())
+                .filter(|n| n.starts_with("nsfb-"))
+                .collect()
+        })
+        .unwrap_or_default();
+    assert!(left.is_empty(), "{left:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

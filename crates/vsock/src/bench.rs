@@ -3,9 +3,10 @@
 //! what arrived. Works on every stream address (vsock, TCP, UNIX, hybrid).
 
 use std::io;
-use std::os::fd::{AsRawFd, BorrowedFd};
+use std::os::fd::BorrowedFd;
 use std::time::Instant;
 
+use nix::errno::Errno;
 use serde::Serialize;
 
 use crate::addr::Address;
@@ -19,6 +20,23 @@ pub struct BenchResult {
     pub buffer: usize,
     pub seconds: f64,
     pub gbit_per_s: f64,
+    /// CPU time the whole machine was busy during the run (all CPUs, from `/proc/stat`:
+    /// user + nice + system + irq + softirq), so on an otherwise idle guest it is what the
+    /// client, the server, any relay between them and the kernel's workers spent.
+    pub cpu_busy_s: Option<f64>,
+    /// `cpu_busy_s` per GB (10^9 bytes) moved.
+    pub cpu_s_per_gb: Option<f64>,
+}
+
+/// Busy CPU seconds of the whole machine so far (`None` when `/proc/stat` cannot be read).
+fn busy_seconds() -> Option<f64> {
+    let cpus = nsfast_sys::procstat::per_cpu_times().ok()?;
+    let ticks: u64 = cpus
+        .iter()
+        .flatten()
+        .map(|t| t.user + t.nice + t.system + t.irq + t.softirq)
+        .sum();
+    Some(ticks as f64 / nsfast_sys::procstat::user_hz() as f64)
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -33,37 +51,23 @@ pub enum BenchError {
 
 fn write_all(fd: BorrowedFd<'_>, mut buf: &[u8]) -> io::Result<()> {
     while !buf.is_empty() {
-        // SAFETY: buf is readable for buf.len() bytes and fd is a live descriptor.
-        let n = unsafe { libc::write(fd.as_raw_fd(), buf.as_ptr().cast(), buf.len()) };
-        if n < 0 {
-            let e = io::Error::last_os_error();
-            if e.kind() == io::ErrorKind::Interrupted {
-                continue;
-            }
-            return Err(e);
+        match nix::unistd::write(fd, buf) {
+            Ok(n) => buf = &buf[n..],
+            Err(Errno::EINTR) => {}
+            Err(e) => return Err(e.into()),
         }
-        buf = &buf[n as usize..];
     }
     Ok(())
 }
 
-fn read_some(fd: i32, buf: &mut [u8]) -> io::Result<usize> {
+fn read_some(fd: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<usize> {
     loop {
-        // SAFETY: buf is writable for buf.len() bytes and fd is a live descriptor.
-        let n = unsafe { libc::read(fd, buf.as_mut_ptr().cast(), buf.len()) };
-        if n >= 0 {
-            return Ok(n as usize);
-        }
-        let e = io::Error::last_os_error();
-        if e.kind() != io::ErrorKind::Interrupted {
-            return Err(e);
+        match nix::unistd::read(fd, buf) {
+            Ok(n) => return Ok(n),
+            Err(Errno::EINTR) => {}
+            Err(e) => return Err(e.into()),
         }
     }
-}
-
-fn borrowed(fd: i32) -> BorrowedFd<'static> {
-    // SAFETY: the descriptor belongs to a Conn that outlives every use made of it here.
-    unsafe { BorrowedFd::borrow_raw(fd) }
 }
 
 /// Serves one connection: counts bytes until EOF, answers with the count.
@@ -71,13 +75,13 @@ pub fn serve_one(c: &Conn, buffer: usize) -> io::Result<u64> {
     let mut buf = vec![0u8; buffer];
     let mut total = 0u64;
     loop {
-        let n = read_some(c.read_fd(), &mut buf)?;
+        let n = read_some(c.reader(), &mut buf)?;
         if n == 0 {
             break;
         }
         total += n as u64;
     }
-    write_all(borrowed(c.write_fd()), &total.to_le_bytes())?;
+    write_all(c.writer(), &total.to_le_bytes())?;
     c.shutdown_write()?;
     Ok(total)
 }
@@ -116,18 +120,19 @@ pub fn client(
     let c = conn::connect(addr, sock)?;
     let io = |e| BenchError::Io(addr.to_string(), e);
     let buf = vec![0x5au8; buffer];
+    let busy0 = busy_seconds();
     let start = Instant::now();
     let mut left = bytes;
     while left > 0 {
         let n = left.min(buffer as u64) as usize;
-        write_all(borrowed(c.write_fd()), &buf[..n]).map_err(io)?;
+        write_all(c.writer(), &buf[..n]).map_err(io)?;
         left -= n as u64;
     }
     c.shutdown_write().map_err(io)?;
     let mut reply = [0u8; 8];
     let mut got = 0;
     while got < 8 {
-        let n = read_some(c.read_fd(), &mut reply[got..]).map_err(io)?;
+        let n = read_some(c.reader(), &mut reply[got..]).map_err(io)?;
         if n == 0 {
             return Err(io(io::Error::new(
                 io::ErrorKind::UnexpectedEof,
@@ -137,6 +142,7 @@ pub fn client(
         got += n;
     }
     let seconds = start.elapsed().as_secs_f64();
+    let cpu_busy_s = busy0.zip(busy_seconds()).map(|(a, b)| (b - a).max(0.0));
     let counted = u64::from_le_bytes(reply);
     if counted != bytes {
         return Err(BenchError::Mismatch {
@@ -150,5 +156,7 @@ pub fn client(
         buffer,
         seconds,
         gbit_per_s: bytes as f64 * 8.0 / seconds / 1e9,
+        cpu_busy_s,
+        cpu_s_per_gb: cpu_busy_s.map(|c| c / (bytes as f64 / 1e9)),
     })
 }

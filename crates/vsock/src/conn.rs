@@ -2,7 +2,7 @@
 
 use std::io;
 use std::net::{TcpListener, TcpStream};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -90,6 +90,20 @@ impl Conn {
 
     pub fn is_socket(&self) -> bool {
         self.is_socket
+    }
+
+    /// The descriptor data is read from, borrowed from this Conn.
+    pub fn reader(&self) -> BorrowedFd<'_> {
+        self.read.as_fd()
+    }
+
+    /// The descriptor data is written to, borrowed from this Conn. Not for use after
+    /// [`Conn::shutdown_write`] (which closes stdout for stdio).
+    pub fn writer(&self) -> BorrowedFd<'_> {
+        // SAFETY: `write` is `read`'s own socket (owned by this Conn, so open for the borrow's
+        // lifetime) or stdout, which stays open until shutdown_write, after the relay's last
+        // write.
+        unsafe { BorrowedFd::borrow_raw(self.write) }
     }
 
     /// Signals end of data to the peer: shutdown(SHUT_WR) for a socket, close(stdout) for stdio.

@@ -4,10 +4,13 @@
 //! user space; anything splice refuses falls back to read/write with a large buffer.
 
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{BorrowedFd, OwnedFd};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
+use nix::errno::Errno;
+use nix::fcntl::{fcntl, splice, FcntlArg, OFlag, SpliceFFlags};
+use nix::unistd::{pipe2, read, write};
 use serde::Serialize;
 use tracing::{debug, info, warn};
 
@@ -21,7 +24,7 @@ pub struct Options {
     pub fork: bool,
     /// With `fork`: at most this many connections at once (the next waits).
     pub max_children: usize,
-    /// Bytes moved per call (splice pipe size or copy buffer).
+    /// Most bytes moved per call (pipe size and largest splice request, or copy buffer).
     pub buffer: usize,
     /// Socket-level options.
     pub sock: SockOpts,
@@ -70,44 +73,29 @@ pub enum RelayError {
     },
 }
 
-fn cvt(r: isize) -> io::Result<usize> {
-    if r < 0 {
-        Err(io::Error::last_os_error())
-    } else {
-        Ok(r as usize)
-    }
-}
-
-struct Pipe {
-    r: OwnedFd,
-    w: OwnedFd,
-}
-
-fn pipe(size: usize) -> io::Result<Pipe> {
-    let mut fds = [0 as RawFd; 2];
-    // SAFETY: fds is a writable array of two ints, as pipe2 requires.
-    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: pipe2 returned two new descriptors that nothing else owns.
-    let p = unsafe {
-        Pipe {
-            r: OwnedFd::from_raw_fd(fds[0]),
-            w: OwnedFd::from_raw_fd(fds[1]),
-        }
-    };
-    // Best effort: a bigger pipe moves more per splice (capped by fs.pipe-max-size).
-    // SAFETY: F_SETPIPE_SZ takes an int argument; failure leaves the default size.
-    unsafe { libc::fcntl(p.w.as_raw_fd(), libc::F_SETPIPE_SZ, size as libc::c_int) };
-    Ok(p)
+/// A pipe for splice, as large as `size` allows (best effort: capped by fs.pipe-max-size for
+/// unprivileged users; the default 64 KiB pipe still works).
+fn pipe(size: usize) -> io::Result<(OwnedFd, OwnedFd)> {
+    let (r, w) = pipe2(OFlag::O_CLOEXEC)?;
+    let _ = fcntl(
+        &w,
+        FcntlArg::F_SETPIPE_SZ(size.min(i32::MAX as usize) as i32),
+    );
+    Ok((r, w))
 }
 
 /// Copies src → dst until EOF, then half-closes dst. Returns (bytes, spliced).
+///
+/// Between two sockets the bytes go socket → pipe → socket with splice(2) in this one thread.
+/// (Not a reader and a writer thread sharing the pipe: splice from a socket holds the pipe's
+/// mutex while it waits for data, so the writer could not forward a request already in the
+/// pipe — request/response traffic stalled; see docs/vsock.md.) A source that refuses splice
+/// (EINVAL/ENOSYS before any byte) is copied with read/write instead.
 pub fn pump(src: &Conn, dst: &Conn, buffer: usize) -> io::Result<(u64, bool)> {
     let mut total = 0u64;
     let mut spliced = false;
     if src.is_socket() && dst.is_socket() {
-        match splice_loop(src.read_fd(), dst.write_fd(), buffer, &mut total) {
+        match splice_loop(src.reader(), dst.writer(), buffer, &mut total) {
             Ok(()) => spliced = true,
             Err(e)
                 if total == 0
@@ -117,53 +105,39 @@ pub fn pump(src: &Conn, dst: &Conn, buffer: usize) -> io::Result<(u64, bool)> {
                     "splice not supported between {} and {}: {e}; copying",
                     src.label, dst.label
                 );
-                copy_loop(src.read_fd(), dst.write_fd(), buffer, &mut total)?;
+                copy_loop(src.reader(), dst.writer(), buffer, &mut total)?;
             }
             Err(e) => return Err(e),
         }
     } else {
-        copy_loop(src.read_fd(), dst.write_fd(), buffer, &mut total)?;
+        copy_loop(src.reader(), dst.writer(), buffer, &mut total)?;
     }
     dst.shutdown_write()?;
     Ok((total, spliced))
 }
 
-fn splice_loop(src: RawFd, dst: RawFd, buffer: usize, total: &mut u64) -> io::Result<()> {
-    let p = pipe(buffer)?;
-    let flags = libc::SPLICE_F_MOVE | libc::SPLICE_F_MORE;
+fn splice_loop(
+    src: BorrowedFd<'_>,
+    dst: BorrowedFd<'_>,
+    buffer: usize,
+    total: &mut u64,
+) -> io::Result<()> {
+    let (pr, pw) = pipe(buffer)?;
+    let flags = SpliceFFlags::SPLICE_F_MOVE | SpliceFFlags::SPLICE_F_MORE;
+    let mut chunk = SPLICE_MIN.min(buffer);
     loop {
-        // SAFETY: src and the pipe's write end are live descriptors; null offsets are allowed
-        // for sockets and pipes.
-        let n = match cvt(unsafe {
-            libc::splice(
-                src,
-                std::ptr::null_mut(),
-                p.w.as_raw_fd(),
-                std::ptr::null_mut(),
-                buffer,
-                flags,
-            )
-        }) {
+        let n = match splice(src, None, &pw, None, chunk, flags) {
             Ok(n) => n,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-            Err(e) => return Err(e),
+            Err(Errno::EINTR) => continue,
+            Err(e) => return Err(e.into()),
         };
         if n == 0 {
             return Ok(());
         }
+        chunk = next_chunk(chunk, n, buffer);
         let mut left = n;
         while left > 0 {
-            // SAFETY: the pipe's read end and dst are live descriptors; null offsets allowed.
-            match cvt(unsafe {
-                libc::splice(
-                    p.r.as_raw_fd(),
-                    std::ptr::null_mut(),
-                    dst,
-                    std::ptr::null_mut(),
-                    left,
-                    flags,
-                )
-            }) {
+            match splice(&pr, None, dst, None, left, flags) {
                 Ok(0) => {
                     return Err(io::Error::new(
                         io::ErrorKind::WriteZero,
@@ -171,33 +145,55 @@ fn splice_loop(src: RawFd, dst: RawFd, buffer: usize, total: &mut u64) -> io::Re
                     ))
                 }
                 Ok(m) => left -= m,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(e) => return Err(e),
+                Err(Errno::EINTR) => {}
+                Err(e) => return Err(e.into()),
             }
         }
         *total += n as u64;
     }
 }
 
-fn copy_loop(src: RawFd, dst: RawFd, buffer: usize, total: &mut u64) -> io::Result<()> {
+/// The smallest splice request: one page.
+const SPLICE_MIN: usize = 4096;
+
+/// The next splice request size: double it when the last one came back full (bulk data is
+/// waiting), halve it when it came back less than a quarter full (small messages), within
+/// [one page, `buffer`]. A socket without its own splice_read (AF_VSOCK among them) is read
+/// through copy_splice_read, which allocates pages for the whole request before it reads:
+/// asking for 256 KiB to move a 1-byte request cost 64 page allocations per message.
+fn next_chunk(chunk: usize, got: usize, buffer: usize) -> usize {
+    let min = SPLICE_MIN.min(buffer);
+    if got >= chunk {
+        (chunk * 2).min(buffer)
+    } else if got < chunk / 4 {
+        (chunk / 2).max(min)
+    } else {
+        chunk
+    }
+}
+
+fn copy_loop(
+    src: BorrowedFd<'_>,
+    dst: BorrowedFd<'_>,
+    buffer: usize,
+    total: &mut u64,
+) -> io::Result<()> {
     let mut buf = vec![0u8; buffer];
     loop {
-        // SAFETY: buf is writable for buf.len() bytes; src is a live descriptor.
-        let n = match cvt(unsafe { libc::read(src, buf.as_mut_ptr().cast(), buf.len()) }) {
+        let n = match read(src, &mut buf) {
             Ok(n) => n,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-            Err(e) => return Err(e),
+            Err(Errno::EINTR) => continue,
+            Err(e) => return Err(e.into()),
         };
         if n == 0 {
             return Ok(());
         }
         let mut off = 0;
         while off < n {
-            // SAFETY: buf[off..n] is initialised and readable; dst is a live descriptor.
-            match cvt(unsafe { libc::write(dst, buf[off..n].as_ptr().cast(), n - off) }) {
+            match write(dst, &buf[off..n]) {
                 Ok(m) => off += m,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(e) => return Err(e),
+                Err(Errno::EINTR) => {}
+                Err(e) => return Err(e.into()),
             }
         }
         *total += n as u64;
@@ -366,4 +362,34 @@ pub fn error_chain(e: &dyn std::error::Error) -> String {
         cur = c.source();
     }
     s
+}
+
+#[cfg(test)]
+mod chunk_tests {
+    use super::*;
+
+    #[test]
+    fn splice_requests_grow_with_bulk_and_shrink_with_small_messages() {
+        let buf = 256 << 10;
+        let mut c = SPLICE_MIN;
+        for _ in 0..10 {
+            c = next_chunk(c, c, buf);
+        }
+        assert_eq!(c, buf, "full reads grow the request up to the buffer");
+        for _ in 0..10 {
+            c = next_chunk(c, 1, buf);
+        }
+        assert_eq!(c, SPLICE_MIN, "1-byte messages shrink it to one page");
+        assert_eq!(
+            next_chunk(64 << 10, 20 << 10, buf),
+            64 << 10,
+            "steady in between"
+        );
+        assert_eq!(next_chunk(4096, 4096, 1024), 1024, "never above the buffer");
+        assert_eq!(
+            next_chunk(1024, 1, 1024),
+            1024,
+            "nor below it when it is under a page"
+        );
+    }
 }

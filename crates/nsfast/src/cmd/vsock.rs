@@ -40,7 +40,8 @@ pub enum VsockCmd {
         /// With --fork: at most N connections at once.
         #[arg(long, value_name = "N", default_value_t = 64)]
         max_children: usize,
-        /// Bytes moved per call (splice pipe size / copy buffer), e.g. 256K, 1M.
+        /// Most bytes moved per call (splice pipe size and largest request / copy buffer),
+        /// e.g. 256K, 1M.
         #[arg(long, value_name = "SIZE", default_value = "256K", value_parser = parse_buffer)]
         buffer: u64,
         /// SO_VM_SOCKETS_BUFFER_SIZE for vsock sockets, e.g. 1M.
@@ -214,8 +215,15 @@ pub fn run(cmd: VsockCmd) -> anyhow::Result<()> {
                 println!("{}", serde_json::to_string_pretty(&r)?);
             } else {
                 println!(
-                    "{}: {} bytes in {:.3} s = {:.2} Gbit/s (buffer {})",
-                    r.address, r.bytes, r.seconds, r.gbit_per_s, r.buffer
+                    "{}: {} bytes in {:.3} s = {:.2} Gbit/s (buffer {}){}",
+                    r.address,
+                    r.bytes,
+                    r.seconds,
+                    r.gbit_per_s,
+                    r.buffer,
+                    r.cpu_s_per_gb
+                        .map(|c| format!(", machine CPU {c:.2} s/GB"))
+                        .unwrap_or_default()
                 );
             }
             Ok(())
