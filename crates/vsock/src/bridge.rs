@@ -393,7 +393,8 @@ pub struct Options {
     /// Bytes moved per call (splice pipe size or copy buffer).
     pub buffer: usize,
     pub sock: SockOpts,
-    /// Limit for connecting to a target, including the hybrid `CONNECT` reply.
+    /// Limit for a hybrid target: its VMM's socket and the `OK` reply (AF_VSOCK targets use the
+    /// kernel's vsock connect timeout).
     pub connect_timeout: Duration,
 }
 

@@ -81,7 +81,8 @@ pub enum VsockCmd {
         /// SO_VM_SOCKETS_BUFFER_SIZE for vsock sockets, e.g. 1M.
         #[arg(long, value_name = "SIZE", value_parser = parse_vsock_buffer)]
         vsock_buffer: Option<u64>,
-        /// Seconds to wait for a target to accept (hybrid: the VMM's OK reply).
+        /// Seconds to wait for a hybrid target: connecting to the VMM's socket and its OK reply
+        /// (AF_VSOCK targets use the kernel's vsock connect timeout, 2 s by default).
         #[arg(long, value_name = "SECS", default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..=3600))]
         connect_timeout: u64,
         /// Print one JSON object per event (listening, open, deny, fail, close) on stdout.
