@@ -1087,7 +1087,7 @@ mod tests {
         #[test]
         fn group_and_vm_parsers_never_panic(s in "\\PC{0,40}") {
             if let Ok(g) = parse_group(&s) {
-                prop_assert!(g.iter().all(|&c| c >= MIN_GUEST_CID && c <= MAX_VALUE));
+                prop_assert!(g.iter().all(|c| (MIN_GUEST_CID..=MAX_VALUE).contains(c)));
             }
             if let Ok((c, _)) = parse_vm(&s) {
                 prop_assert!(c >= MIN_GUEST_CID);
