@@ -10,9 +10,10 @@
 //! - **AF_VSOCK** (the default; a host with vhost-vsock). The bridge listens on every port of the
 //!   list at `VMADDR_CID_ANY`. The source of an accepted connection is the peer's CID; the
 //!   accepted socket's local CID (getsockname) is the CID the guest dialled: `2`
-//!   (`VMADDR_CID_HOST`) when it dialled the host, or the sibling's CID when it set
-//!   `VMADDR_FLAG_TO_HOST` (vhost-vsock only checks the source CID of a guest's packet, and a
-//!   host listener bound to `VMADDR_CID_ANY` matches any destination).
+//!   (`VMADDR_CID_HOST`) when it dialled the host, or the sibling's CID for a
+//!   `VMADDR_FLAG_TO_HOST` dial, on hosts that deliver those (a listener at `VMADDR_CID_ANY`
+//!   matches any destination). vhost-vsock does not: since Linux 5.5 it drops guest packets
+//!   whose destination is not CID 2, so there every connection is a host dial.
 //! - **Hybrid vsock** (Firecracker, Cloud Hypervisor, vhost-device-vsock `--uds-path PATH`).
 //!   A guest's connection to the host's port P arrives as a UNIX connection to `PATH_P`, where
 //!   the bridge listens; the bridge reaches the guest with `CONNECT P` on `PATH`. Such a guest
@@ -20,8 +21,8 @@
 //!
 //! Routing ([`Config::route`]): a guest that dials a sibling's CID reaches it when the two share
 //! a group; a guest that dials the host reaches the one other member of its groups (with more
-//! than one candidate the bridge refuses and says to dial the sibling's CID with
-//! `VMADDR_FLAG_TO_HOST`). Anything else is denied: the connection is closed and reported.
+//! than one candidate the bridge refuses: use one bridge per pair). Anything else is denied:
+//! the connection is closed and reported.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io;
@@ -233,7 +234,7 @@ pub enum Deny {
     NotMember { src: u32 },
     #[error("{src} dialled the host, but no group of {src} has another member")]
     Alone { src: u32 },
-    #[error("{src} dialled the host, but its groups have {} other members ({}): dial the sibling's CID with VMADDR_FLAG_TO_HOST", .candidates.len(), list(.candidates))]
+    #[error("{src} dialled the host, but its groups have {} other members ({}): a host dial needs exactly one partner per bridge (run one bridge per pair on its own ports), or a dial to the sibling's CID with VMADDR_FLAG_TO_HOST where the host delivers those (vhost-vsock drops them)", .candidates.len(), list(.candidates))]
     Ambiguous { src: u32, candidates: Vec<u32> },
     #[error("{src} dialled {dst}, and the two share no group")]
     NoSharedGroup { src: u32, dst: u32 },

@@ -53,10 +53,10 @@ pub enum VsockCmd {
     },
     /// Host-side bridge so sibling VMs of one group reach each other over vsock.
     ///
-    /// A guest dials the host (CID 2) and reaches the one other member of its group, or dials
-    /// a sibling's CID with VMADDR_FLAG_TO_HOST (AF_VSOCK members only). Connections between
-    /// VMs that share no group are closed and logged. Runs until SIGINT/SIGTERM. See
-    /// docs/vsock.md.
+    /// A guest dials the host (CID 2) and reaches the one other member of its group (a dial
+    /// to a sibling's CID with VMADDR_FLAG_TO_HOST is routed too, where the host delivers it;
+    /// vhost-vsock drops those). Connections between VMs that share no group are closed and
+    /// logged. Runs until SIGINT/SIGTERM. See docs/vsock.md.
     Bridge {
         /// A group of guest CIDs that may reach each other, e.g. 3,4 (repeat for more groups;
         /// a CID may be in several). A group of one CID isolates that VM.
