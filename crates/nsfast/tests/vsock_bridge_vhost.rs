@@ -584,11 +584,7 @@ impl Stream {
                 }
             }
             OP_CREDIT_REQUEST => g.send(self.hdr(OP_CREDIT_UPDATE, 0), &[]),
-            OP_SHUTDOWN => {
-                if p.hdr.flags & SHUT_SEND != 0 {
-                    self.peer_done_sending = true;
-                }
-            }
+            OP_SHUTDOWN if p.hdr.flags & SHUT_SEND != 0 => self.peer_done_sending = true,
             OP_RST => {
                 self.reset = true;
                 self.peer_done_sending = true;
