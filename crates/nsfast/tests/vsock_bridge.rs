@@ -485,6 +485,12 @@ fn stale_listening_files_are_replaced_and_a_live_one_is_refused() {
         err.contains("a_9 exists and a process is listening on it"),
         "{err}"
     );
+    // Finding that out did not connect to the running bridge (no event there).
+    std::thread::sleep(Duration::from_millis(200));
+    assert!(
+        br.events.try_recv().is_err(),
+        "the check woke the running bridge"
+    );
     br.stop();
     assert!(d.files().is_empty(), "{:?}", d.files());
 }

@@ -555,23 +555,33 @@ pub fn hybrid_listen_path(path: &Path, port: u32) -> PathBuf {
     PathBuf::from(s)
 }
 
+/// Whether a process listens on the UNIX socket `path`: its name in /proc/net/unix in state
+/// LISTEN (01), which a probe connection would not tell without waking that listener up; where
+/// /proc/net/unix cannot be read, a connect probe decides.
+fn unix_listening(path: &Path) -> bool {
+    let Ok(table) = std::fs::read_to_string("/proc/net/unix") else {
+        return UnixStream::connect(path).is_ok();
+    };
+    let want = path.as_os_str().to_string_lossy();
+    table.lines().skip(1).any(|l| {
+        let f: Vec<&str> = l.split_whitespace().collect();
+        // Num RefCount Protocol Flags Type St Inode Path
+        f.len() >= 8 && f[5] == "01" && f[7..].join(" ") == want
+    })
+}
+
 /// Binds a UNIX listener at `path`, removing a stale socket file (one nobody accepts on).
 fn bind_unix(cid: u32, path: &Path) -> Result<UnixListener, BridgeError> {
     if let Ok(md) = std::fs::symlink_metadata(path) {
         if md.file_type().is_socket() {
-            match UnixStream::connect(path) {
-                Ok(_) => {
-                    return Err(BridgeError::InUse {
-                        cid,
-                        path: path.into(),
-                    })
-                }
-                Err(e) if e.kind() == io::ErrorKind::ConnectionRefused => {
-                    debug!("removing stale socket {}", path.display());
-                    let _ = std::fs::remove_file(path);
-                }
-                Err(_) => {}
+            if unix_listening(path) {
+                return Err(BridgeError::InUse {
+                    cid,
+                    path: path.into(),
+                });
             }
+            debug!("removing stale socket {}", path.display());
+            let _ = std::fs::remove_file(path);
         }
     }
     UnixListener::bind(path).map_err(|source| BridgeError::HybridListen {
