@@ -8,6 +8,7 @@
 #   NSFAST-TEST name PASS|FAIL rc=N      a test ended
 #   NSFAST-DMESG-BEGIN / -END            the guest's full dmesg between these lines
 #   NSFAST-DONE                          all tests ran; the guest powers off next
+#   NSFAST-PEER-START / -END rc=N        a peer guest's command (only in the helper's log)
 /bin/busybox mkdir -p /proc /sys /dev /tmp /run /sbin /usr/bin /usr/sbin /var/tmp
 /bin/busybox --install -s
 export PATH=/bin:/sbin:/usr/bin:/usr/sbin:/tests
@@ -40,6 +41,23 @@ if [ -f /etc/nsfast/modules ]; then
         fi
     done < /etc/nsfast/modules
 fi
+
+# A peer guest (`@peer` in guest-tests.txt, booted by a host helper with `{peer-qemu}`, which
+# puts nsfast.role=peer on the kernel command line) runs /etc/nsfast/peer instead of the tests,
+# until it exits or the helper is killed after the main guest.
+case " $(cat /proc/cmdline) " in
+*" nsfast.role=peer "*)
+    echo "NSFAST-PEER-START"
+    if [ -f /etc/nsfast/peer ]; then
+        sh -c "$(cat /etc/nsfast/peer)" < /dev/null 2>&1
+        echo "NSFAST-PEER-END rc=$?"
+    else
+        echo "NSFAST-PEER-END no /etc/nsfast/peer in this initramfs (no @peer line?)"
+    fi
+    sync
+    poweroff -f
+    ;;
+esac
 
 # /etc/nsfast/tests: NAME<TAB>TIMEOUT<TAB>COMMAND, one per line.
 tab=$(printf '\t')

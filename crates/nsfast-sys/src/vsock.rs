@@ -85,6 +85,34 @@ fn cvt(r: libc::c_int) -> io::Result<libc::c_int> {
     }
 }
 
+type NameFn =
+    unsafe extern "C" fn(libc::c_int, *mut libc::sockaddr, *mut libc::socklen_t) -> libc::c_int;
+
+/// getsockname / getpeername on a vsock socket.
+fn sock_name(fd: BorrowedFd<'_>, f: NameFn) -> io::Result<VsockAddr> {
+    let mut sa = sockaddr(VsockAddr { cid: 0, port: 0 });
+    let mut len = std::mem::size_of::<libc::sockaddr_vm>() as libc::socklen_t;
+    // SAFETY: fd is a live socket; sa and len are valid for writes of a sockaddr_vm and its
+    // length, which is what getsockname/getpeername write at most.
+    cvt(unsafe {
+        f(
+            fd.as_raw_fd(),
+            &mut sa as *mut libc::sockaddr_vm as *mut libc::sockaddr,
+            &mut len,
+        )
+    })?;
+    if i32::from(sa.svm_family) != libc::AF_VSOCK {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "not an AF_VSOCK socket",
+        ));
+    }
+    Ok(VsockAddr {
+        cid: sa.svm_cid,
+        port: sa.svm_port,
+    })
+}
+
 /// A listening vsock stream socket.
 #[derive(Debug)]
 pub struct VsockListener {
@@ -199,6 +227,18 @@ impl VsockStream {
                 Err(e) => return Err(io::Error::new(e.kind(), format!("connect {addr}: {e}"))),
             }
         }
+    }
+
+    /// The local address (getsockname). On a host, a connection accepted by a listener bound
+    /// to `VMADDR_CID_ANY` carries the CID the guest dialled: `VMADDR_CID_HOST`, or a sibling's
+    /// CID when the guest set `VMADDR_FLAG_TO_HOST`.
+    pub fn local_addr(&self) -> io::Result<VsockAddr> {
+        sock_name(self.fd.as_fd(), libc::getsockname)
+    }
+
+    /// The peer's address (getpeername).
+    pub fn peer_addr(&self) -> io::Result<VsockAddr> {
+        sock_name(self.fd.as_fd(), libc::getpeername)
     }
 
     /// Shuts down the write half (the peer reads end of stream).

@@ -182,6 +182,9 @@ pub struct Helper {
 pub struct BootProfile {
     pub qemu_args: Vec<String>,
     pub helpers: Vec<Helper>,
+    /// `@peer`: the command a second guest of this profile runs instead of the tests (a helper
+    /// boots it with `{peer-qemu}`; its /init sees `nsfast.role=peer` on the command line).
+    pub peer: Option<String>,
 }
 
 /// Everything in the guest test list.
@@ -281,8 +284,26 @@ pub fn parse_guest_suite(text: &str, file: &Path) -> Result<GuestSuite> {
                     ready,
                 });
             }
+            "@peer" => {
+                let usage = || format!("{at}: expected `@peer PROFILE -- COMMAND...`");
+                let (head, tail) = split_dashes(line).with_context(usage)?;
+                let [_, name] = head.as_slice() else {
+                    bail!(usage());
+                };
+                if !is_name(name) {
+                    bail!("{at}: invalid boot profile name {name:?}");
+                }
+                if tail.is_empty() {
+                    bail!("{at}: @peer {name} has no command");
+                }
+                let p = s.boots.entry(name.to_string()).or_default();
+                if p.peer.is_some() {
+                    bail!("{at}: boot profile {name:?} has a @peer already (one per profile)");
+                }
+                p.peer = Some(tail.to_string());
+            }
             w if w.starts_with('@') => bail!(
-                "{at}: unknown directive {w:?}: expected @bin, @host-bin, @cargo-tests, @modules, @boot or @helper"
+                "{at}: unknown directive {w:?}: expected @bin, @host-bin, @cargo-tests, @modules, @boot, @helper or @peer"
             ),
             _ => {
                 let (head, command) = split_dashes(line).with_context(|| {
@@ -427,6 +448,27 @@ rng boot=rng -- test -e /dev/hwrng
             "helperprog --sock {run}/s"
         );
         assert_eq!(s.boots["rng"].qemu_args, ["-device", "virtio-rng-pci"]);
+        assert_eq!(s.boots["rng"].peer, None);
+    }
+
+    #[test]
+    fn peer_directive() {
+        let p = Path::new("g.txt");
+        let s = parse_guest_suite(
+            "@helper two -- exec {peer-qemu}\n@peer two -- echo-server --port 5\nt boot=two -- true\n",
+            p,
+        )
+        .unwrap();
+        assert_eq!(s.boots["two"].peer.as_deref(), Some("echo-server --port 5"));
+        let e = parse_guest_suite("@peer two -- a\n@peer two -- b\n", p)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("g.txt:2") && e.contains("\"two\" has a @peer already"),
+            "{e}"
+        );
+        assert!(parse_guest_suite("@peer two\n", p).is_err());
+        assert!(parse_guest_suite("@peer t/x -- a\n", p).is_err());
     }
 
     #[test]

@@ -123,6 +123,8 @@ pub struct Payload {
     pub modules: Vec<String>,
     /// `NAME\tTIMEOUT\tCOMMAND` lines.
     pub tests: String,
+    /// The command of a peer guest (`@peer`), written to /etc/nsfast/peer.
+    pub peer: Option<String>,
 }
 
 /// Module load outcome for the report.
@@ -159,6 +161,9 @@ pub fn build(k: &Kernel, p: &Payload, stage: &Path, out: &Path) -> Result<Vec<Mo
     fs::copy(&k.config, stage.join("boot/config"))?;
     fs::copy(&k.config, stage.join(format!("boot/config-{}", k.release)))?;
     fs::write(stage.join("etc/nsfast/tests"), &p.tests)?;
+    if let Some(cmd) = &p.peer {
+        fs::write(stage.join("etc/nsfast/peer"), format!("{cmd}\n"))?;
+    }
     fs::write(
         stage.join("etc/nsfast/kernel"),
         format!("{}\n", k.spec.label),

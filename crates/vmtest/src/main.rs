@@ -529,6 +529,7 @@ fn run_kernel(
             binaries: binaries.to_vec(),
             modules: suite.modules.clone(),
             tests: tests_txt,
+            peer: suite.boots[profile].peer.clone(),
         };
         let img_dir = build.join("initramfs");
         fs::create_dir_all(&img_dir)?;
@@ -563,7 +564,12 @@ fn run_kernel(
         let run_dir = build.join("run").join(tag.replace('/', "-"));
         let _ = fs::remove_dir_all(&run_dir);
         fs::create_dir_all(&run_dir)?;
-        let subst = |s: &str| s.replace("{run}", &run_dir.to_string_lossy());
+        // {peer-qemu} before {run}: a peer's command line names no {run} of its own.
+        let peer_qemu = qemu::peer_command_line(&k.vmlinuz, &cpio, accel);
+        let subst = |s: &str| {
+            s.replace("{peer-qemu}", &peer_qemu)
+                .replace("{run}", &run_dir.to_string_lossy())
+        };
         let helpers = match start_helpers(profile_def, &subst, &logs, profile) {
             Ok(h) => h,
             Err(e) => {

@@ -125,6 +125,30 @@ pub fn command(spec: &BootSpec) -> Command {
     c
 }
 
+/// Memory of a peer guest (`{peer-qemu}`), in MiB; its memfd backend has the same size.
+pub const PEER_MEM_MB: u32 = 512;
+
+/// `{peer-qemu}`: a shell command line that boots a second guest (a `@peer`) from the same
+/// kernel and initramfs: one vCPU, [`PEER_MEM_MB`] of shared memfd memory (so vhost-user
+/// devices work), the serial console on stdout (the helper's log), and `nsfast.role=peer` on
+/// the kernel command line so its /init runs /etc/nsfast/peer instead of the tests. The helper
+/// line adds the devices.
+pub fn peer_command_line(kernel: &Path, initrd: &Path, accel: Accel) -> String {
+    let q = |p: &Path| format!("'{}'", p.display().to_string().replace('\'', "'\\''"));
+    let accel = match accel {
+        Accel::Kvm => "-accel kvm -cpu host",
+        Accel::Tcg => "-accel tcg,thread=multi -cpu max",
+    };
+    format!(
+        "qemu-system-x86_64 -nodefaults -no-user-config -display none -no-reboot -serial stdio \
+         -m {PEER_MEM_MB} -smp 1 {accel} \
+         -object memory-backend-memfd,id=peermem,size={PEER_MEM_MB}M,share=on \
+         -machine memory-backend=peermem -kernel {} -initrd {} -append '{CMDLINE} nsfast.role=peer'",
+        q(kernel),
+        q(initrd)
+    )
+}
+
 /// Makes a child die with the harness (SIGKILL when the parent thread exits).
 pub fn die_with_parent(cmd: &mut Command) {
     // SAFETY: the closure runs between fork and exec and only calls prctl(2), which is

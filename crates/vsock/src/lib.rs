@@ -3,6 +3,7 @@
 //!
 //! Module map:
 //! - [`addr`]   — the address syntax (`vsock-listen:PORT[,cid=CID]`, `hybrid:PATH:PORT`, ...).
+//! - [`bridge`] — the sibling bridge: VMs of one group reach each other through the host.
 //! - [`bench`]  — iperf-vsock-like throughput client and server on any stream address.
 //! - [`nsmode`] — Linux 7.0 vsock namespace modes: show, create the safe way.
 //! - [`hybrid`] — the host side of the hybrid vsock handshake (`CONNECT PORT\n` / `OK n\n`).
@@ -12,6 +13,7 @@
 
 pub mod addr;
 pub mod bench;
+pub mod bridge;
 pub mod conn;
 pub mod hybrid;
 pub mod nsmode;

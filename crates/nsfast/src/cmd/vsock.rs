@@ -2,6 +2,7 @@
 
 use anyhow::Context;
 use clap::Subcommand;
+use nsfast_vsock::bridge::{self, Transport};
 use nsfast_vsock::conn::SockOpts;
 use nsfast_vsock::relay::{self, ConnStats};
 use nsfast_vsock::Address;
@@ -48,6 +49,44 @@ pub enum VsockCmd {
         #[arg(long, value_name = "SIZE", value_parser = parse_vsock_buffer)]
         vsock_buffer: Option<u64>,
         /// Print one JSON object per finished connection on stdout.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Host-side bridge so sibling VMs of one group reach each other over vsock.
+    ///
+    /// A guest dials the host (CID 2) and reaches the one other member of its group (a dial
+    /// to a sibling's CID with VMADDR_FLAG_TO_HOST is routed too, where the host delivers it;
+    /// vhost-vsock drops those). Connections between VMs that share no group are closed and
+    /// logged. Runs until SIGINT/SIGTERM. See docs/vsock.md.
+    Bridge {
+        /// A group of guest CIDs that may reach each other, e.g. 3,4 (repeat for more groups;
+        /// a CID may be in several). A group of one CID isolates that VM.
+        #[arg(long = "group", value_name = "CID,CID[,...]", required = true, value_parser = parse_group)]
+        groups: Vec<Vec<u32>>,
+        /// How to reach a member: CID=vsock (AF_VSOCK through vhost-vsock; the default for
+        /// every CID of a group) or CID=hybrid:PATH (Firecracker / Cloud Hypervisor /
+        /// vhost-device-vsock --uds-path PATH: the bridge listens on PATH_PORT and dials the
+        /// guest with CONNECT PORT on PATH). Repeat per member.
+        #[arg(long = "vm", value_name = "CID=vsock|CID=hybrid:PATH", value_parser = parse_vm)]
+        vms: Vec<(u32, Transport)>,
+        /// vsock ports to bridge, e.g. 5000,6000-6010 (1-4294967294, at most 1024 ports in
+        /// all; may be repeated). A connection to port P goes to port P of the target.
+        #[arg(long, value_name = "LIST", required = true, value_parser = parse_ports)]
+        ports: Vec<Vec<u32>>,
+        /// At most N bridged connections at once; more are refused (closed and logged).
+        #[arg(long, value_name = "N", default_value_t = 256)]
+        max_conns: usize,
+        /// Bytes moved per call (splice pipe size / copy buffer), e.g. 256K, 1M.
+        #[arg(long, value_name = "SIZE", default_value = "256K", value_parser = parse_buffer)]
+        buffer: u64,
+        /// SO_VM_SOCKETS_BUFFER_SIZE for vsock sockets, e.g. 1M.
+        #[arg(long, value_name = "SIZE", value_parser = parse_vsock_buffer)]
+        vsock_buffer: Option<u64>,
+        /// Seconds to wait for a hybrid target: connecting to the VMM's socket and its OK reply
+        /// (AF_VSOCK targets use the kernel's vsock connect timeout, 2 s by default).
+        #[arg(long, value_name = "SECS", default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..=3600))]
+        connect_timeout: u64,
+        /// Print one JSON object per event (listening, open, deny, fail, close) on stdout.
         #[arg(long)]
         json: bool,
     },
@@ -108,6 +147,19 @@ pub enum NsCmd {
     },
 }
 
+fn parse_group(s: &str) -> Result<Vec<u32>, String> {
+    bridge::parse_group(s).map_err(|e| e.to_string())
+}
+
+fn parse_vm(s: &str) -> Result<(u32, Transport), String> {
+    bridge::parse_vm(s).map_err(|e| e.to_string())
+}
+
+/// One `--ports` value, kept whole (clap would otherwise see a list of lists).
+fn parse_ports(s: &str) -> Result<Vec<u32>, String> {
+    bridge::parse_ports(s).map_err(|e| e.to_string())
+}
+
 fn parse_mode(s: &str) -> Result<nsfast_vsock::nsmode::Mode, String> {
     s.parse()
 }
@@ -164,6 +216,27 @@ pub fn run(cmd: VsockCmd) -> anyhow::Result<()> {
             };
             relay::run(&a, &b, &opts, &report).context("vsock relay")
         }
+        VsockCmd::Bridge {
+            groups,
+            vms,
+            ports,
+            max_conns,
+            buffer,
+            vsock_buffer,
+            connect_timeout,
+            json,
+        } => run_bridge(
+            groups,
+            vms,
+            ports,
+            bridge::Options {
+                max_conns,
+                buffer: buffer as usize,
+                sock: SockOpts { vsock_buffer },
+                connect_timeout: std::time::Duration::from_secs(connect_timeout),
+            },
+            json,
+        ),
         VsockCmd::Ns(NsCmd::Show { name, json }) => {
             let m = match name {
                 Some(n) => nsfast_vsock::nsmode::show(&n)?,
@@ -240,5 +313,82 @@ fn print_modes(m: &nsfast_vsock::nsmode::Modes, json: bool) -> anyhow::Result<()
             m.namespace, m.ns_mode, m.child_ns_mode
         );
     }
+    Ok(())
+}
+
+fn run_bridge(
+    groups: Vec<Vec<u32>>,
+    vms: Vec<(u32, Transport)>,
+    ports: Vec<Vec<u32>>,
+    opts: bridge::Options,
+    json: bool,
+) -> anyhow::Result<()> {
+    if opts.buffer > 64 << 20 {
+        anyhow::bail!("invalid size {} for --buffer: at most 64M", opts.buffer);
+    }
+    let mut all: Vec<u32> = ports.concat();
+    all.sort_unstable();
+    if let Some(w) = all.windows(2).find(|w| w[0] == w[1]) {
+        anyhow::bail!("invalid --ports: port {} is listed twice", w[0]);
+    }
+    if all.len() > bridge::MAX_PORTS {
+        anyhow::bail!(
+            "invalid --ports: {} ports in all, at most {}",
+            all.len(),
+            bridge::MAX_PORTS
+        );
+    }
+    let cfg = bridge::Config::new(groups, vms, all)?;
+    // Block SIGINT/SIGTERM before any thread starts (threads inherit the mask), so the main
+    // thread alone takes them and removes the hybrid listening files.
+    nsfast_sys::signals::block_termination().context("blocking SIGINT/SIGTERM")?;
+    let b = std::sync::Arc::new(bridge::Bridge::open(cfg, opts).context("vsock bridge")?);
+    for (cid, t) in b.config().members() {
+        let groups: Vec<String> = b
+            .config()
+            .groups()
+            .iter()
+            .filter(|g| g.contains(cid))
+            .map(|g| g.iter().map(u32::to_string).collect::<Vec<_>>().join(","))
+            .collect();
+        info!("member {cid} via {t}, groups {}", groups.join(" "));
+    }
+    for l in b.listening() {
+        info!("listening on {l}");
+    }
+    if json {
+        let line = serde_json::json!({
+            "event": "listening",
+            "members": b.config().members(),
+            "groups": b.config().groups(),
+            "ports": b.config().ports(),
+            "listeners": b.listening(),
+        });
+        println!("{line}");
+    }
+    let report = std::sync::Arc::new(move |e: &bridge::Event| {
+        match e {
+            bridge::Event::Deny { .. } | bridge::Event::Fail { .. } => warn!("{e}"),
+            bridge::Event::Close { error: Some(_), .. } => warn!("{e}"),
+            _ => info!("{e}"),
+        }
+        if json {
+            if let Ok(line) = serde_json::to_string(e) {
+                println!("{line}");
+            }
+        }
+    });
+    let server = b.clone();
+    std::thread::Builder::new()
+        .name("bridge".into())
+        .spawn(move || {
+            if let Err(e) = server.serve(report) {
+                tracing::error!("vsock bridge: {e}");
+            }
+        })
+        .context("starting the bridge thread")?;
+    let sig = nsfast_sys::signals::wait_termination().context("waiting for SIGINT/SIGTERM")?;
+    info!("received {sig}, stopping the bridge");
+    b.remove_sockets();
     Ok(())
 }
