@@ -381,6 +381,9 @@ fn socat_vsock_listen_echo_through_our_relay() {
     let dir = std::env::temp_dir().join(unique("nsft-socat"));
     std::fs::create_dir_all(&dir).unwrap();
     let _socat = spawn("socat", &["VSOCK-LISTEN:6000,fork,reuseaddr", "EXEC:cat"]);
+    // socat listens a moment after it starts; a probe connection (its forked `cat` sees EOF
+    // and exits) makes sure the relay's first connect does not race it.
+    drop(connect_retry(6000));
     let sock = dir.join("in.sock");
     let _relay = spawn(
         nsfast_bin().to_str().unwrap(),
