@@ -236,7 +236,10 @@ pub fn run(opts: &BenchOpts) -> anyhow::Result<Vec<(String, f64)>> {
     }
     if wg.is_some() {
         let (s, r) = (med[6], med[7]);
-        println!("WireGuard tunnel (wireguard-go both ends), iperf3 TCP:");
+        println!(
+            "WireGuard tunnel ({} on both ends), iperf3 TCP:",
+            crate::testbed::wireguard_go_version()
+        );
         println!("  slirp4netns  {s:8.2}");
         println!(
             "  vpnrelay     {r:8.2}   {:.1}x slirp4netns",

@@ -804,6 +804,28 @@ pub const WG_PORT: u16 = 51821;
 pub const WG_SERVER_IP: Ipv4Addr = Ipv4Addr::new(10, 99, 0, 1);
 pub const WG_CLIENT_IP: Ipv4Addr = Ipv4Addr::new(10, 99, 0, 2);
 
+/// The wireguard-go program for both ends: `NSFAST_WIREGUARD_GO` (a path, e.g. a newer
+/// wireguard-go unpacked by `scripts/fetch-debs.sh sid wireguard-go-sid wireguard-go`), else
+/// `wireguard-go` from PATH (Debian 12's 0.0.20220316, which has no UDP GSO/GRO).
+pub fn wireguard_go() -> String {
+    std::env::var("NSFAST_WIREGUARD_GO").unwrap_or_else(|_| "wireguard-go".into())
+}
+
+/// `wireguard-go --version`'s first line, for reports.
+pub fn wireguard_go_version() -> String {
+    Command::new(wireguard_go())
+        .arg("--version")
+        .output()
+        .ok()
+        .and_then(|o| {
+            String::from_utf8_lossy(&o.stdout)
+                .lines()
+                .next()
+                .map(|l| l.trim().to_string())
+        })
+        .unwrap_or_else(|| format!("{} (version unknown)", wireguard_go()))
+}
+
 /// A WireGuard tunnel, wireguard-go on both ends: the server in the server namespace (root),
 /// the client in "gluetun" (as the tenant, like gluetun in a rootless container).
 pub struct WireGuard {
@@ -848,13 +870,14 @@ impl WireGuard {
             .args(["-m", "--propagation", "private", "sh", "-c"])
             .arg(format!(
                 "set -e; mount -t tmpfs none /run; \
-                 WG_PROCESS_FOREGROUND=1 wireguard-go -f {ifname} & \
+                 WG_PROCESS_FOREGROUND=1 {wg_go} -f {ifname} & \
                  for i in $(seq 200); do [ -S /run/wireguard/{ifname}.sock ] && break; sleep 0.05; done; \
                  wg set {ifname} listen-port {WG_PORT} private-key {key} peer {cp} allowed-ips {WG_CLIENT_IP}/32; \
                  ip addr add {WG_SERVER_IP}/24 dev {ifname}; ip link set {ifname} mtu 1420 up; \
                  touch {ready}; wait",
                 key = skf.display(),
                 ready = w.runtime_dir.join("wg-server.ready").display(),
+                wg_go = wireguard_go(),
             ))
             .stdin(Stdio::null())
             .stdout(std::fs::File::create(w.runtime_dir.join("wg-server.log"))?)
@@ -882,7 +905,7 @@ impl WireGuard {
             "if [ -L /run/wireguard ]; then rm /run/wireguard; fi; mkdir -p /run/wireguard",
         )?;
         let client = w
-            .gluetun_command(&["wireguard-go", "-f", "wg0"])
+            .gluetun_command(&[&wireguard_go(), "-f", "wg0"])
             .env("WG_PROCESS_FOREGROUND", "1")
             .env("LOG_LEVEL", "debug")
             .stdin(Stdio::null())
