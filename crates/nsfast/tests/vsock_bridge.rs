@@ -16,9 +16,8 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use nsfast_testsupport::peer::KillOnDrop;
-use nsfast_testsupport::stream::ByteStream;
+use nsfast_testsupport::stream::{bidir, check_pair};
 use nsfast_testsupport::world::unique;
-use sha2::{Digest, Sha256};
 
 const MIB: u64 = 1 << 20;
 
@@ -144,61 +143,6 @@ impl Bridge {
         assert!(st.success(), "bridge exit {st}: {log}");
         log
     }
-}
-
-#[derive(Debug, PartialEq, Eq)]
-struct Bidir {
-    sent_sha: String,
-    recv_sha: String,
-    received: u64,
-}
-
-/// Sends `bytes` of stream `seed` then half-closes, while reading until EOF.
-fn bidir(s: UnixStream, bytes: u64, seed: u64) -> Bidir {
-    let mut w = s.try_clone().unwrap();
-    let sender = std::thread::spawn(move || {
-        let mut st = ByteStream::new(seed);
-        let mut h = Sha256::new();
-        let mut buf = vec![0u8; 1 << 16];
-        let mut left = bytes;
-        while left > 0 {
-            let n = left.min(buf.len() as u64) as usize;
-            st.fill(&mut buf[..n]);
-            h.update(&buf[..n]);
-            w.write_all(&buf[..n]).unwrap();
-            left -= n as u64;
-        }
-        w.shutdown(std::net::Shutdown::Write).unwrap();
-        format!("{:x}", h.finalize())
-    });
-    let mut r = s;
-    r.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
-    let mut h = Sha256::new();
-    let mut buf = vec![0u8; 1 << 16];
-    let mut received = 0;
-    loop {
-        let n = r.read(&mut buf).expect("read");
-        if n == 0 {
-            break;
-        }
-        received += n as u64;
-        h.update(&buf[..n]);
-    }
-    Bidir {
-        sent_sha: sender.join().unwrap(),
-        recv_sha: format!("{:x}", h.finalize()),
-        received,
-    }
-}
-
-fn check_pair(a: &Bidir, b: &Bidir, bytes: u64) {
-    assert_eq!(a.received, bytes);
-    assert_eq!(b.received, bytes);
-    assert_eq!(a.recv_sha, b.sent_sha, "bytes differ in one direction");
-    assert_eq!(
-        b.recv_sha, a.sent_sha,
-        "bytes differ in the other direction"
-    );
 }
 
 /// A VMM's hybrid socket at `path`: accepts one host connection, checks `CONNECT port`,

@@ -12,9 +12,8 @@ use std::time::{Duration, Instant};
 use nsfast_sys::netns::NetNs;
 use nsfast_testsupport::peer::KillOnDrop;
 use nsfast_testsupport::require_root;
-use nsfast_testsupport::stream::ByteStream;
+use nsfast_testsupport::stream::{bidir, check_pair, Bidir, ByteStream};
 use nsfast_testsupport::world::unique;
-use sha2::{Digest, Sha256};
 
 const MIB: u64 = 1 << 20;
 
@@ -62,73 +61,6 @@ impl Drop for World {
     }
 }
 
-trait Duplex: Read + Write + Send + Sized + 'static {
-    fn dup(&self) -> Self;
-    fn shut_wr(&self);
-}
-
-impl Duplex for TcpStream {
-    fn dup(&self) -> Self {
-        self.try_clone().unwrap()
-    }
-    fn shut_wr(&self) {
-        self.shutdown(std::net::Shutdown::Write).unwrap();
-    }
-}
-
-impl Duplex for UnixStream {
-    fn dup(&self) -> Self {
-        self.try_clone().unwrap()
-    }
-    fn shut_wr(&self) {
-        self.shutdown(std::net::Shutdown::Write).unwrap();
-    }
-}
-
-#[derive(Debug, PartialEq, Eq)]
-struct Bidir {
-    sent_sha: String,
-    recv_sha: String,
-    received: u64,
-}
-
-/// Sends `bytes` of stream `seed` then half-closes, while reading until EOF.
-fn bidir<S: Duplex>(s: S, bytes: u64, seed: u64) -> Bidir {
-    let mut w = s.dup();
-    let sender = std::thread::spawn(move || {
-        let mut st = ByteStream::new(seed);
-        let mut h = Sha256::new();
-        let mut buf = vec![0u8; 1 << 16];
-        let mut left = bytes;
-        while left > 0 {
-            let n = left.min(buf.len() as u64) as usize;
-            st.fill(&mut buf[..n]);
-            h.update(&buf[..n]);
-            w.write_all(&buf[..n]).unwrap();
-            left -= n as u64;
-        }
-        w.shut_wr();
-        format!("{:x}", h.finalize())
-    });
-    let mut r = s;
-    let mut h = Sha256::new();
-    let mut buf = vec![0u8; 1 << 16];
-    let mut received = 0;
-    loop {
-        let n = r.read(&mut buf).expect("read");
-        if n == 0 {
-            break;
-        }
-        received += n as u64;
-        h.update(&buf[..n]);
-    }
-    Bidir {
-        sent_sha: sender.join().unwrap(),
-        recv_sha: format!("{:x}", h.finalize()),
-        received,
-    }
-}
-
 fn wait_for(what: &str, mut ok: impl FnMut() -> bool) {
     let deadline = Instant::now() + Duration::from_secs(10);
     while !ok() {
@@ -162,16 +94,6 @@ fn unix_connect(path: &Path) -> UnixStream {
     let s = UnixStream::connect(path).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
     s
-}
-
-fn check_pair(a: &Bidir, b: &Bidir, bytes: u64) {
-    assert_eq!(a.received, bytes);
-    assert_eq!(b.received, bytes);
-    assert_eq!(a.recv_sha, b.sent_sha, "bytes differ in one direction");
-    assert_eq!(
-        b.recv_sha, a.sent_sha,
-        "bytes differ in the other direction"
-    );
 }
 
 #[test]

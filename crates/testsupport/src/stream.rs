@@ -1,5 +1,12 @@
 //! A fast deterministic byte stream (xorshift64*), so peers can send large volumes whose
-//! SHA-256 the other side checks.
+//! SHA-256 the other side checks, and a bidirectional checked transfer over any stream.
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::os::unix::net::UnixStream;
+use std::time::Duration;
+
+use sha2::{Digest, Sha256};
 
 pub struct ByteStream {
     state: u64,
@@ -33,6 +40,95 @@ impl ByteStream {
         self.state = x;
         x.wrapping_mul(0x2545_F491_4F6C_DD1D)
     }
+}
+
+/// A stream that can be split into a writer and a reader and half-closed.
+pub trait Duplex: Read + Write + Send + Sized + 'static {
+    fn dup(&self) -> Self;
+    fn shut_wr(&self);
+    fn read_timeout(&self, d: Duration);
+}
+
+impl Duplex for TcpStream {
+    fn dup(&self) -> Self {
+        self.try_clone().unwrap()
+    }
+    fn shut_wr(&self) {
+        self.shutdown(std::net::Shutdown::Write).unwrap();
+    }
+    fn read_timeout(&self, d: Duration) {
+        self.set_read_timeout(Some(d)).unwrap();
+    }
+}
+
+impl Duplex for UnixStream {
+    fn dup(&self) -> Self {
+        self.try_clone().unwrap()
+    }
+    fn shut_wr(&self) {
+        self.shutdown(std::net::Shutdown::Write).unwrap();
+    }
+    fn read_timeout(&self, d: Duration) {
+        self.set_read_timeout(Some(d)).unwrap();
+    }
+}
+
+/// What one end of a [`bidir`] transfer sent and received.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Bidir {
+    pub sent_sha: String,
+    pub recv_sha: String,
+    pub received: u64,
+}
+
+/// Sends `bytes` of stream `seed` then half-closes, while reading until EOF (60 s without
+/// data fails the read).
+pub fn bidir<S: Duplex>(s: S, bytes: u64, seed: u64) -> Bidir {
+    let mut w = s.dup();
+    let sender = std::thread::spawn(move || {
+        let mut st = ByteStream::new(seed);
+        let mut h = Sha256::new();
+        let mut buf = vec![0u8; 1 << 16];
+        let mut left = bytes;
+        while left > 0 {
+            let n = left.min(buf.len() as u64) as usize;
+            st.fill(&mut buf[..n]);
+            h.update(&buf[..n]);
+            w.write_all(&buf[..n]).unwrap();
+            left -= n as u64;
+        }
+        w.shut_wr();
+        format!("{:x}", h.finalize())
+    });
+    let mut r = s;
+    r.read_timeout(Duration::from_secs(60));
+    let mut h = Sha256::new();
+    let mut buf = vec![0u8; 1 << 16];
+    let mut received = 0;
+    loop {
+        let n = r.read(&mut buf).expect("read");
+        if n == 0 {
+            break;
+        }
+        received += n as u64;
+        h.update(&buf[..n]);
+    }
+    Bidir {
+        sent_sha: sender.join().unwrap(),
+        recv_sha: format!("{:x}", h.finalize()),
+        received,
+    }
+}
+
+/// Checks that two ends of a [`bidir`] transfer each got all of what the other sent.
+pub fn check_pair(a: &Bidir, b: &Bidir, bytes: u64) {
+    assert_eq!(a.received, bytes);
+    assert_eq!(b.received, bytes);
+    assert_eq!(a.recv_sha, b.sent_sha, "bytes differ in one direction");
+    assert_eq!(
+        b.recv_sha, a.sent_sha,
+        "bytes differ in the other direction"
+    );
 }
 
 #[cfg(test)]
