@@ -802,6 +802,35 @@ async fn tc_request(
     Ok(())
 }
 
+/// `ifname`'s index in the handle's namespace, or `None` when the device is gone or, with
+/// `ifindex`, when a device of that name now has another index (not the one we attached to).
+async fn current_index(
+    h: &Handle,
+    ifname: &str,
+    ifindex: Option<u32>,
+) -> Result<Option<u32>, NetError> {
+    match index_of(h, ifname).await {
+        Ok(i) if ifindex.is_some_and(|want| want != i) => Ok(None),
+        Ok(i) => Ok(Some(i)),
+        Err(NetError::NoSuchLink(_)) => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+/// Sends a tc delete request: `Ok(true)` when deleted, `Ok(false)` when the object (or its
+/// device) was already gone.
+async fn tc_delete(
+    h: &Handle,
+    msg: netlink_packet_route::RouteNetlinkMessage,
+    what: impl FnOnce() -> String,
+) -> Result<bool, NetError> {
+    match tc_request(h, msg).await {
+        Ok(()) => Ok(true),
+        Err(e) if is_code(&e, &[libc::ENOENT, libc::EINVAL, libc::ENODEV]) => Ok(false),
+        Err(e) => Err(nl(what())(e)),
+    }
+}
+
 /// Deletes the filter `priority`/`handle` from `ifname`'s clsact ingress (or egress) hook in
 /// `ns`, if it is still there and, when `ifindex` is given, the device still has that index
 /// (a device of the same name made later is not touched). Returns whether it was deleted.
@@ -815,26 +844,18 @@ pub fn tc_filter_delete(
 ) -> Result<bool, NetError> {
     use netlink_packet_route::tc::TcMessage;
     with_handle(ns, |h| async move {
-        let idx = match index_of(&h, ifname).await {
-            Ok(i) => i,
-            Err(NetError::NoSuchLink(_)) => return Ok(false),
-            Err(e) => return Err(e),
-        };
-        if ifindex.is_some_and(|i| i != idx) {
+        let Some(idx) = current_index(&h, ifname, ifindex).await? else {
             return Ok(false);
-        }
+        };
         let mut m = TcMessage::with_index(idx as i32);
         m.header.parent = tc_parent(ingress).into();
         m.header.handle = handle.into();
         m.header.info = (u32::from(priority) << 16) | ETH_P_ALL_BE;
         let msg = netlink_packet_route::RouteNetlinkMessage::DelTrafficFilter(m);
-        match tc_request(&h, msg).await {
-            Ok(()) => Ok(true),
-            Err(e) if is_code(&e, &[libc::ENOENT, libc::EINVAL, libc::ENODEV]) => Ok(false),
-            Err(e) => Err(nl(format!(
-                "delete tc filter prio {priority} handle {handle:#x} of {ifname}"
-            ))(e)),
-        }
+        tc_delete(&h, msg, || {
+            format!("delete tc filter prio {priority} handle {handle:#x} of {ifname}")
+        })
+        .await
     })
 }
 
@@ -847,23 +868,14 @@ pub fn delete_clsact(
 ) -> Result<bool, NetError> {
     use netlink_packet_route::tc::{TcAttribute, TcMessage};
     with_handle(ns, |h| async move {
-        let idx = match index_of(&h, ifname).await {
-            Ok(i) => i,
-            Err(NetError::NoSuchLink(_)) => return Ok(false),
-            Err(e) => return Err(e),
-        };
-        if ifindex.is_some_and(|i| i != idx) {
+        let Some(idx) = current_index(&h, ifname, ifindex).await? else {
             return Ok(false);
-        }
+        };
         let mut m = TcMessage::with_index(idx as i32);
         m.header.parent = TC_H_CLSACT.into();
         m.header.handle = CLSACT_HANDLE.into();
         m.attributes.push(TcAttribute::Kind("clsact".into()));
         let msg = netlink_packet_route::RouteNetlinkMessage::DelQueueDiscipline(m);
-        match tc_request(&h, msg).await {
-            Ok(()) => Ok(true),
-            Err(e) if is_code(&e, &[libc::ENOENT, libc::EINVAL, libc::ENODEV]) => Ok(false),
-            Err(e) => Err(nl(format!("delete clsact qdisc of {ifname}"))(e)),
-        }
+        tc_delete(&h, msg, || format!("delete clsact qdisc of {ifname}")).await
     })
 }
