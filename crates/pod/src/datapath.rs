@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 
 use aya::maps::{HashMap as BpfHashMap, Map, MapData, PerCpuArray};
 use aya::programs::links::FdLink;
-use aya::programs::tc::{self as aya_tc, NlOptions, TcAttachOptions, TcError};
+use aya::programs::tc::{self as aya_tc, NlOptions, SchedClassifierLink, TcAttachOptions, TcError};
 use aya::programs::{LinkOrder, SchedClassifier, TcAttachType};
 use aya::{Ebpf, EbpfLoader};
 use nsfast_sys::bpf::netkit;
@@ -71,25 +71,40 @@ fn loaded<'a>(ebpf: &'a mut Ebpf, name: &str) -> Result<&'a mut SchedClassifier,
     Ok(prog)
 }
 
+/// Loads the pod object against the pins in `pins` and attaches `prog_name` at the ingress
+/// of `ifname` (in the calling thread's namespace) with `opts`; `how` names the method in
+/// errors. The returned link owns the attachment.
+fn attach_ingress(
+    pins: &Path,
+    prog_name: &str,
+    ifname: &str,
+    opts: TcAttachOptions,
+    how: &str,
+) -> Result<SchedClassifierLink, PodError> {
+    let mut ebpf = load(pins)?;
+    let prog = loaded(&mut ebpf, prog_name)?;
+    let id = prog
+        .attach_with_options(ifname, TcAttachType::Ingress, opts)
+        .map_err(PodError::prog(format!(
+            "attach {prog_name} to {ifname} ({how})"
+        )))?;
+    prog.take_link(id).map_err(PodError::prog(format!(
+        "take the {how} link of {prog_name}"
+    )))
+}
+
 /// Attaches `prog_name` at TCX ingress of `ifname` in the host namespace and pins the link at
 /// `pin`. Nothing stays attached on error.
 pub fn attach_tcx(host: &Host, prog_name: &str, ifname: &str, pin: &Path) -> Result<(), PodError> {
     let pins = host.pin_dir();
     host.ns.run(|| -> Result<(), PodError> {
-        let mut ebpf = load(&pins)?;
-        let prog = loaded(&mut ebpf, prog_name)?;
-        let id = prog
-            .attach_with_options(
-                ifname,
-                TcAttachType::Ingress,
-                TcAttachOptions::TcxOrder(LinkOrder::default()),
-            )
-            .map_err(PodError::prog(format!(
-                "attach {prog_name} to {ifname} (tcx ingress)"
-            )))?;
-        let link = prog
-            .take_link(id)
-            .map_err(PodError::prog("take tcx link"))?;
+        let link = attach_ingress(
+            &pins,
+            prog_name,
+            ifname,
+            TcAttachOptions::TcxOrder(LinkOrder::default()),
+            "tcx ingress",
+        )?;
         let link: FdLink = link.try_into().map_err(bpf_err("tcx link fd"))?;
         link.pin(pin)
             .map_err(bpf_err(format!("pin link at {}", pin.display())))?;
@@ -115,20 +130,13 @@ pub fn attach_tc(host: &Host, prog_name: &str, ifname: &str) -> Result<TcFilter,
             }
         };
         let attach = || -> Result<(u16, u32), PodError> {
-            let mut ebpf = load(&pins)?;
-            let prog = loaded(&mut ebpf, prog_name)?;
-            let id = prog
-                .attach_with_options(
-                    ifname,
-                    TcAttachType::Ingress,
-                    TcAttachOptions::Netlink(NlOptions::default()),
-                )
-                .map_err(PodError::prog(format!(
-                    "attach {prog_name} to {ifname} (tc clsact ingress, cls_bpf direct-action)"
-                )))?;
-            let link = prog
-                .take_link(id)
-                .map_err(PodError::prog("take tc filter"))?;
+            let link = attach_ingress(
+                &pins,
+                prog_name,
+                ifname,
+                TcAttachOptions::Netlink(NlOptions::default()),
+                "tc clsact ingress, cls_bpf direct-action",
+            )?;
             let priority = link.priority().map_err(PodError::prog("tc priority"))?;
             let handle = u32::from(link.handle().map_err(PodError::prog("tc handle"))?);
             // Dropping the link would delete the filter: it must outlive this process, like
