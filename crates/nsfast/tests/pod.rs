@@ -120,6 +120,38 @@ fn exchange(from: &NetNs, srv_ns: &NetNs, ip: Ipv4Addr, port: u16) {
 }
 
 /// The host's counters via `nsfast pod list --host H --json`.
+/// TCP and UDP both ways between pod a0 (host A) and pod b0 (host B) on `ports`; then each
+/// host's counters show the fib path out to the wire and the redirect from the wire into the
+/// pod (at least one per packet of these exchanges).
+fn remote_exchange_takes_the_wire_path(t: &Topology, ports: [u16; 2]) {
+    let (a0, b0) = (t.pod(0, 0), t.pod(1, 0));
+    exchange(
+        &a0.netns().unwrap(),
+        &b0.netns().unwrap(),
+        b0.ip(),
+        ports[0],
+    );
+    exchange(
+        &b0.netns().unwrap(),
+        &a0.netns().unwrap(),
+        a0.ip(),
+        ports[1],
+    );
+    for h in 0..2 {
+        let v = counters(t.host_name(h));
+        let out = c(&v, "fib_redirect") + c(&v, "fib_redirect_neigh");
+        assert!(
+            out >= (2 * 2 * ROUNDS) as u64,
+            "host {h}: pod->wire {out}: {v}"
+        );
+        // netkit L3 pods too: their devices carry an Ethernet header like veth and L2.
+        assert!(
+            c(&v, "wire_to_pod") >= (2 * 2 * ROUNDS) as u64,
+            "host {h}: wire->pod: {v}"
+        );
+    }
+}
+
 fn counters(host: &str) -> serde_json::Value {
     let out = nsfast(&["pod", "list", "--host", host, "--json"]);
     assert!(
@@ -192,21 +224,9 @@ fn pod_to_pod_on_one_host_tcp_and_udp_take_redirect_peer() {
 #[test]
 fn pod_to_remote_pod_over_the_wire_tcp_and_udp_take_fib_and_redirect_peer() {
     let t = build(&prefix(), 1);
-    let (a0, b0) = (t.pod(0, 0), t.pod(1, 0));
-    exchange(&a0.netns().unwrap(), &b0.netns().unwrap(), b0.ip(), 7003);
-    exchange(&b0.netns().unwrap(), &a0.netns().unwrap(), a0.ip(), 7004);
+    remote_exchange_takes_the_wire_path(&t, [7003, 7004]);
     for h in 0..2 {
         let v = counters(t.host_name(h));
-        let out = c(&v, "fib_redirect") + c(&v, "fib_redirect_neigh");
-        assert!(
-            out >= (2 * 2 * ROUNDS) as u64,
-            "host {h}: pod->wire {out}: {v}"
-        );
-        // netkit L3 pods too: their devices carry an Ethernet header like veth and L2.
-        assert!(
-            c(&v, "wire_to_pod") >= (2 * 2 * ROUNDS) as u64,
-            "host {h}: wire->pod: {v}"
-        );
         assert_eq!(c(&v, "pod_to_pod"), 0, "host {h}: {v}");
     }
 }
@@ -597,21 +617,7 @@ fn tc_attach_carries_pod_and_wire_traffic_and_cleans_up_exactly() {
         n >= (2 * 2 * ROUNDS) as u64,
         "pod_to_pod grew by {n}: {mid}"
     );
-    exchange(&a0.netns().unwrap(), &b0.netns().unwrap(), b0.ip(), 7012);
-    exchange(&b0.netns().unwrap(), &a0.netns().unwrap(), a0.ip(), 7013);
-    for h in 0..2 {
-        let v = counters(t.host_name(h));
-        let out = c(&v, "fib_redirect") + c(&v, "fib_redirect_neigh");
-        assert!(
-            out >= (2 * 2 * ROUNDS) as u64,
-            "host {h}: pod->wire {out}: {v}"
-        );
-        // netkit L3 pods too: their devices carry an Ethernet header like veth and L2.
-        assert!(
-            c(&v, "wire_to_pod") >= (2 * 2 * ROUNDS) as u64,
-            "host {h}: wire->pod: {v}"
-        );
-    }
+    remote_exchange_takes_the_wire_path(&t, [7012, 7013]);
     // Pods go one by one: the uplink filter stays until the host's last pod.
     for p in &t.pods {
         let host = t.host_name(p.host);

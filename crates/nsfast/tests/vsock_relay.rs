@@ -44,6 +44,19 @@ impl World {
         self.dir.join(name)
     }
 
+    /// A TCP listener on 127.0.0.1:`port` in the world's namespace.
+    fn tcp_listener(&self, port: u16) -> std::net::TcpListener {
+        self.ns
+            .run(|| std::net::TcpListener::bind(("127.0.0.1", port)).unwrap())
+            .unwrap()
+    }
+
+    /// A server thread that accepts one connection on 127.0.0.1:`port` and runs [`bidir`].
+    fn tcp_bidir_server(&self, port: u16, bytes: u64, seed: u64) -> std::thread::JoinHandle<Bidir> {
+        let l = self.tcp_listener(port);
+        std::thread::spawn(move || bidir(l.accept().unwrap().0, bytes, seed))
+    }
+
     fn relay(&self, args: &[&str]) -> KillOnDrop {
         let mut cmd = Command::new(nsfast_bin());
         cmd.args(["vsock", "relay"])
@@ -123,10 +136,7 @@ fn unix_to_tcp_moves_256_mib_each_way_with_half_close() {
     require_root();
     let w = World::new();
     let bytes = 256 * MIB;
-    let l =
-        w.ns.run(|| std::net::TcpListener::bind("127.0.0.1:7001").unwrap())
-            .unwrap();
-    let server = std::thread::spawn(move || bidir(l.accept().unwrap().0, bytes, 3));
+    let server = w.tcp_bidir_server(7001, bytes, 3);
     let front = w.path("front.sock");
     let relay = w.relay(&[
         &format!("unix-listen:{}", front.display()),
@@ -229,10 +239,7 @@ fn hybrid_listen_takes_guest_initiated_connections_on_path_port() {
     require_root();
     let w = World::new();
     let bytes = 32 * MIB;
-    let l =
-        w.ns.run(|| std::net::TcpListener::bind("127.0.0.1:7003").unwrap())
-            .unwrap();
-    let server = std::thread::spawn(move || bidir(l.accept().unwrap().0, bytes, 9));
+    let server = w.tcp_bidir_server(7003, bytes, 9);
     let base = w.path("fc.vsock");
     let _relay = w.relay(&[
         &format!("hybrid-listen:{}:1234", base.display()),
@@ -247,9 +254,7 @@ fn hybrid_listen_takes_guest_initiated_connections_on_path_port() {
 fn fork_serves_32_connections_through_4_children() {
     require_root();
     let w = World::new();
-    let l =
-        w.ns.run(|| std::net::TcpListener::bind("127.0.0.1:7005").unwrap())
-            .unwrap();
+    let l = w.tcp_listener(7005);
     std::thread::spawn(move || {
         for s in l.incoming() {
             let Ok(mut s) = s else { break };
@@ -465,10 +470,7 @@ fn guest_vsock_to_tcp_and_back_byte_exact_with_half_close() {
     require_guest();
     let w = World::new();
     let bytes = guest_bulk();
-    let l =
-        w.ns.run(|| std::net::TcpListener::bind("127.0.0.1:7100").unwrap())
-            .unwrap();
-    let server = std::thread::spawn(move || bidir(l.accept().unwrap().0, bytes, 1));
+    let server = w.tcp_bidir_server(7100, bytes, 1);
     let _relay = w.relay(&["vsock-listen:1100", "tcp:127.0.0.1:7100"]);
     let c = bidir(vsock_connect(1100), bytes, 2);
     check_pair(&c, &server.join().unwrap(), bytes);
