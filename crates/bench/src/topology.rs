@@ -584,6 +584,16 @@ fn two_pods(
     Ok(b)
 }
 
+/// Pods per host and the server's (host, pod index) for the two-pod topologies: the client is
+/// always pod 0 of host A; the server is pod 1 of host A, or with `remote` pod 0 of host B.
+fn server_pod(remote: bool) -> (usize, (usize, usize)) {
+    if remote {
+        (1, (1, 0))
+    } else {
+        (2, (0, 1))
+    }
+}
+
 /// Two pods (nsfast_pod::topology) in `mode`: pod a0 is the client; the server is pod a1 on
 /// the same host, or with `remote` pod b0 on host B across the wire.
 fn build_pods(
@@ -594,10 +604,9 @@ fn build_pods(
     remote: bool,
 ) -> Result<Built, TopologyError> {
     let prefix = format!("{}-{t}", ctx.prefix);
-    let per_host = if remote { 1 } else { 2 };
+    let (per_host, (h, i)) = server_pod(remote);
     let topo = nsfast_pod::topology::Topology::build_with(&prefix, mode, attach, per_host)
         .map_err(|e| other(t, e.to_string()))?;
-    let (h, i) = if remote { (1, 0) } else { (0, 1) };
     let (a0, srv) = (topo.pod(0, 0).clone(), topo.pod(h, i).clone());
     let note = format!(
         "pods {} -> {} (host {} -> {}): {:?}, attached by {}",
@@ -678,10 +687,9 @@ fn build_cni_ptp_remote(ctx: &BuildCtx) -> Result<Built, TopologyError> {
 /// `remote`, pod b0 on host B.
 fn cni_ptp_pods(ctx: &BuildCtx, t: &'static str, remote: bool) -> Result<Built, TopologyError> {
     let prefix = format!("{}-{}", ctx.prefix, if remote { "ptpr" } else { "ptp" });
-    let per_host = if remote { 1 } else { 2 };
+    let (per_host, (h, i)) = server_pod(remote);
     let topo = nsfast_cni::reference::PtpTopology::build(&prefix, per_host, CNI_PATH)
         .map_err(|e| other(t, format!("{e} ({})", e.details)))?;
-    let (h, i) = if remote { (1, 0) } else { (0, 1) };
     let (a0, srv) = (topo.pod(0, 0), topo.pod(h, i));
     let names = [a0.netns.name().to_string(), srv.netns.name().to_string()];
     let server_ip = srv.ip;
