@@ -35,12 +35,13 @@ pub fn main() -> ExitCode {
     let _ = std::io::stdin().read_to_end(&mut stdin);
     match plugin::run(&env, &stdin) {
         Ok(Some(out)) => {
-            println!("{out}");
+            // A runtime that closed our stdout gets no result either way; never a panic.
+            let _ = nsfast_sys::outln!("{out}");
             ExitCode::SUCCESS
         }
         Ok(None) => ExitCode::SUCCESS,
         Err(e) => {
-            println!("{}", e.to_json());
+            let _ = nsfast_sys::outln!("{}", e.to_json());
             ExitCode::FAILURE
         }
     }

@@ -17,6 +17,7 @@
 //! - [`vsock`]   — minimal AF_VSOCK stream sockets (listen/accept/connect) over raw syscalls.
 //! - [`udp`]     — batched IPv4 UDP: recvmmsg + GRO, sendmmsg + GSO, transparent sockets, SCM_RIGHTS.
 //! - [`conntrack`] — ctnetlink: dump IPv4 conntrack entries, delete by tuple.
+//! - [`out`]     — stdout output that returns errors instead of panicking (closed stdout).
 //! - [`userns`]  — join a rootless user/mount/network namespace set (RootlessKit child) before exec.
 //!
 //! All `unsafe` in nsfast's plumbing lives in this crate, each block with a `// SAFETY:` note.
@@ -28,6 +29,7 @@ pub mod conntrack;
 pub mod kernel;
 pub mod net;
 pub mod netns;
+pub mod out;
 pub mod ports;
 pub mod probe;
 pub mod procstat;

@@ -54,10 +54,11 @@ fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
+            // A reader that went away (`| head`) is not an error: end quietly, as ripgrep does.
             if is_broken_pipe(&e) {
                 return ExitCode::SUCCESS;
             }
-            eprintln!("nsfast: error: {e:#}");
+            nsfast_sys::out::errln(&format!("nsfast: error: {e:#}"));
             ExitCode::FAILURE
         }
     }
@@ -74,8 +75,5 @@ fn init_logging() {
 }
 
 fn is_broken_pipe(e: &anyhow::Error) -> bool {
-    e.chain().any(|c| {
-        c.downcast_ref::<std::io::Error>()
-            .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
-    })
+    e.chain().any(nsfast_sys::out::is_broken_pipe)
 }

@@ -214,37 +214,37 @@ pub fn run(opts: &BenchOpts) -> anyhow::Result<Vec<(String, f64)>> {
         }
     }
     let med: Vec<f64> = samples.iter_mut().map(|v| median(v)).collect();
-    println!(
+    nsfast_sys::outln!(
         "vpnrelay bench: {} rounds x {} s, kernel {}, medians in Gbit/s received",
         opts.rounds,
         opts.secs,
         nsfast_sys::kernel::release()
-    );
+    )?;
     for (label, base) in [
         ("UDP stream, 1420-byte datagrams, GSO sender", 0),
         ("UDP stream, 1420-byte datagrams, plain sender", 3),
     ] {
         let (s, r, d) = (med[base], med[base + 1], med[base + 2]);
-        println!("{label}:");
-        println!("  slirp4netns  {s:8.2}");
-        println!(
+        nsfast_sys::outln!("{label}:")?;
+        nsfast_sys::outln!("  slirp4netns  {s:8.2}")?;
+        nsfast_sys::outln!(
             "  vpnrelay     {r:8.2}   {:.1}x slirp4netns, {:.0}% of direct",
             r / s.max(1e-9),
             100.0 * r / d.max(1e-9)
-        );
-        println!("  direct host  {d:8.2}");
+        )?;
+        nsfast_sys::outln!("  direct host  {d:8.2}")?;
     }
     if wg.is_some() {
         let (s, r) = (med[6], med[7]);
-        println!(
+        nsfast_sys::outln!(
             "WireGuard tunnel ({} on both ends), iperf3 TCP:",
             crate::testbed::wireguard_go_version()
-        );
-        println!("  slirp4netns  {s:8.2}");
-        println!(
+        )?;
+        nsfast_sys::outln!("  slirp4netns  {s:8.2}")?;
+        nsfast_sys::outln!(
             "  vpnrelay     {r:8.2}   {:.1}x slirp4netns",
             r / s.max(1e-9)
-        );
+        )?;
     }
     let out: Vec<(String, f64)> = names
         .iter()

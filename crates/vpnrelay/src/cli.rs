@@ -104,8 +104,9 @@ pub fn main() -> ExitCode {
     };
     match res {
         Ok(()) => ExitCode::SUCCESS,
+        Err(e) if e.chain().any(nsfast_sys::out::is_broken_pipe) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("vpnrelay: error: {e:#}");
+            nsfast_sys::out::errln(&format!("vpnrelay: error: {e:#}"));
             ExitCode::FAILURE
         }
     }

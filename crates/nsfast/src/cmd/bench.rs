@@ -139,17 +139,17 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
                 Ok(()) => "available".to_string(),
                 Err(r) => format!("skipped: {r}"),
             };
-            println!("{:<12} {:<70} {status}", d.name, d.about);
+            nsfast_sys::outln!("{:<12} {:<70} {status}", d.name, d.about)?;
         }
         return Ok(());
     }
     if a.cleanup {
         let done = topology::cleanup_stale();
         if done.is_empty() {
-            println!("nothing to clean up");
+            nsfast_sys::outln!("nothing to clean up")?;
         }
         for d in done {
-            println!("removed {d}");
+            nsfast_sys::outln!("removed {d}")?;
         }
         return Ok(());
     }
@@ -167,15 +167,15 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
         }
         Err(e) => return Err(e.into()),
     };
-    print!("{}", report::table(&outcome));
-    println!("run took {:.0} s", started.elapsed().as_secs_f64());
+    nsfast_sys::out!("{}", report::table(&outcome))?;
+    nsfast_sys::outln!("run took {:.0} s", started.elapsed().as_secs_f64())?;
     if let Some(path) = &a.json {
         let doc = Document::new(&outcome);
         nsfast_bench::runner::write_file(path, &doc.to_json())?;
-        println!("wrote {}", path.display());
+        nsfast_sys::outln!("wrote {}", path.display())?;
         for (p, text) in svg::charts(path, &doc.summary, &outcome.machine) {
             nsfast_bench::runner::write_file(&p, &text)?;
-            println!("wrote {}", p.display());
+            nsfast_sys::outln!("wrote {}", p.display())?;
         }
     }
     Ok(())

@@ -85,22 +85,32 @@ fn run_inner(cmd: PodCmd) -> Result<()> {
             o.pod_if = a.ifname;
             let added = nsfast_pod::add(&o)?;
             if a.json {
-                println!("{}", serde_json::to_string_pretty(&added)?);
+                nsfast_sys::outln!("{}", serde_json::to_string_pretty(&added)?)?;
             } else {
                 let r = &added.record;
-                println!("mode: {}", added.mode_note);
-                println!(
+                nsfast_sys::outln!("mode: {}", added.mode_note)?;
+                nsfast_sys::outln!(
                     "pod {} on host {}: {}/{} on {} (netns {}), host device {} (ifindex {})",
-                    r.name, r.host, r.ip, r.prefix, r.pod_if, r.netns, r.host_if, r.host_ifindex
-                );
+                    r.name,
+                    r.host,
+                    r.ip,
+                    r.prefix,
+                    r.pod_if,
+                    r.netns,
+                    r.host_if,
+                    r.host_ifindex
+                )?;
                 for f in &r.tc_filters {
-                    println!(
+                    nsfast_sys::outln!(
                         "attach: tc, {} on {} clsact ingress (prio {}, handle {:#x})",
-                        f.program, f.ifname, f.priority, f.handle
-                    );
+                        f.program,
+                        f.ifname,
+                        f.priority,
+                        f.handle
+                    )?;
                 }
                 if r.tc_filters.is_empty() {
-                    println!("attach: {}", r.attach.as_str());
+                    nsfast_sys::outln!("attach: {}", r.attach.as_str())?;
                 }
             }
             Ok(())
@@ -110,16 +120,16 @@ fn run_inner(cmd: PodCmd) -> Result<()> {
         } => {
             let gone = nsfast_pod::pod::del_all(host.as_deref())?;
             for r in &gone {
-                println!("deleted pod {} ({}) on host {}", r.name, r.ip, r.host);
+                nsfast_sys::outln!("deleted pod {} ({}) on host {}", r.name, r.ip, r.host)?;
             }
-            println!("{} pod(s) deleted", gone.len());
+            nsfast_sys::outln!("{} pod(s) deleted", gone.len())?;
             Ok(())
         }
         PodCmd::Del { name, host, .. } => {
             let name = name.unwrap_or_default();
             match nsfast_pod::del(&name, host.as_deref())? {
                 Some(r) => {
-                    println!("deleted pod {} ({}) on host {}", r.name, r.ip, r.host);
+                    nsfast_sys::outln!("deleted pod {} ({}) on host {}", r.name, r.ip, r.host)?;
                     Ok(())
                 }
                 None => anyhow::bail!(
@@ -131,7 +141,7 @@ fn run_inner(cmd: PodCmd) -> Result<()> {
         PodCmd::List { host, json } => {
             let l = nsfast_pod::list(host.as_deref())?;
             if json {
-                println!("{}", serde_json::to_string_pretty(&l)?);
+                nsfast_sys::outln!("{}", serde_json::to_string_pretty(&l)?)?;
                 return Ok(());
             }
             let ups: Vec<String> = l
@@ -139,13 +149,18 @@ fn run_inner(cmd: PodCmd) -> Result<()> {
                 .iter()
                 .map(|u| format!("{} ({})", u.ifname, u.attach.as_str()))
                 .collect();
-            println!("host {}  uplinks: [{}]", l.host, ups.join(", "));
-            println!(
+            nsfast_sys::outln!("host {}  uplinks: [{}]", l.host, ups.join(", "))?;
+            nsfast_sys::outln!(
                 "{:<24} {:<18} {:<10} {:<7} {:<12} {:<20}",
-                "NAME", "IP", "MODE", "ATTACH", "HOST-IF", "NETNS"
-            );
+                "NAME",
+                "IP",
+                "MODE",
+                "ATTACH",
+                "HOST-IF",
+                "NETNS"
+            )?;
             for p in &l.pods {
-                println!(
+                nsfast_sys::outln!(
                     "{:<24} {:<18} {:<10} {:<7} {:<12} {:<20}",
                     p.name,
                     format!("{}/{}", p.ip, p.prefix),
@@ -153,10 +168,10 @@ fn run_inner(cmd: PodCmd) -> Result<()> {
                     p.attach.as_str(),
                     p.host_if,
                     p.netns
-                );
+                )?;
             }
             let c: Vec<String> = l.counters.iter().map(|(k, v)| format!("{k}={v}")).collect();
-            println!("counters: {}", c.join(" "));
+            nsfast_sys::outln!("counters: {}", c.join(" "))?;
             Ok(())
         }
     }

@@ -16,7 +16,8 @@ pub fn run(args: ProbeArgs) -> anyhow::Result<()> {
     let report = nsfast_sys::probe::probe_all();
     let mut out = std::io::stdout().lock();
     if args.json {
-        serde_json::to_writer_pretty(&mut out, &report)?;
+        // Through io::Error, which keeps the kind: a closed stdout stays a BrokenPipe.
+        serde_json::to_writer_pretty(&mut out, &report).map_err(std::io::Error::from)?;
         writeln!(out)?;
         return Ok(());
     }

@@ -116,14 +116,14 @@ fn status(json: bool) -> anyhow::Result<()> {
     let instances =
         nsfast_sockmap::instances().context("reading loaded BPF programs and maps (needs root)")?;
     if json {
-        println!(
+        nsfast_sys::outln!(
             "{}",
             serde_json::to_string_pretty(&serde_json::json!({ "instances": instances }))?
-        );
+        )?;
         return Ok(());
     }
     if instances.is_empty() {
-        println!("no nsfast sockmap instance is loaded");
+        nsfast_sys::outln!("no nsfast sockmap instance is loaded")?;
         return Ok(());
     }
     for i in &instances {
@@ -134,7 +134,7 @@ fn status(json: bool) -> anyhow::Result<()> {
                 "draining (detached; redirected sockets keep the shortcut until they close)"
             }
         };
-        println!(
+        nsfast_sys::outln!(
             "cgroup {} (id {}): {state}, loader pid {}",
             i.cgroup_path
                 .as_ref()
@@ -142,32 +142,37 @@ fn status(json: bool) -> anyhow::Result<()> {
                 .unwrap_or_else(|| "?".into()),
             i.cgroup_id,
             i.loader_pid
-        );
+        )?;
         let s = &i.stats;
-        println!("  sockets in map      {}", s.sockets);
-        println!(
+        nsfast_sys::outln!("  sockets in map      {}", s.sockets)?;
+        nsfast_sys::outln!(
             "  pairs               {} (conflicts {})",
-            s.pairs, s.pair_conflicts
-        );
-        println!(
+            s.pairs,
+            s.pair_conflicts
+        )?;
+        nsfast_sys::outln!(
             "  redirected          {} msgs, {} bytes",
-            s.redirected_msgs, s.redirected_bytes
-        );
-        println!(
+            s.redirected_msgs,
+            s.redirected_bytes
+        )?;
+        nsfast_sys::outln!(
             "  passed (kernel)     {} msgs, {} bytes",
-            s.passed_msgs, s.passed_bytes
-        );
-        println!(
+            s.passed_msgs,
+            s.passed_bytes
+        )?;
+        nsfast_sys::outln!(
             "  kernel-path dirs    {} (redirect failed {}), skipped by port {}",
-            s.tainted, s.redirect_failed, s.skipped_port
-        );
-        println!(
+            s.tainted,
+            s.redirect_failed,
+            s.skipped_port
+        )?;
+        nsfast_sys::outln!(
             "  programs            sk_msg id {}, sockops id {}",
             i.sk_msg_prog_id,
             i.sockops_prog_id
                 .map(|v| v.to_string())
                 .unwrap_or_else(|| "-".into())
-        );
+        )?;
     }
     Ok(())
 }

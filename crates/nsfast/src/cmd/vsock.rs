@@ -210,7 +210,7 @@ pub fn run(cmd: VsockCmd) -> anyhow::Result<()> {
                 }
                 if json {
                     if let Ok(line) = serde_json::to_string(s) {
-                        println!("{line}");
+                        let _ = nsfast_sys::outln!("{line}");
                     }
                 }
             };
@@ -285,9 +285,9 @@ pub fn run(cmd: VsockCmd) -> anyhow::Result<()> {
             };
             let r = nsfast_vsock::bench::client(&addr, bytes, buffer as usize, sock)?;
             if json {
-                println!("{}", serde_json::to_string_pretty(&r)?);
+                nsfast_sys::outln!("{}", serde_json::to_string_pretty(&r)?)?;
             } else {
-                println!(
+                nsfast_sys::outln!(
                     "{}: {} bytes in {:.3} s = {:.2} Gbit/s (buffer {}){}",
                     r.address,
                     r.bytes,
@@ -297,7 +297,7 @@ pub fn run(cmd: VsockCmd) -> anyhow::Result<()> {
                     r.cpu_s_per_gb
                         .map(|c| format!(", machine CPU {c:.2} s/GB"))
                         .unwrap_or_default()
-                );
+                )?;
             }
             Ok(())
         }
@@ -306,12 +306,14 @@ pub fn run(cmd: VsockCmd) -> anyhow::Result<()> {
 
 fn print_modes(m: &nsfast_vsock::nsmode::Modes, json: bool) -> anyhow::Result<()> {
     if json {
-        println!("{}", serde_json::to_string_pretty(m)?);
+        nsfast_sys::outln!("{}", serde_json::to_string_pretty(m)?)?;
     } else {
-        println!(
+        nsfast_sys::outln!(
             "{}: ns_mode {}, child_ns_mode {}",
-            m.namespace, m.ns_mode, m.child_ns_mode
-        );
+            m.namespace,
+            m.ns_mode,
+            m.child_ns_mode
+        )?;
     }
     Ok(())
 }
@@ -364,7 +366,7 @@ fn run_bridge(
             "ports": b.config().ports(),
             "listeners": b.listening(),
         });
-        println!("{line}");
+        let _ = nsfast_sys::outln!("{line}");
     }
     let report = std::sync::Arc::new(move |e: &bridge::Event| {
         match e {
@@ -374,7 +376,7 @@ fn run_bridge(
         }
         if json {
             if let Ok(line) = serde_json::to_string(e) {
-                println!("{line}");
+                let _ = nsfast_sys::outln!("{line}");
             }
         }
     });
