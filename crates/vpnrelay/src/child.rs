@@ -214,7 +214,10 @@ pub fn open_host(
             }
             return Err(io::Error::new(
                 io::ErrorKind::TimedOut,
-                format!("no answer from the parent within {} s", timeout.as_secs_f64()),
+                format!(
+                    "no answer from the parent within {} s",
+                    timeout.as_secs_f64()
+                ),
             ));
         }
         let (n, fd) = udp::recv_fd(ctl, &mut buf)?;
@@ -237,7 +240,11 @@ pub fn open_host(
                 continue;
             }
             Some(rid) if rid == id => {}
-            _ => return Err(io::Error::other(format!("unexpected reply from the parent: {text:?}"))),
+            _ => {
+                return Err(io::Error::other(format!(
+                    "unexpected reply from the parent: {text:?}"
+                )))
+            }
         }
         return match (kind, rest, fd) {
             (Some("sock"), Some(addr), Some(fd)) => {
@@ -347,10 +354,7 @@ impl Relay<'_> {
     /// Why a new flow from `client` would be refused now, if it would.
     fn refusal(&self, client: SocketAddrV4) -> Option<String> {
         if self.flows.len() >= self.cfg.max_flows {
-            return Some(format!(
-                "flow limit reached ({} flows)",
-                self.cfg.max_flows
-            ));
+            return Some(format!("flow limit reached ({} flows)", self.cfg.max_flows));
         }
         let held = self.flows_of(*client.ip());
         if held >= self.cfg.max_flows_per_client {
@@ -410,10 +414,7 @@ impl Relay<'_> {
             if self.drop_logged.len() > 256 {
                 self.drop_logged.clear();
             }
-            let due = self
-                .drop_logged
-                .get(client.ip())
-                .is_none_or(|&t| t <= now);
+            let due = self.drop_logged.get(client.ip()).is_none_or(|&t| t <= now);
             if due {
                 self.drop_logged.insert(*client.ip(), now + self.cfg.idle);
                 tracing::warn!(
@@ -536,14 +537,14 @@ impl Relay<'_> {
             return;
         }
         self.next_id += 1;
-        let (host, host_local) = match open_host(self.ctl, self.next_id, server, self.parent_timeout)
-        {
-            Ok(h) => h,
-            Err(e) => {
-                tracing::warn!("flow {client} -> {server}: no host socket: {e}");
-                return;
-            }
-        };
+        let (host, host_local) =
+            match open_host(self.ctl, self.next_id, server, self.parent_timeout) {
+                Ok(h) => h,
+                Err(e) => {
+                    tracing::warn!("flow {client} -> {server}: no host socket: {e}");
+                    return;
+                }
+            };
         let local = match flow_socket(client, server, self.cfg, self.offloads.gro) {
             Ok(s) => s,
             Err(e) => {

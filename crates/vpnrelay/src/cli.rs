@@ -77,6 +77,29 @@ struct Target {
     max_flows_per_client: u16,
 }
 
+/// The uid `uid` of our user namespace is in the initial one, by `/proc/self/uid_map`'s
+/// text (`inside outside count` lines); `None` if it is not mapped.
+pub fn host_uid(uid_map: &str, uid: u32) -> Option<u32> {
+    uid_map.lines().find_map(|l| {
+        let mut it = l.split_whitespace().map(|v| v.parse::<u64>().ok());
+        let (inside, outside, count) = (it.next()??, it.next()??, it.next()??);
+        let uid = u64::from(uid);
+        (inside <= uid && uid < inside + count)
+            .then(|| u32::try_from(outside + (uid - inside)).ok())
+            .flatten()
+    })
+}
+
+/// Our effective uid as the initial user namespace sees it (the relay's child runs as uid 0
+/// of RootlessKit's user namespace, which is the tenant outside).
+fn effective_host_uid() -> u32 {
+    let euid = nix::unistd::geteuid().as_raw();
+    std::fs::read_to_string("/proc/self/uid_map")
+        .ok()
+        .and_then(|m| host_uid(&m, euid))
+        .unwrap_or(euid)
+}
+
 /// The error when started as root, or `None` for the tenant.
 ///
 /// Everything vpnrelay reads (RootlessKit's state, its lock folder) belongs to the tenant;
@@ -114,7 +137,7 @@ pub fn main() -> ExitCode {
     let cli = Cli::parse();
     // Only the hidden benchmark builds throwaway worlds and needs root.
     if !matches!(cli.command, Cmd::Bench { .. }) {
-        if let Some(msg) = refuse_root(nix::unistd::geteuid().as_raw()) {
+        if let Some(msg) = refuse_root(effective_host_uid()) {
             nsfast_sys::out::errln(&format!("vpnrelay: error: {msg}"));
             return ExitCode::FAILURE;
         }
@@ -142,6 +165,25 @@ pub fn main() -> ExitCode {
             nsfast_sys::out::errln(&format!("vpnrelay: error: {e:#}"));
             ExitCode::FAILURE
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn uid_maps() {
+        assert_eq!(host_uid("         0          0 4294967295\n", 0), Some(0));
+        assert_eq!(
+            host_uid("         0       1000          1\n", 0),
+            Some(1000)
+        );
+        assert_eq!(host_uid("0 1000 1\n1 300000 65536\n", 5), Some(300004));
+        assert_eq!(host_uid("0 1000 1\n", 7), None);
+        assert_eq!(host_uid("garbage", 0), None);
+        assert!(refuse_root(0).unwrap().contains("refusing to run as root"));
+        assert!(refuse_root(1000).is_none());
     }
 }
 

@@ -282,14 +282,7 @@ impl Rootless {
                     })
                 })
             };
-        let state_fd = match open_checked(
-            None,
-            &dir,
-            &dir,
-            OFlag::O_RDONLY,
-            Mode::empty(),
-            true,
-        ) {
+        let state_fd = match open_checked(None, &dir, &dir, OFlag::O_RDONLY, Mode::empty(), true) {
             Ok(fd) => Some(fd),
             Err(OpenErr::Missing(_)) => None,
             Err(OpenErr::Other(e)) => return Err(e),
@@ -311,18 +304,24 @@ impl Rootless {
             None if !explicit => {
                 let rt = runtime_dir();
                 let docker_pid = rt.join("docker.pid");
-                let rt_fd =
-                    match open_checked(None, &rt, &rt, OFlag::O_RDONLY, Mode::empty(), true) {
-                        Ok(fd) => fd,
-                        Err(OpenErr::Missing(e)) => {
-                            return Err(no_state(format!("cannot read {}: {e}", child_pid.display())))
-                        }
-                        Err(OpenErr::Other(e)) => return Err(e),
-                    };
+                let rt_fd = match open_checked(None, &rt, &rt, OFlag::O_RDONLY, Mode::empty(), true)
+                {
+                    Ok(fd) => fd,
+                    Err(OpenErr::Missing(e)) => {
+                        return Err(no_state(format!(
+                            "cannot read {}: {e}",
+                            child_pid.display()
+                        )))
+                    }
+                    Err(OpenErr::Other(e)) => return Err(e),
+                };
                 match read_pid_file(Some(rt_fd.as_fd()), "docker.pid", &docker_pid) {
                     Ok(pid) => (pid, docker_pid),
                     Err(OpenErr::Missing(e)) => {
-                        return Err(no_state(format!("cannot read {}: {e}", child_pid.display())))
+                        return Err(no_state(format!(
+                            "cannot read {}: {e}",
+                            child_pid.display()
+                        )))
                     }
                     Err(OpenErr::Other(e)) => return Err(e),
                 }
@@ -399,15 +398,29 @@ fn pin(
         Mode::empty(),
     )
     .map_err(|_| dead())?;
-    let at = |name: &str| {
+    // /proc/<pid>/ns/* are the kernel's own links to the namespaces (followed on purpose);
+    // they are looked up through the pinned directory.
+    let at = |name: &str, follow: bool| {
+        let nofollow = if follow {
+            OFlag::empty()
+        } else {
+            OFlag::O_NOFOLLOW
+        };
         nix::fcntl::openat(
             &proc_dir,
             name,
-            OFlag::O_RDONLY | OFlag::O_CLOEXEC | OFlag::O_NOFOLLOW,
+            OFlag::O_RDONLY | OFlag::O_CLOEXEC | nofollow,
             Mode::empty(),
         )
     };
-    let status = at("status").map_err(|_| dead())?;
+    let gone = |name: &str, e: Errno| match e {
+        Errno::ESRCH | Errno::ENOENT => dead(),
+        e => StateError::Io {
+            what: format!("/proc/{pid}/{name}"),
+            source: io_err(e),
+        },
+    };
+    let status = at("status", false).map_err(|e| gone("status", e))?;
     let status = read_bounded(&status, 16 << 10).map_err(|_| dead())?;
     let uids = parse_status_uids(&status).ok_or_else(|| StateError::Io {
         what: format!("/proc/{pid}/status"),
@@ -417,13 +430,13 @@ fn pin(
         return Err(StateError::Permission { pid, owner, me });
     }
     let ns = |name: &str| {
-        at(name).map_err(|e| match e {
+        at(name, true).map_err(|e| match e {
             Errno::EACCES | Errno::EPERM => StateError::Permission {
                 pid,
                 owner: uids[0],
                 me,
             },
-            _ => dead(),
+            e => gone(name, e),
         })
     };
     let user = ns("ns/user")?;
