@@ -83,12 +83,14 @@ impl Target {
         netns_file: Option<&Path>,
     ) -> Result<Self, UsernsError> {
         let net = match (net, netns_file) {
-            (_, Some(p)) => Net::Path(CString::new(p.as_os_str().as_encoded_bytes()).map_err(
-                |_| UsernsError::Open {
-                    path: p.to_path_buf(),
-                    source: io::Error::from(io::ErrorKind::InvalidInput),
-                },
-            )?),
+            (_, Some(p)) => {
+                Net::Path(CString::new(p.as_os_str().as_encoded_bytes()).map_err(|_| {
+                    UsernsError::Open {
+                        path: p.to_path_buf(),
+                        source: io::Error::from(io::ErrorKind::InvalidInput),
+                    }
+                })?)
+            }
             (Some(fd), None) => Net::Fd(fd),
             (None, None) => {
                 return Err(UsernsError::Open {

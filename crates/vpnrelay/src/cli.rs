@@ -168,25 +168,6 @@ pub fn main() -> ExitCode {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn uid_maps() {
-        assert_eq!(host_uid("         0          0 4294967295\n", 0), Some(0));
-        assert_eq!(
-            host_uid("         0       1000          1\n", 0),
-            Some(1000)
-        );
-        assert_eq!(host_uid("0 1000 1\n1 300000 65536\n", 5), Some(300004));
-        assert_eq!(host_uid("0 1000 1\n", 7), None);
-        assert_eq!(host_uid("garbage", 0), None);
-        assert!(refuse_root(0).unwrap().contains("refusing to run as root"));
-        assert!(refuse_root(1000).is_none());
-    }
-}
-
 fn config(t: &Target) -> anyhow::Result<Config> {
     let mut c = Config::from_args(&t.bridge, &t.ports)?;
     c.max_flows_per_client = usize::from(t.max_flows_per_client);
@@ -222,4 +203,23 @@ fn child(mode: &str, t: &Target) -> ExitCode {
         }
     };
     ExitCode::from(crate::child::run(mode, &cfg, ctl) as u8)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn uid_maps() {
+        assert_eq!(host_uid("         0          0 4294967295\n", 0), Some(0));
+        assert_eq!(
+            host_uid("         0       1000          1\n", 0),
+            Some(1000)
+        );
+        assert_eq!(host_uid("0 1000 1\n1 300000 65536\n", 5), Some(300004));
+        assert_eq!(host_uid("0 1000 1\n", 7), None);
+        assert_eq!(host_uid("garbage", 0), None);
+        assert!(refuse_root(0).unwrap().contains("refusing to run as root"));
+        assert!(refuse_root(1000).is_none());
+    }
 }
