@@ -651,6 +651,40 @@ mod tests {
         assert_eq!(parse_status_uids(&me).unwrap()[0], super::me());
     }
 
+    #[test]
+    fn pin_refuses_our_own_namespace_and_exited_processes() {
+        let me = super::me();
+        let file = Path::new("/test/child_pid");
+        // Our own process: same user namespace, so not RootlessKit's child.
+        match pin(std::process::id(), file, None, me) {
+            Err(StateError::NotRootless { why, .. }) => assert!(why.contains("own user namespace")),
+            other => panic!("pinned ourselves: {other:?}"),
+        }
+        // A process of ours that has exited (a zombie until reaped): its pidfd polls
+        // readable, so it is not running, even though /proc/<pid> still exists.
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let pid = child.id();
+        let pidfd = pidfd_open(pid).unwrap();
+        use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+        poll(
+            &mut [PollFd::new(pidfd.as_fd(), PollFlags::POLLIN)],
+            PollTimeout::from(10_000u16),
+        )
+        .unwrap();
+        assert!(!pidfd_alive(pidfd.as_fd()));
+        assert!(Path::new(&format!("/proc/{pid}")).exists());
+        match pin(pid, file, None, me) {
+            Err(StateError::Dead { pid: p, .. }) => assert_eq!(p, pid),
+            other => panic!("pinned an exited process: {other:?}"),
+        }
+        child.wait().unwrap();
+        // Another user's process: the owner check is made for every caller, root included.
+        match pin(std::process::id(), file, None, me.wrapping_add(1)) {
+            Err(StateError::Permission { owner, .. }) => assert_eq!(owner, me),
+            other => panic!("no owner check: {other:?}"),
+        }
+    }
+
     fn scratch(name: &str) -> PathBuf {
         let d = std::env::temp_dir().join(format!("vpnrelay-state-{}-{name}", std::process::id()));
         let _ = std::fs::remove_dir_all(&d);
