@@ -59,6 +59,7 @@ fn outcome() -> Outcome {
                         ksoftirqd_usec: 0,
                         per_unit: 1000.0,
                     }),
+                    fast_path: None,
                     error: None,
                 });
             }
