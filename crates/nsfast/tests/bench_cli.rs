@@ -109,6 +109,20 @@ fn tiny_run_writes_json_and_svgs() {
     let samples = v["samples"].as_array().unwrap();
     assert_eq!(samples.len(), 2 * 2 * 3, "rounds × workloads × topologies");
     assert!(samples.iter().all(|s| s["error"].is_null()), "{samples:?}");
+    // The sockmap figures are the shortcut's: its redirected bytes moved in every TCP sample
+    // (UDP is outside its scope); the plain topologies claim no fast path.
+    for s in samples {
+        let fp = &s["fast_path"];
+        if s["topology"] == "sockmap" && s["workload"] == "rr" {
+            assert!(
+                fp["carried"]["redirected_bytes"].as_u64().unwrap() > 0,
+                "{s}"
+            );
+            assert!(fp["source"].as_str().unwrap().contains("sockmap"), "{s}");
+        } else {
+            assert!(fp.is_null(), "{s}");
+        }
+    }
     for w in ["rr", "udp-stream"] {
         let svg = std::fs::read_to_string(dir.join(format!("run-{w}-same-cpu.svg"))).unwrap();
         assert!(svg.starts_with("<svg") && svg.trim_end().ends_with("</svg>"));
