@@ -580,6 +580,27 @@ rng boot=rng -- test -e /dev/hwrng
         skipped.remove(3);
         skipped.push("skipped vsock-socat: socat not found on PATH".into());
         assert!(crate::checks::judge(vt, &skipped).is_err());
+        // probe-config and vsock-loopback against what nsfast-vmcheck prints.
+        let check = |name: &str| &s.tests.iter().find(|t| t.name == name).unwrap().checks;
+        let probe_row = |verdict: &str, f: &str| {
+            format!("{verdict} {f:<20} probe=yes config=yes (CONFIG_X)  probe says: fine")
+        };
+        let rows: Vec<String> = ["netkit", "vsock", "vsock_loopback", "tcx"]
+            .iter()
+            .map(|f| probe_row("ok      ", f))
+            .collect();
+        assert!(
+            crate::checks::judge(check("probe-config"), &rows).is_ok(),
+            "{rows:?}"
+        );
+        let mut bad = rows.clone();
+        bad[3] = probe_row("MISMATCH", "tcx");
+        assert!(crate::checks::judge(check("probe-config"), &bad).is_err());
+        let echo = vec![
+            "vsock loopback CID 1 port 7000: 1048576 bytes echoed in 3.2 ms (310.0 MiB/s), 100 ping-pongs, 20.1 us each".to_string(),
+        ];
+        assert!(crate::checks::judge(check("vsock-loopback"), &echo).is_ok());
+        assert!(crate::checks::judge(check("vsock-loopback"), &[""]).is_err());
     }
 
     #[test]
