@@ -479,6 +479,17 @@ fn processes_outside_the_cgroup_are_untouched() {
     );
     bidir_transfer(&w, None, server_addr(5009), server_addr(5009), 16 << 20);
     assert_eq!(sc.stats().unwrap(), Stats::default());
+    // The positive control: the same transfer inside the attached cgroup is redirected, so
+    // the zeros above are the other processes', not a shortcut that sees nothing.
+    bidir_transfer(
+        &w,
+        Some(&attached),
+        server_addr(5014),
+        server_addr(5014),
+        1 << 20,
+    );
+    let st = sc.stats().unwrap();
+    assert_eq!((st.pairs, st.redirected_bytes), (1, 2 << 20), "{st:?}");
 }
 
 /// Waits (bounded) until a TCP socket in `ns` to `remote` is ESTABLISHED (/proc/net/tcp of
