@@ -6,8 +6,10 @@
 //!   (bpf_redirect_peer / netkit peer redirect between two local pods).
 //! - `bpf-remote`: host A's `fib_redirect` + `fib_redirect_neigh` (out over the wire) and
 //!   host B's `wire_to_pod` (redirect_peer in).
-//! - `vpnrelay`: none (the relay keeps no flow byte counters a bench can read cheaply; the
-//!   vpnrelay tests check the path by the source address the server sees).
+//! - `vpnrelay` (UDP workloads; the relay steers only the VPN ports' UDP): the relay's own
+//!   `up_bytes` total from its stats file (`$XDG_RUNTIME_DIR/vpnrelay/relay-br-vpn.stats`,
+//!   rewritten about once a second while counters change, so the reading after a sample
+//!   waits up to [`STATS_FILE_WAIT`] for it to move).
 //!
 //! A sample whose required counters did not move is marked failed ("fast path idle").
 
@@ -31,7 +33,13 @@ pub enum FastPath {
         hosts: Vec<(&'static str, String)>,
         required: Vec<(usize, Vec<&'static str>)>,
     },
+    /// The vpnrelay relay's stats file of the [`nsfast_vpnrelay::testbed::World`] kept in the
+    /// topology's extras. UDP workloads only.
+    VpnRelay,
 }
+
+/// How long the reading after a vpnrelay sample waits for the relay's stats file to change.
+pub const STATS_FILE_WAIT: std::time::Duration = std::time::Duration::from_secs(3);
 
 /// Cumulative counters at one moment, by name (`redirected_bytes`, `A.pod_to_pod`, ...).
 pub type Reading = BTreeMap<String, u64>;
@@ -82,6 +90,7 @@ impl FastPath {
         match self {
             FastPath::Sockmap => !w.is_udp(),
             FastPath::Pod { .. } => true,
+            FastPath::VpnRelay => w.is_udp(),
         }
     }
 
@@ -96,6 +105,26 @@ impl FastPath {
                     .collect::<Vec<_>>()
                     .join(", ")
             ),
+            FastPath::VpnRelay => "vpnrelay stats file (relay-br-vpn.stats)".into(),
+        }
+    }
+
+    /// Reads the counters after a sample whose `before` reading was taken: like [`read`],
+    /// but a stats file written periodically (vpnrelay) is waited for, up to
+    /// [`STATS_FILE_WAIT`], until it shows a change.
+    ///
+    /// [`read`]: FastPath::read
+    pub fn read_after(&self, b: &Built, before: &Reading) -> Result<Reading, String> {
+        if *self != FastPath::VpnRelay {
+            return self.read(b);
+        }
+        let until = std::time::Instant::now() + STATS_FILE_WAIT;
+        loop {
+            let r = self.read(b)?;
+            if r != *before || std::time::Instant::now() >= until {
+                return Ok(r);
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
         }
     }
 
@@ -131,6 +160,19 @@ impl FastPath {
                 }
                 Ok(out)
             }
+            FastPath::VpnRelay => {
+                let w = b
+                    .extras
+                    .iter()
+                    .find_map(|e| e.downcast_ref::<nsfast_vpnrelay::testbed::World>())
+                    .ok_or("the topology holds no vpnrelay world")?;
+                // No file yet: the relay has carried nothing so far.
+                let st = w.relay_stats().unwrap_or_default();
+                Ok(["up_bytes", "up_datagrams", "down_bytes", "down_datagrams"]
+                    .iter()
+                    .map(|k| (k.to_string(), st[*k].as_u64().unwrap_or(0)))
+                    .collect())
+            }
         }
     }
 
@@ -152,6 +194,7 @@ impl FastPath {
             FastPath::Sockmap => {
                 BTreeMap::from([("redirected_bytes".to_string(), delta("redirected_bytes"))])
             }
+            FastPath::VpnRelay => BTreeMap::from([("up_bytes".to_string(), delta("up_bytes"))]),
             FastPath::Pod { hosts, required } => required
                 .iter()
                 .map(|(h, counters)| {
@@ -222,6 +265,13 @@ mod tests {
         );
         assert_eq!(e.idle(), vec!["redirected_bytes"]);
         assert!(fp.applies(Workload::Rr) && !fp.applies(Workload::UdpStream));
+        let relay = FastPath::VpnRelay;
+        assert!(relay.applies(Workload::UdpStream) && !relay.applies(Workload::Stream));
+        let e = relay.evidence(
+            &reading(&[("up_bytes", 5), ("down_bytes", 0)]),
+            &reading(&[("up_bytes", 5), ("down_bytes", 9)]),
+        );
+        assert_eq!(e.idle(), vec!["up_bytes"], "{e:?}");
         let e = fp.evidence(&Reading::new(), &reading(&[("redirected_bytes", 1)]));
         assert!(e.carried_all());
     }

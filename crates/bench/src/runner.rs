@@ -435,7 +435,18 @@ impl Runner {
         drop(server.take_stdin());
         server.wait(Duration::from_secs(10))?;
         let sreport = read_report(server.stdout());
-        let fp_after = read_fast_path()?;
+        let fp_after = match (fast_path, &fp_before) {
+            (Some(f), Some(before)) => {
+                Some(
+                    f.read_after(b, before)
+                        .map_err(|detail| BenchError::Worker {
+                            what: format!("fast-path counters of {}", b.name),
+                            detail,
+                        })?,
+                )
+            }
+            _ => None,
+        };
         let evidence = match (fast_path, &fp_before, &fp_after) {
             (Some(f), Some(a), Some(z)) => Some(f.evidence(a, z)),
             _ => None,

@@ -530,6 +530,7 @@ fn build_vpnrelay(ctx: &BuildCtx) -> Result<Built, TopologyError> {
 fn build_rootless(ctx: &BuildCtx, t: &'static str, relay: bool) -> Result<Built, TopologyError> {
     let (dir, client, server) = cgroups(ctx, t)?;
     let parts = crate::rootless_hook::build(relay).map_err(|e| other(t, e))?;
+    let fast_path = relay.then_some(crate::evidence::FastPath::VpnRelay);
     Ok(Built {
         name: t,
         namespaces: vec![parts.client, parts.server],
@@ -545,7 +546,7 @@ fn build_rootless(ctx: &BuildCtx, t: &'static str, relay: bool) -> Result<Built,
         server_port: crate::rootless_hook::PORT,
         cgroup_dir: dir,
         vsock: None,
-        fast_path: None,
+        fast_path,
         extras: parts.guards,
         note: Some(parts.note),
     })
