@@ -37,8 +37,13 @@ impl Feature {
     }
 }
 
-/// The running kernel's config text, if it can be read.
-pub fn kernel_config() -> Option<String> {
+/// The running kernel's config text, if it can be read (read once per process).
+pub fn kernel_config() -> Option<&'static str> {
+    static CONFIG: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
+    CONFIG.get_or_init(read_kernel_config).as_deref()
+}
+
+fn read_kernel_config() -> Option<String> {
     if let Some(p) = std::env::var_os("NSFAST_KERNEL_CONFIG") {
         return std::fs::read_to_string(p).ok();
     }
@@ -82,7 +87,7 @@ pub fn expect(f: Feature) -> bool {
             f.env_var()
         )
     });
-    config_on(&config, f.config_key())
+    config_on(config, f.config_key())
 }
 
 #[cfg(test)]
