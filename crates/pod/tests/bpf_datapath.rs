@@ -643,7 +643,14 @@ fn netkit_link_create_attaches_on_the_primary_only() {
     use std::os::fd::AsFd;
     require_root();
     let w = VethPair::new();
-    let has_netkit = net::probe_netkit().unwrap();
+    // From the harness (NSFAST_EXPECT_NETKIT / the kernel config), not the probe under test.
+    let has_netkit =
+        nsfast_testsupport::kernel::expect(nsfast_testsupport::kernel::Feature::Netkit);
+    assert_eq!(
+        net::probe_netkit().unwrap(),
+        has_netkit,
+        "netkit probe vs kernel config"
+    );
     let pod = NetNs::create(&unique("nsft-nk")).unwrap();
     if has_netkit {
         net::create_netkit(
