@@ -626,6 +626,66 @@ fn idle_connections_are_closed_after_the_idle_timeout() {
 }
 
 #[test]
+fn json_with_stdout_closed_serves_more_connections_than_max_conns() {
+    let d = Dir::new();
+    let (a, b) = (d.path("a"), d.path("b"));
+    let at4 = vmm_serve(UnixListener::bind(&b).unwrap(), 7);
+    let mut child = KillOnDrop::new(
+        Command::new(nsfast_bin())
+            .args([
+                "vsock", "bridge", "--json", "--group", "3,4", "--ports", "7",
+            ])
+            .args(vm(3, &a))
+            .args(vm(4, &b))
+            .args(["--max-conns", "1"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    // Nobody reads the bridge's stdout: every JSON event hits a closed pipe.
+    drop(child.child_mut().stdout.take());
+    // The log lines on stderr say when each connection is closed (and its slot given back).
+    let (tx, log) = mpsc::channel::<String>();
+    let err = child.child_mut().stderr.take().unwrap();
+    std::thread::spawn(move || {
+        for l in BufReader::new(err).lines().map_while(Result::ok) {
+            eprintln!("bridge: {l}");
+            if tx.send(l).is_err() {
+                break;
+            }
+        }
+    });
+    let wait_log = |what: &str| loop {
+        let l = log
+            .recv_timeout(Duration::from_secs(30))
+            .unwrap_or_else(|_| panic!("no log line with {what:?} within 30 s"));
+        if l.contains(what) {
+            return;
+        }
+    };
+    for i in 0..4u8 {
+        let mut g = guest_dials_host(&a, 7);
+        let mut peer = at4
+            .recv_timeout(Duration::from_secs(30))
+            .unwrap_or_else(|_| panic!("connection {i} never reached 4"));
+        g.write_all(&[i]).unwrap();
+        g.shutdown(std::net::Shutdown::Write).unwrap();
+        let mut got = Vec::new();
+        peer.read_to_end(&mut got).unwrap();
+        assert_eq!(got, [i], "connection {i}");
+        drop(peer);
+        assert_eq!(read_all(g), b"");
+        wait_log(&format!("closed 3:7 -> 4:7 (conn {})", i + 1));
+    }
+    assert!(
+        child.child_mut().try_wait().unwrap().is_none(),
+        "the bridge exited"
+    );
+}
+
+#[test]
 fn bad_arguments_are_refused_with_the_value_named_and_nothing_created() {
     let d = Dir::new();
     // Both members hybrid in every case, so that even a wrongly accepted line would open no
