@@ -575,7 +575,7 @@ fn idle_connections_are_closed_after_the_idle_timeout() {
     let t0 = Instant::now();
 
     // The positive control, at the same time on the same bridge: a connection that talks
-    // every 300 ms for 2.5 s (longer than the timeout) stays open.
+    // every 100 ms for 2.5 s (longer than the timeout) stays open.
     let busy = guest_dials_host(&a, 7);
     let busy_peer = recv();
     let busy_id = br.wait("open")["id"].clone();
@@ -591,7 +591,7 @@ fn idle_connections_are_closed_after_the_idle_timeout() {
             busy_peer.write_all(b"tock").unwrap();
             busy.read_exact(&mut t).unwrap();
             n += 1;
-            std::thread::sleep(Duration::from_millis(300));
+            std::thread::sleep(Duration::from_millis(100));
         }
         busy.shutdown(std::net::Shutdown::Write).unwrap();
         let mut rest = Vec::new();

@@ -476,6 +476,7 @@ impl Relay {
                 s.spawn(move || {
                     // Held until this thread ends, however it ends.
                     let _slot = slot;
+                    let start = Instant::now();
                     match conn::connect(b, opts.sock) {
                         Ok(cb) => report(&relay(id, ca, cb, opts.buffer)),
                         // A failing peer (refused connection, bad or missing hybrid reply)
@@ -491,7 +492,7 @@ impl Relay {
                                 b: b.to_string(),
                                 bytes_a_to_b: 0,
                                 bytes_b_to_a: 0,
-                                millis: 0,
+                                millis: start.elapsed().as_millis() as u64,
                                 spliced: false,
                                 error: Some(error_chain(&e)),
                             });
