@@ -119,6 +119,28 @@ mod tests {
         }
     }
 
+    proptest::proptest! {
+        // Any text: a duration within the limit, printed back to the same value, or an error
+        // naming the flag; never a panic (overflowing numbers and units included).
+        #[test]
+        fn duration_parser_never_panics(
+            s in proptest::prop_oneof!["\\PC{0,24}", "[0-9 ]{0,22}(ms|s|m|min|h|H|x)?"],
+            zero_ok: bool,
+        ) {
+            let max = Duration::from_secs(86400);
+            match parse_duration("--idle-timeout", &s, max, zero_ok) {
+                Ok(d) => {
+                    proptest::prop_assert!(d <= max && (zero_ok || !d.is_zero()));
+                    proptest::prop_assert_eq!(
+                        parse_duration("x", &fmt_duration(d), max, true),
+                        Ok(d)
+                    );
+                }
+                Err(e) => proptest::prop_assert!(e.contains("--idle-timeout")),
+            }
+        }
+    }
+
     #[test]
     fn sizes() {
         assert_eq!(parse_size("--buffer", "65536"), Ok(65536));
