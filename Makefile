@@ -13,27 +13,43 @@ RELEASE_BIN := target/release/nsfast
 DEB_BUILD := clang-19 llvm-19 libbpf-dev linux-libc-dev pkg-config make gcc
 DEB_TEST  := iproute2 bpftool sockperf iperf3 procps python3 containernetworking-plugins rootlesskit slirp4netns uidmap nftables iptables util-linux passwd busybox-static wireguard-go wireguard-tools conntrack
 DEB_VM    := qemu-system-x86 kmod xz-utils debian-archive-keyring binutils libc-bin socat nftables
-DEB_ALL   := $(DEB_BUILD) $(DEB_TEST) $(DEB_VM)
+# Packages the man-page/.deb checks of `make test-install` use (man-db renders, dpkg-deb packs).
+DEB_SHIP  := man-db groff-base
+DEB_ALL   := $(DEB_BUILD) $(DEB_TEST) $(DEB_VM) $(DEB_SHIP)
 
-.PHONY: all deps build demo test test-unit test-root test-vm lint bench clean
+.PHONY: all check-cargo deps deps-build build demo test test-unit test-root test-vm lint bench clean
 
 all: build
 
-# Installs only what is missing; runs `apt-get update` only when something must be installed.
-deps:
-	@command -v $(CARGO) >/dev/null || { echo "nsfast: cargo not found: install Rust (rustup, stable >= 1.95) first" >&2; exit 1; }
-	@missing=$$(for p in $(DEB_ALL); do dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q '^install ok installed' || echo $$p; done); \
+# --- package sets -----------------------------------------------------------------------------
+# `deps-build`: only what `make build` needs (no root needed when it is all there already).
+# `deps`: everything the tests, the VM matrix and the demo need.
+# Both install only what is missing and run `apt-get update` only when something must be
+# installed; without root they name the missing packages and stop.
+define install_missing
+	@missing=$$(for p in $(1); do dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q '^install ok installed' || echo $$p; done); \
 	if [ -n "$$missing" ]; then \
 		echo "nsfast: installing Debian packages:" $$missing; \
-		if [ "$$(id -u)" != 0 ]; then echo "nsfast: need root to install packages" >&2; exit 1; fi; \
+		if [ "$$(id -u)" != 0 ]; then echo "nsfast: need root to install packages (or install them yourself): $$missing" >&2; exit 1; fi; \
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing; \
 	fi
+endef
 
-build: deps
+check-cargo:
+	@command -v $(CARGO) >/dev/null || { echo "nsfast: cargo not found: install Rust (rustup, stable >= 1.95) first" >&2; exit 1; }
+
+deps-build: check-cargo
+	$(call install_missing,$(DEB_BUILD))
+
+deps: check-cargo
+	$(call install_missing,$(DEB_ALL))
+# --- end package sets -------------------------------------------------------------------------
+
+build: deps-build
 	$(CARGO) build --release --workspace --bins
 
 # host / veth / routed / sockmap, every workload, 3 interleaved rounds: table + JSON + SVGs.
-demo: build
+demo: deps build
 	$(RELEASE_BIN) bench --quick --json bench-results/bench.json
 
 lint: deps
@@ -53,7 +69,7 @@ test-vm: deps
 test: lint test-root test-vm
 
 # Longer run, both CPU placements, with the sockperf/iperf3 cross-check.
-bench: build
+bench: deps build
 	$(RELEASE_BIN) bench --placement same-cpu,cross-cpu --cross-check --json bench-results/bench.json
 
 clean:
