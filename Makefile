@@ -66,7 +66,74 @@ test-root: deps
 test-vm: deps
 	tests/vm/run.sh
 
-test: lint test-root test-vm
+# --- install / package ------------------------------------------------------------------------
+# `make install` installs what `make build` built (it builds only when a binary is missing, so
+# it runs as any user who can write $(DESTDIR)$(PREFIX)); man pages and completions are
+# generated from the clap definitions by the built binary (`nsfast __gen-docs`).
+PREFIX  ?= /usr/local
+DESTDIR ?=
+BINDIR  := $(PREFIX)/bin
+CNIDIR  := $(PREFIX)/lib/cni
+MANDIR  := $(PREFIX)/share/man
+UNITDIR := $(PREFIX)/lib/systemd/system
+USERUNITDIR := $(PREFIX)/lib/systemd/user
+DOCDIR  := $(PREFIX)/share/doc/nsfast
+BASHDIR := $(PREFIX)/share/bash-completion/completions
+ZSHDIR  := $(PREFIX)/share/zsh/vendor-completions
+FISHDIR := $(PREFIX)/share/fish/vendor_completions.d
+SHIP_BINS := target/release/nsfast target/release/vpnrelay target/release/nsfast-cni
+VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -1)
+DEB_ARCH = $(shell dpkg --print-architecture)
+DEB_ROOT := build/deb/root
+DEB_FILE = build/nsfast_$(VERSION)_$(DEB_ARCH).deb
+
+.PHONY: install uninstall deb test-install
+
+install:
+	@for b in $(SHIP_BINS); do [ -x $$b ] || { echo "nsfast: $$b missing: building"; $(MAKE) build || exit 1; break; }; done
+	@set -e; d="$(DESTDIR)"; gen=$$(mktemp -d); trap 'rm -rf "$$gen"' EXIT; \
+	$(RELEASE_BIN) __gen-docs --man-dir "$$gen/man" --completions-dir "$$gen/comp" >/dev/null; \
+	install -d "$$d$(BINDIR)" "$$d$(CNIDIR)" "$$d$(MANDIR)/man1" "$$d$(MANDIR)/man8" "$$d$(UNITDIR)" \
+		"$$d$(USERUNITDIR)" "$$d$(DOCDIR)" "$$d$(BASHDIR)" "$$d$(ZSHDIR)" "$$d$(FISHDIR)"; \
+	install -m755 target/release/nsfast target/release/vpnrelay "$$d$(BINDIR)/"; \
+	install -m755 target/release/nsfast-cni "$$d$(CNIDIR)/"; \
+	install -m644 "$$gen"/man/*.8 dist/man/*.8 "$$d$(MANDIR)/man8/"; \
+	install -m644 "$$gen"/man/*.1 "$$d$(MANDIR)/man1/"; \
+	install -m644 "$$gen"/comp/bash/* "$$d$(BASHDIR)/"; \
+	install -m644 "$$gen"/comp/zsh/* "$$d$(ZSHDIR)/"; \
+	install -m644 "$$gen"/comp/fish/* "$$d$(FISHDIR)/"; \
+	for u in nsfast-sockmap@.service nsfast-vsock-bridge.service; do \
+		sed 's|@BINDIR@|$(BINDIR)|g' dist/systemd/$$u > "$$d$(UNITDIR)/$$u"; chmod 644 "$$d$(UNITDIR)/$$u"; done; \
+	sed 's|@BINDIR@|$(BINDIR)|g' dist/systemd/vpnrelay@.service > "$$d$(USERUNITDIR)/vpnrelay@.service"; \
+	chmod 644 "$$d$(USERUNITDIR)/vpnrelay@.service"; \
+	install -m644 examples/cni/10-nsfast.conflist dist/systemd/nsfast-vsock-bridge.default "$$d$(DOCDIR)/"; \
+	echo "nsfast: installed nsfast and vpnrelay into $$d$(BINDIR), man pages into $$d$(MANDIR), units into $$d$(UNITDIR) and $$d$(USERUNITDIR)"; \
+	echo "nsfast: installed the CNI plugin into $(CNIDIR)/nsfast-cni: add $(CNIDIR) to your runtime's CNI plugin path (cni_plugin_dirs, bin_dir)"
+
+# Removes what `make install` (same PREFIX/DESTDIR) installed.
+uninstall:
+	rm -f $(DESTDIR)$(BINDIR)/nsfast $(DESTDIR)$(BINDIR)/vpnrelay $(DESTDIR)$(CNIDIR)/nsfast-cni
+	rm -f $(DESTDIR)$(MANDIR)/man8/nsfast*.8 $(DESTDIR)$(MANDIR)/man1/vpnrelay*.1
+	rm -f $(DESTDIR)$(BASHDIR)/nsfast $(DESTDIR)$(BASHDIR)/vpnrelay $(DESTDIR)$(ZSHDIR)/_nsfast $(DESTDIR)$(ZSHDIR)/_vpnrelay
+	rm -f $(DESTDIR)$(FISHDIR)/nsfast.fish $(DESTDIR)$(FISHDIR)/vpnrelay.fish
+	rm -f $(DESTDIR)$(UNITDIR)/nsfast-sockmap@.service $(DESTDIR)$(UNITDIR)/nsfast-vsock-bridge.service $(DESTDIR)$(USERUNITDIR)/vpnrelay@.service
+	rm -rf $(DESTDIR)$(DOCDIR)
+
+# A Debian package from the install tree (PREFIX=/usr): dpkg-deb only, no debhelper.
+deb:
+	rm -rf build/deb
+	$(MAKE) --no-print-directory install PREFIX=/usr DESTDIR=$(CURDIR)/$(DEB_ROOT)
+	strip --strip-debug $(DEB_ROOT)/usr/bin/nsfast $(DEB_ROOT)/usr/bin/vpnrelay $(DEB_ROOT)/usr/lib/cni/nsfast-cni
+	scripts/deb-control.sh $(DEB_ROOT) $(VERSION) $(DEB_ARCH)
+	dpkg-deb --build --root-owner-group $(DEB_ROOT) $(DEB_FILE)
+	@echo "nsfast: built $(DEB_FILE) (install: dpkg -i $(DEB_FILE))"
+
+# make install as a non-root user, man pages, completions, units, the .deb (install, run, purge).
+test-install: build
+	tests/install/check.sh
+# --- end install / package --------------------------------------------------------------------
+
+test: lint test-root test-install test-vm
 
 # Longer run, both CPU placements, with the sockperf/iperf3 cross-check.
 bench: deps build
