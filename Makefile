@@ -1,6 +1,10 @@
 # nsfast — every target installs what it needs (Debian packages via apt-get) and works as root
-# on a fresh Debian 12 machine.
+# on a fresh Debian 12 machine; `make build` and `make install` also work as any user once the
+# build packages are there.
 #
+#   make build    the release binaries (needs only the build packages: DEB_BUILD)
+#   make install  PREFIX=/usr/local DESTDIR=: binaries, nsfast-cni, man pages, completions, units
+#   make deb      build/nsfast_<version>_<arch>.deb from the install tree
 #   make demo   install, build, run the main job (nsfast bench --quick) in throwaway namespaces
 #   make test   install, then every test: format, lints, unit + root integration tests, VM matrix
 #   make bench  the full benchmark
@@ -13,8 +17,8 @@ RELEASE_BIN := target/release/nsfast
 DEB_BUILD := clang-19 llvm-19 libbpf-dev linux-libc-dev pkg-config make gcc
 DEB_TEST  := iproute2 bpftool sockperf iperf3 procps python3 containernetworking-plugins rootlesskit slirp4netns uidmap nftables iptables util-linux passwd busybox-static wireguard-go wireguard-tools conntrack
 DEB_VM    := qemu-system-x86 kmod xz-utils debian-archive-keyring binutils libc-bin socat nftables
-# Packages the man-page/.deb checks of `make test-install` use (man-db renders, dpkg-deb packs).
-DEB_SHIP  := man-db groff-base
+# Packages `make deb` and `make test-install` use (man-db renders, binutils strips and reads ELF).
+DEB_SHIP  := man-db groff-base binutils
 DEB_ALL   := $(DEB_BUILD) $(DEB_TEST) $(DEB_VM) $(DEB_SHIP)
 
 .PHONY: all check-cargo deps deps-build build demo test test-unit test-root test-vm lint bench clean
