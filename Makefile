@@ -133,7 +133,7 @@ deb:
 	@echo "nsfast: built $(DEB_FILE) (install: dpkg -i $(DEB_FILE))"
 
 # make install as a non-root user, man pages, completions, units, the .deb (install, run, purge).
-test-install: build
+test-install: deps build
 	tests/install/check.sh
 # --- end install / package --------------------------------------------------------------------
 
