@@ -17,8 +17,9 @@ RELEASE_BIN := target/release/nsfast
 DEB_BUILD := clang-19 llvm-19 libbpf-dev linux-libc-dev pkg-config make gcc
 DEB_TEST  := iproute2 bpftool sockperf iperf3 procps python3 containernetworking-plugins rootlesskit slirp4netns uidmap nftables iptables util-linux passwd busybox-static wireguard-go wireguard-tools conntrack
 DEB_VM    := qemu-system-x86 kmod xz-utils debian-archive-keyring binutils libc-bin socat nftables
-# Packages `make deb` and `make test-install` use (man-db renders, binutils strips and reads ELF).
-DEB_SHIP  := man-db groff-base binutils
+# Packages `make deb` and `make test-install` use (man-db renders, binutils strips and reads ELF,
+# zsh/fish check the completions).
+DEB_SHIP  := man-db groff-base binutils zsh fish
 DEB_ALL   := $(DEB_BUILD) $(DEB_TEST) $(DEB_VM) $(DEB_SHIP)
 
 .PHONY: all check-cargo deps deps-build build demo test test-unit test-root test-vm lint bench clean

@@ -96,8 +96,20 @@ bash -n "$p/share/bash-completion/completions/nsfast" || fail "bash completion d
 words=$(bash -c 'source "$1"; COMP_WORDS=(nsfast so); COMP_CWORD=1; COMP_LINE="nsfast so"; COMP_POINT=9; _nsfast nsfast so nsfast; printf "%s\n" "${COMPREPLY[@]}"' _ "$p/share/bash-completion/completions/nsfast")
 grep -qx sockmap <<<"$words" || fail "bash completion of 'nsfast so' gave: $words"
 ok "bash completion parses and completes 'nsfast so' to sockmap"
-if command -v zsh >/dev/null; then zsh -n "$p/share/zsh/vendor-completions/_nsfast" || fail "zsh completion"; ok "zsh completion parses"; else skip "zsh completion syntax (zsh not installed)"; fi
-if command -v fish >/dev/null; then fish -n "$p/share/fish/vendor_completions.d/nsfast.fish" || fail "fish completion"; ok "fish completion parses"; else skip "fish completion syntax (fish not installed)"; fi
+if command -v zsh >/dev/null; then
+	zsh -n "$p/share/zsh/vendor-completions/_nsfast" && zsh -n "$p/share/zsh/vendor-completions/_vpnrelay" || fail "zsh completion"
+	ok "zsh completions parse"
+else
+	skip "zsh completion syntax (zsh not installed)"
+fi
+if command -v fish >/dev/null; then
+	fish -n "$p/share/fish/vendor_completions.d/nsfast.fish" || fail "fish completion"
+	words=$(fish --no-config -c "source $p/share/fish/vendor_completions.d/nsfast.fish; complete -C 'nsfast so'")
+	grep -q '^sockmap' <<<"$words" || fail "fish completion of 'nsfast so' gave: $words"
+	ok "fish completion parses and completes 'nsfast so' to sockmap"
+else
+	skip "fish completion (fish not installed)"
+fi
 
 # 3. The Debian package.
 out=$(make -s deb 2>&1) || fail "make deb: $out"
