@@ -1,6 +1,10 @@
 # nsfast — every target installs what it needs (Debian packages via apt-get) and works as root
-# on a fresh Debian 12 machine.
+# on a fresh Debian 12 machine; `make build` and `make install` also work as any user once the
+# build packages are there.
 #
+#   make build    the release binaries (needs only the build packages: DEB_BUILD)
+#   make install  PREFIX=/usr/local DESTDIR=: binaries, nsfast-cni, man pages, completions, units
+#   make deb      build/nsfast_<version>_<arch>.deb from the install tree
 #   make demo   install, build, run the main job (nsfast bench --quick) in throwaway namespaces
 #   make test   install, then every test: format, lints, unit + root integration tests, VM matrix
 #   make bench  the full benchmark
@@ -13,27 +17,44 @@ RELEASE_BIN := target/release/nsfast
 DEB_BUILD := clang-19 llvm-19 libbpf-dev linux-libc-dev pkg-config make gcc
 DEB_TEST  := iproute2 bpftool sockperf iperf3 procps python3 containernetworking-plugins rootlesskit slirp4netns uidmap nftables iptables util-linux passwd busybox-static wireguard-go wireguard-tools conntrack
 DEB_VM    := qemu-system-x86 kmod xz-utils debian-archive-keyring binutils libc-bin socat nftables
-DEB_ALL   := $(DEB_BUILD) $(DEB_TEST) $(DEB_VM)
+# Packages `make deb` and `make test-install` use (man-db renders, binutils strips and reads ELF,
+# zsh/fish check the completions).
+DEB_SHIP  := man-db groff-base binutils zsh fish
+DEB_ALL   := $(DEB_BUILD) $(DEB_TEST) $(DEB_VM) $(DEB_SHIP)
 
-.PHONY: all deps build demo test test-unit test-root test-vm lint bench clean
+.PHONY: all check-cargo deps deps-build build demo test test-unit test-root test-vm lint bench clean
 
 all: build
 
-# Installs only what is missing; runs `apt-get update` only when something must be installed.
-deps:
-	@command -v $(CARGO) >/dev/null || { echo "nsfast: cargo not found: install Rust (rustup, stable >= 1.95) first" >&2; exit 1; }
-	@missing=$$(for p in $(DEB_ALL); do dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q '^install ok installed' || echo $$p; done); \
+# --- package sets -----------------------------------------------------------------------------
+# `deps-build`: only what `make build` needs (no root needed when it is all there already).
+# `deps`: everything the tests, the VM matrix and the demo need.
+# Both install only what is missing and run `apt-get update` only when something must be
+# installed; without root they name the missing packages and stop.
+define install_missing
+	@missing=$$(for p in $(1); do dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q '^install ok installed' || echo $$p; done); \
 	if [ -n "$$missing" ]; then \
 		echo "nsfast: installing Debian packages:" $$missing; \
-		if [ "$$(id -u)" != 0 ]; then echo "nsfast: need root to install packages" >&2; exit 1; fi; \
+		if [ "$$(id -u)" != 0 ]; then echo "nsfast: need root to install packages (or install them yourself): $$missing" >&2; exit 1; fi; \
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing; \
 	fi
+endef
 
-build: deps
+check-cargo:
+	@command -v $(CARGO) >/dev/null || { echo "nsfast: cargo not found: install Rust (rustup, stable >= 1.95) first" >&2; exit 1; }
+
+deps-build: check-cargo
+	$(call install_missing,$(DEB_BUILD))
+
+deps: check-cargo
+	$(call install_missing,$(DEB_ALL))
+# --- end package sets -------------------------------------------------------------------------
+
+build: deps-build
 	$(CARGO) build --release --workspace --bins
 
 # host / veth / routed / sockmap, every workload, 3 interleaved rounds: table + JSON + SVGs.
-demo: build
+demo: deps build
 	$(RELEASE_BIN) bench --quick --json bench-results/bench.json
 
 lint: deps
@@ -50,10 +71,77 @@ test-root: deps
 test-vm: deps
 	tests/vm/run.sh
 
-test: lint test-root test-vm
+# --- install / package ------------------------------------------------------------------------
+# `make install` installs what `make build` built (it builds only when a binary is missing, so
+# it runs as any user who can write $(DESTDIR)$(PREFIX)); man pages and completions are
+# generated from the clap definitions by the built binary (`nsfast __gen-docs`).
+PREFIX  ?= /usr/local
+DESTDIR ?=
+BINDIR  := $(PREFIX)/bin
+CNIDIR  := $(PREFIX)/lib/cni
+MANDIR  := $(PREFIX)/share/man
+UNITDIR := $(PREFIX)/lib/systemd/system
+USERUNITDIR := $(PREFIX)/lib/systemd/user
+DOCDIR  := $(PREFIX)/share/doc/nsfast
+BASHDIR := $(PREFIX)/share/bash-completion/completions
+ZSHDIR  := $(PREFIX)/share/zsh/vendor-completions
+FISHDIR := $(PREFIX)/share/fish/vendor_completions.d
+SHIP_BINS := target/release/nsfast target/release/vpnrelay target/release/nsfast-cni
+VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -1)
+DEB_ARCH = $(shell dpkg --print-architecture)
+DEB_ROOT := build/deb/root
+DEB_FILE = build/nsfast_$(VERSION)_$(DEB_ARCH).deb
+
+.PHONY: install uninstall deb test-install
+
+install:
+	@for b in $(SHIP_BINS); do [ -x $$b ] || { echo "nsfast: $$b missing: building"; $(MAKE) build || exit 1; break; }; done
+	@set -e; d="$(DESTDIR)"; gen=$$(mktemp -d); trap 'rm -rf "$$gen"' EXIT; \
+	$(RELEASE_BIN) __gen-docs --man-dir "$$gen/man" --completions-dir "$$gen/comp" >/dev/null; \
+	install -d "$$d$(BINDIR)" "$$d$(CNIDIR)" "$$d$(MANDIR)/man1" "$$d$(MANDIR)/man8" "$$d$(UNITDIR)" \
+		"$$d$(USERUNITDIR)" "$$d$(DOCDIR)" "$$d$(BASHDIR)" "$$d$(ZSHDIR)" "$$d$(FISHDIR)"; \
+	install -m755 target/release/nsfast target/release/vpnrelay "$$d$(BINDIR)/"; \
+	install -m755 target/release/nsfast-cni "$$d$(CNIDIR)/"; \
+	install -m644 "$$gen"/man/*.8 dist/man/*.8 "$$d$(MANDIR)/man8/"; \
+	install -m644 "$$gen"/man/*.1 "$$d$(MANDIR)/man1/"; \
+	install -m644 "$$gen"/comp/bash/* "$$d$(BASHDIR)/"; \
+	install -m644 "$$gen"/comp/zsh/* "$$d$(ZSHDIR)/"; \
+	install -m644 "$$gen"/comp/fish/* "$$d$(FISHDIR)/"; \
+	for u in nsfast-sockmap@.service nsfast-vsock-bridge.service; do \
+		sed 's|@BINDIR@|$(BINDIR)|g' dist/systemd/$$u > "$$d$(UNITDIR)/$$u"; chmod 644 "$$d$(UNITDIR)/$$u"; done; \
+	sed 's|@BINDIR@|$(BINDIR)|g' dist/systemd/vpnrelay@.service > "$$d$(USERUNITDIR)/vpnrelay@.service"; \
+	chmod 644 "$$d$(USERUNITDIR)/vpnrelay@.service"; \
+	install -m644 examples/cni/10-nsfast.conflist dist/systemd/nsfast-vsock-bridge.default "$$d$(DOCDIR)/"; \
+	echo "nsfast: installed nsfast and vpnrelay into $$d$(BINDIR), man pages into $$d$(MANDIR), units into $$d$(UNITDIR) and $$d$(USERUNITDIR)"; \
+	echo "nsfast: installed the CNI plugin into $(CNIDIR)/nsfast-cni: add $(CNIDIR) to your runtime's CNI plugin path (cni_plugin_dirs, bin_dir)"
+
+# Removes what `make install` (same PREFIX/DESTDIR) installed.
+uninstall:
+	rm -f $(DESTDIR)$(BINDIR)/nsfast $(DESTDIR)$(BINDIR)/vpnrelay $(DESTDIR)$(CNIDIR)/nsfast-cni
+	rm -f $(DESTDIR)$(MANDIR)/man8/nsfast*.8 $(DESTDIR)$(MANDIR)/man1/vpnrelay*.1
+	rm -f $(DESTDIR)$(BASHDIR)/nsfast $(DESTDIR)$(BASHDIR)/vpnrelay $(DESTDIR)$(ZSHDIR)/_nsfast $(DESTDIR)$(ZSHDIR)/_vpnrelay
+	rm -f $(DESTDIR)$(FISHDIR)/nsfast.fish $(DESTDIR)$(FISHDIR)/vpnrelay.fish
+	rm -f $(DESTDIR)$(UNITDIR)/nsfast-sockmap@.service $(DESTDIR)$(UNITDIR)/nsfast-vsock-bridge.service $(DESTDIR)$(USERUNITDIR)/vpnrelay@.service
+	rm -rf $(DESTDIR)$(DOCDIR)
+
+# A Debian package from the install tree (PREFIX=/usr): dpkg-deb only, no debhelper.
+deb:
+	rm -rf build/deb
+	$(MAKE) --no-print-directory install PREFIX=/usr DESTDIR=$(CURDIR)/$(DEB_ROOT)
+	strip --strip-debug $(DEB_ROOT)/usr/bin/nsfast $(DEB_ROOT)/usr/bin/vpnrelay $(DEB_ROOT)/usr/lib/cni/nsfast-cni
+	scripts/deb-control.sh $(DEB_ROOT) $(VERSION) $(DEB_ARCH)
+	dpkg-deb --build --root-owner-group $(DEB_ROOT) $(DEB_FILE)
+	@echo "nsfast: built $(DEB_FILE) (install: dpkg -i $(DEB_FILE))"
+
+# make install as a non-root user, man pages, completions, units, the .deb (install, run, purge).
+test-install: deps build
+	tests/install/check.sh
+# --- end install / package --------------------------------------------------------------------
+
+test: lint test-root test-install test-vm
 
 # Longer run, both CPU placements, with the sockperf/iperf3 cross-check.
-bench: build
+bench: deps build
 	$(RELEASE_BIN) bench --placement same-cpu,cross-cpu --cross-check --json bench-results/bench.json
 
 clean:

@@ -5,6 +5,8 @@ use std::env;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use sha2::Digest;
+
 fn find_clang() -> Option<String> {
     if let Ok(c) = env::var("NSFAST_CLANG") {
         return Some(c);
@@ -53,6 +55,9 @@ fn main() {
         }
     }
     sources.sort();
+    // One hash over every embedded object (name and bytes, in name order): `nsfast --version`
+    // prints it, so two builds can be told apart by the BPF code they load.
+    let mut hash = sha2::Sha256::new();
     for src in &sources {
         let name = src
             .file_name()
@@ -61,7 +66,15 @@ fn main() {
             .replace(".bpf.c", ".bpf.o");
         let obj = out.join(&name);
         compile(&clang, src, &obj, &bpf_dir, &arch_inc);
+        let bytes =
+            std::fs::read(&obj).unwrap_or_else(|e| panic!("reading {}: {e}", obj.display()));
+        hash.update(name.as_bytes());
+        hash.update((bytes.len() as u64).to_le_bytes());
+        hash.update(&bytes);
     }
+    let digest = hash.finalize();
+    let hex: String = digest.iter().map(|b| format!("{b:02x}")).collect();
+    println!("cargo:rustc-env=NSFAST_BPF_SHA256={hex}");
 }
 
 fn compile(clang: &str, src: &Path, obj: &Path, bpf_dir: &Path, arch_inc: &str) {

@@ -12,3 +12,6 @@ pub static TEST_SOCKMAP_KEYS: &[u8] =
 /// Pod datapath: TCX (veth, wire) and netkit programs, endpoint table, counters
 /// (`bpf/pod.bpf.c`).
 pub static POD: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/pod.bpf.o"));
+
+/// SHA-256 over every object this crate embeds (name, length and bytes, in name order).
+pub const OBJECTS_SHA256: &str = env!("NSFAST_BPF_SHA256");

@@ -35,6 +35,7 @@ pub mod probe;
 pub mod procstat;
 pub mod sched;
 pub mod signals;
+pub mod systemd;
 pub mod udp;
 pub mod userns;
 pub mod vsock;

@@ -8,6 +8,12 @@ pub enum SockmapError {
     /// The cgroup could not be found or created.
     #[error(transparent)]
     Cgroup(#[from] nsfast_sys::cgroup::CgroupError),
+    /// No cgroup was given (the shortcut never picks or creates one).
+    #[error("no cgroup given: name the cgroup to accelerate with --cgroup PATH (an existing cgroup2 directory) or --slice NAME.slice (a started systemd slice), or run it as nsfast-sockmap@NAME.slice")]
+    NoCgroup,
+    /// A malformed systemd slice name.
+    #[error("invalid slice name {name:?}: {why}")]
+    BadSlice { name: String, why: String },
     /// The shortcut is already attached to this cgroup.
     #[error("nsfast sockmap is already attached to cgroup {path} (program id {prog_id}{}); stop it first", .pid.map(|p| format!(", loader pid {p}")).unwrap_or_default())]
     AlreadyAttached {

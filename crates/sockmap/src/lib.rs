@@ -17,7 +17,7 @@ pub mod shortcut;
 pub mod status;
 
 pub use error::SockmapError;
-pub use shortcut::{Options, Shortcut};
+pub use shortcut::{slice_cgroup, Options, Shortcut};
 pub use status::{instances, Instance, Stats};
 
 /// Whether FIONREAD on a socket in the sockmap counts bytes queued by redirects. Measured in the

@@ -14,13 +14,11 @@ use crate::abi::{self, Config};
 use crate::error::SockmapError;
 use crate::status::{self, Stats};
 
-/// Name of the cgroup created under the cgroup2 mount when none is given.
-pub const DEFAULT_CGROUP: &str = "test.slice";
-
 /// What to attach to.
 #[derive(Debug, Clone, Default)]
 pub struct Options {
-    /// cgroup2 directory; `None` means `<cgroup2 mount>/test.slice`, created if missing.
+    /// cgroup2 directory (it must exist: the shortcut never creates one). Required: `None`
+    /// is refused with [`SockmapError::NoCgroup`].
     pub cgroup: Option<PathBuf>,
     /// Only connections to these server ports take the shortcut (default: all).
     pub ports: Option<PortList>,
@@ -30,11 +28,10 @@ pub struct Options {
 
 /// The attached shortcut. Dropping it detaches both programs; sockets already redirected keep
 /// their redirect until they close (the kernel keeps the maps alive while they hold them), so
-/// no queued byte is lost. A cgroup this instance created is removed if empty.
+/// no queued byte is lost.
 pub struct Shortcut {
     ebpf: Option<Ebpf>,
     cgroup: Cgroup,
-    created_cgroup: bool,
     cgroup_id: u64,
 }
 
@@ -47,22 +44,48 @@ impl std::fmt::Debug for Shortcut {
     }
 }
 
-/// Resolves the cgroup to use without changing anything: (path, exists).
-pub fn resolve_cgroup(opts: &Options) -> Result<(PathBuf, bool), SockmapError> {
+/// Resolves the cgroup to use without changing anything.
+pub fn resolve_cgroup(opts: &Options) -> Result<Cgroup, SockmapError> {
     match &opts.cgroup {
-        Some(p) => {
-            Cgroup::open(p)?;
-            Ok((p.clone(), true))
-        }
-        None => {
-            let p = cgroup2_mount()?.join(DEFAULT_CGROUP);
-            let exists = p.exists();
-            if exists {
-                Cgroup::open(&p)?;
-            }
-            Ok((p, exists))
-        }
+        Some(p) => Ok(Cgroup::open(p)?),
+        None => Err(SockmapError::NoCgroup),
     }
+}
+
+/// The cgroup2 directory of the systemd slice `name` (`a-b.slice` is
+/// `<cgroup2 mount>/a.slice/a-b.slice`; `-.slice` is the root). Checks only the name.
+pub fn slice_cgroup(name: &str) -> Result<PathBuf, SockmapError> {
+    let bad = |why: &str| SockmapError::BadSlice {
+        name: name.to_string(),
+        why: why.to_string(),
+    };
+    let stem = name
+        .strip_suffix(".slice")
+        .ok_or_else(|| bad("a slice name ends in .slice, e.g. myapp.slice"))?;
+    let mount = cgroup2_mount()?;
+    if stem == "-" {
+        return Ok(mount);
+    }
+    if stem.is_empty()
+        || !stem
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || ":_.\\-".contains(c))
+    {
+        return Err(bad(
+            "only letters, digits and ':_.-\\' may come before .slice",
+        ));
+    }
+    let parts: Vec<&str> = stem.split('-').collect();
+    if parts.iter().any(|p| p.is_empty()) {
+        return Err(bad(
+            "'-' separates parent slices: no leading, trailing or doubled '-'",
+        ));
+    }
+    let mut path = mount;
+    for i in 1..=parts.len() {
+        path.push(format!("{}.slice", parts[..i].join("-")));
+    }
+    Ok(path)
 }
 
 /// Fails if an nsfast sockops program is already attached to the cgroup at `path`.
@@ -96,29 +119,17 @@ pub fn check_not_attached(path: &Path) -> Result<(), SockmapError> {
 }
 
 impl Shortcut {
-    /// Loads the programs and attaches them. On any error nothing stays attached and a cgroup
-    /// created here is removed again.
+    /// Loads the programs and attaches them to the (existing) cgroup. On any error nothing
+    /// stays attached.
     pub fn attach(opts: &Options) -> Result<Self, SockmapError> {
-        let (path, existed) = resolve_cgroup(opts)?;
-        if existed {
-            check_not_attached(&path)?;
-        }
-        let cgroup = Cgroup::create(&path)?;
-        let created_cgroup = !existed;
-        match Self::attach_to(&cgroup, opts) {
-            Ok((ebpf, cgroup_id)) => Ok(Self {
-                ebpf: Some(ebpf),
-                cgroup,
-                created_cgroup,
-                cgroup_id,
-            }),
-            Err(e) => {
-                if created_cgroup {
-                    let _ = cgroup.remove();
-                }
-                Err(e)
-            }
-        }
+        let cgroup = resolve_cgroup(opts)?;
+        check_not_attached(cgroup.path())?;
+        let (ebpf, cgroup_id) = Self::attach_to(&cgroup, opts)?;
+        Ok(Self {
+            ebpf: Some(ebpf),
+            cgroup,
+            cgroup_id,
+        })
     }
 
     fn attach_to(cgroup: &Cgroup, opts: &Options) -> Result<(Ebpf, u64), SockmapError> {
@@ -283,16 +294,6 @@ impl Shortcut {
                 self.cgroup.path().display()
             );
         }
-        if self.created_cgroup {
-            self.created_cgroup = false;
-            match self.cgroup.remove() {
-                Ok(()) => info!("removed cgroup {}", self.cgroup.path().display()),
-                Err(e) => warn!(
-                    "left cgroup {} in place (still has processes?): {e}",
-                    self.cgroup.path().display()
-                ),
-            }
-        }
         Ok(())
     }
 }
@@ -300,5 +301,40 @@ impl Shortcut {
 impl Drop for Shortcut {
     fn drop(&mut self) {
         let _ = self.detach_inner();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slice_names_map_to_nested_cgroups() {
+        let m = cgroup2_mount().unwrap();
+        assert_eq!(slice_cgroup("myapp.slice").unwrap(), m.join("myapp.slice"));
+        assert_eq!(
+            slice_cgroup("a-b-c.slice").unwrap(),
+            m.join("a.slice/a-b.slice/a-b-c.slice")
+        );
+        assert_eq!(slice_cgroup("-.slice").unwrap(), m);
+        for bad in [
+            "myapp",
+            "a--b.slice",
+            "-a.slice",
+            "a-.slice",
+            "../x.slice",
+            "a/b.slice",
+            ".slice",
+        ] {
+            let e = slice_cgroup(bad).unwrap_err().to_string();
+            assert!(e.contains(&format!("{bad:?}")), "{bad}: {e}");
+        }
+    }
+
+    #[test]
+    fn no_cgroup_is_refused_and_nothing_is_created() {
+        let e = Shortcut::attach(&Options::default()).unwrap_err();
+        assert!(matches!(e, SockmapError::NoCgroup), "{e}");
+        assert!(e.to_string().contains("--cgroup"), "{e}");
     }
 }

@@ -3,7 +3,7 @@
 use std::os::fd::{FromRawFd, OwnedFd};
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 
 use crate::config::Config;
 
@@ -117,16 +117,31 @@ e.g. `sudo -u USER XDG_RUNTIME_DIR=/run/user/UID vpnrelay ...`, a systemd user u
 fn init_logging() {
     use tracing_subscriber::EnvFilter;
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
-    let _ = tracing_subscriber::fmt()
+    let fmt = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
-        .with_target(false)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .try_init();
+        .with_target(false);
+    // Under systemd the journal adds the timestamp and shows no colour.
+    let _ = if nsfast_sys::systemd::stderr_is_journal() {
+        fmt.with_ansi(false).without_time().try_init()
+    } else {
+        fmt.with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+            .try_init()
+    };
+}
+
+/// The clap definition (for man pages and completions).
+pub fn command() -> clap::Command {
+    Cli::command()
 }
 
 /// Entry point of the `vpnrelay` binary.
 pub fn main() -> ExitCode {
+    main_with_version(env!("CARGO_PKG_VERSION"))
+}
+
+/// [`main`] with the version string `--version` prints.
+pub fn main_with_version(version: &'static str) -> ExitCode {
     // Before any thread exists, so every thread inherits the mask and signals are taken
     // synchronously where the program checks for them.
     if let Err(e) = nsfast_sys::signals::block_termination() {
@@ -134,7 +149,10 @@ pub fn main() -> ExitCode {
         return ExitCode::FAILURE;
     }
     init_logging();
-    let cli = Cli::parse();
+    let cli = match Cli::from_arg_matches(&Cli::command().version(version).get_matches()) {
+        Ok(c) => c,
+        Err(e) => e.exit(),
+    };
     // Only the hidden benchmark builds throwaway worlds and needs root.
     if !matches!(cli.command, Cmd::Bench { .. }) {
         if let Some(msg) = refuse_root(effective_host_uid()) {

@@ -1,6 +1,7 @@
 //! One module per subcommand.
 
 pub mod bench;
+pub mod gendocs;
 pub mod pod;
 pub mod probe;
 pub mod sockmap;

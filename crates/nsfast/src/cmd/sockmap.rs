@@ -24,11 +24,18 @@ pub enum SockmapCmd {
     /// Sockets created by processes in the cgroup take the shortcut once both ends of a
     /// connection are established inside it. Connections established before `run` starts keep
     /// the normal path.
+    ///
+    /// Under systemd (Type=notify, nsfast-sockmap@NAME.slice) READY=1 is sent once both
+    /// programs are attached.
+    #[command(group(clap::ArgGroup::new("target").required(true).args(["cgroup", "slice"])))]
     Run {
-        /// cgroup2 directory to attach to [default: <cgroup2 mount>/test.slice, created if
-        /// missing and removed again on exit].
+        /// cgroup2 directory to attach to (it must exist). This or --slice is required.
         #[arg(long, value_name = "PATH")]
         cgroup: Option<PathBuf>,
+        /// systemd slice to attach to, e.g. myapp.slice (its cgroup must exist: start the
+        /// slice first). nsfast-sockmap@NAME.slice runs this.
+        #[arg(long, value_name = "NAME.slice")]
+        slice: Option<String>,
         /// Only connections to these server ports take the shortcut, e.g. 80,443,8000-8100
         /// [default: all ports].
         #[arg(long, value_name = "LIST", value_parser = parse_ports)]
@@ -53,17 +60,33 @@ pub fn run(cmd: SockmapCmd) -> anyhow::Result<()> {
     match cmd {
         SockmapCmd::Run {
             cgroup,
+            slice,
             ports,
             exclude_ports,
             stats_interval,
-        } => run_shortcut(
-            Options {
-                cgroup,
-                ports,
-                exclude_ports,
-            },
-            stats_interval,
-        ),
+        } => {
+            let cgroup = match slice {
+                Some(s) => {
+                    let p = nsfast_sockmap::slice_cgroup(&s)?;
+                    if !p.exists() {
+                        anyhow::bail!(
+                            "slice {s} has no cgroup yet ({} does not exist): start it first (systemctl start {s}) or give --cgroup",
+                            p.display()
+                        );
+                    }
+                    Some(p)
+                }
+                None => cgroup,
+            };
+            run_shortcut(
+                Options {
+                    cgroup,
+                    ports,
+                    exclude_ports,
+                },
+                stats_interval,
+            )
+        }
         SockmapCmd::Status { json } => status(json),
     }
 }
@@ -78,6 +101,12 @@ fn run_shortcut(opts: Options, stats_interval: u64) -> anyhow::Result<()> {
         shortcut.cgroup_path().display(),
         std::process::id()
     );
+    // Type=notify: only now, with both programs attached, new connections take the shortcut.
+    nsfast_sys::systemd::notify(&format!(
+        "READY=1\nSTATUS=attached to {}",
+        shortcut.cgroup_path().display()
+    ))
+    .context("telling systemd the shortcut is attached")?;
     let signal = loop {
         let wait = if stats_interval == 0 {
             Duration::from_secs(3600)

@@ -139,6 +139,7 @@ pub enum VsockCmd {
         /// Any address instead of vsock (client: a connecting one, server: a listening one).
         #[arg(long, value_parser = parse_addr, value_name = "ADDR")]
         connect: Option<Address>,
+        /// With --server: listen on this address (any listening one) instead of vsock PORT.
         #[arg(long, value_parser = parse_addr, value_name = "ADDR", requires = "server")]
         listen: Option<Address>,
         /// Bytes to send, e.g. 1G.
@@ -161,16 +162,21 @@ pub enum NsCmd {
     /// Print ns_mode and child_ns_mode of the current namespace or of NAME (/run/netns/NAME
     /// or a path such as /proc/PID/ns/net).
     Show {
+        /// Namespace to show: NAME under /run/netns, or a path [default: the current one].
         name: Option<String>,
+        /// Print JSON instead of text.
         #[arg(long)]
         json: bool,
     },
     /// Create network namespace NAME (at /run/netns/NAME) in the given vsock mode, setting
     /// child_ns_mode in a throwaway parent so the current namespace is never locked.
     Create {
+        /// Name of the new namespace (created at /run/netns/NAME).
         name: String,
+        /// vsock mode of the new namespace (ns_mode): global or local.
         #[arg(long, value_parser = parse_mode)]
         mode: nsfast_vsock::nsmode::Mode,
+        /// Print JSON instead of text.
         #[arg(long)]
         json: bool,
     },

@@ -1,0 +1,158 @@
+#!/bin/bash
+# `make test-install`: installability checks (run as root after `make build`).
+#
+#  1. The package sets are split: as a throwaway non-root user, `make deps-build` passes without
+#     apt-get even when a test package is missing, and `make deps` names it and stops.
+#  2. `make install DESTDIR=<tmp>` as that non-root user, from the binaries `make build` built
+#     (the user gets a copy of the files `install` reads, so the repo may be unreadable for it;
+#     CARGO=false makes any rebuild attempt fail): binaries, man pages (`man -l --warnings`
+#     renders each without a warning), completions (bash/zsh/fish -n where the shell exists),
+#     units, docs.
+#  3. `make deb`, `dpkg -i`: `man -w nsfast`, `nsfast --version`, `nsfast probe`, nsfast-cni
+#     VERSION, `systemd-analyze verify` of the units (skipped with the reason if absent); then
+#     `dpkg --purge` leaves none of the package's files behind.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+repo=$PWD
+pass=0
+fail() { echo "test-install: FAIL: $*" >&2; exit 1; }
+ok() { echo "test-install: ok: $*"; pass=$((pass + 1)); }
+skip() { echo "test-install: skipped: $*"; }
+
+[ "$(id -u)" = 0 ] || fail "run as root (creates a throwaway user, installs a .deb)"
+for b in nsfast vpnrelay nsfast-cni; do [ -x target/release/$b ] || fail "target/release/$b missing: run make build"; done
+dpkg-query -W -f='${Status}' nsfast 2>/dev/null | grep -q 'install ok installed' &&
+	fail "a package nsfast is already installed on this machine: remove it first (dpkg --purge nsfast)"
+
+user=nsft-inst$$
+work=$(mktemp -d /tmp/nsfast-install-test.XXXXXX)
+deb_installed=0
+cleanup() {
+	[ "$deb_installed" = 1 ] && dpkg --purge nsfast >/dev/null 2>&1 || true
+	userdel "$user" 2>/dev/null || true
+	rm -rf "$work"
+}
+trap cleanup EXIT
+trap 'echo "test-install: FAIL: line $LINENO: $BASH_COMMAND" >&2' ERR
+useradd -M -d /nonexistent -s /usr/sbin/nologin "$user"
+chmod 755 "$work"
+as_user() { runuser -u "$user" -- env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/nonexistent "$@"; }
+
+# What `make install` reads, readable by the user (the binaries as built by `make build`).
+src=$work/src
+mkdir -p "$src/target/release"
+cp -r Makefile Cargo.toml dist examples scripts "$src/"
+cp target/release/nsfast target/release/vpnrelay target/release/nsfast-cni "$src/target/release/"
+chmod -R a+rX "$src"
+
+# 1. Package sets.
+out=$(as_user make -s -C "$src" deps-build CARGO=true DEB_TEST=nsfast-no-such-package 2>&1) ||
+	fail "non-root make deps-build: $out"
+grep -q "installing" <<<"$out" && fail "non-root make deps-build tried to install: $out"
+ok "non-root make deps-build passes with the build packages present (a test package missing)"
+if out=$(as_user make -s -C "$src" deps CARGO=true DEB_TEST=nsfast-no-such-package 2>&1); then
+	fail "non-root make deps passed with a package missing: $out"
+fi
+grep -q "need root.*nsfast-no-such-package" <<<"$out" || fail "make deps without root: $out"
+ok "non-root make deps names the missing package and stops"
+
+# 2. make install as the user.
+dest=$work/dest
+install -d -o "$user" "$dest"
+out=$(as_user make -s -C "$src" install DESTDIR="$dest" PREFIX=/usr/local CARGO=false 2>&1) ||
+	fail "non-root make install: $out"
+grep -q "installed the CNI plugin into /usr/local/lib/cni/nsfast-cni" <<<"$out" || fail "install does not name the CNI path: $out"
+ok "non-root make install DESTDIR=$dest"
+p=$dest/usr/local
+for f in bin/nsfast bin/vpnrelay lib/cni/nsfast-cni; do [ -x "$p/$f" ] || fail "$f missing or not executable"; done
+cmp -s "$p/bin/nsfast" target/release/nsfast || fail "installed nsfast differs from target/release/nsfast"
+for f in share/man/man8/nsfast.8 share/man/man8/nsfast-pod.8 share/man/man8/nsfast-sockmap.8 \
+	share/man/man8/nsfast-sockmap-run.8 share/man/man8/nsfast-vsock.8 share/man/man8/nsfast-bench.8 \
+	share/man/man8/nsfast-probe.8 share/man/man8/nsfast-cni.8 share/man/man1/vpnrelay.1 \
+	share/bash-completion/completions/nsfast share/bash-completion/completions/vpnrelay \
+	share/zsh/vendor-completions/_nsfast share/zsh/vendor-completions/_vpnrelay \
+	share/fish/vendor_completions.d/nsfast.fish share/fish/vendor_completions.d/vpnrelay.fish \
+	lib/systemd/system/nsfast-sockmap@.service lib/systemd/system/nsfast-vsock-bridge.service \
+	lib/systemd/user/vpnrelay@.service share/doc/nsfast/10-nsfast.conflist \
+	share/doc/nsfast/nsfast-vsock-bridge.default; do
+	[ -s "$p/$f" ] || fail "$f missing or empty in the install tree"
+done
+[ -z "$(find "$dest" ! -user "$user")" ] || fail "files not owned by the installing user: $(find "$dest" ! -user "$user")"
+ok "install tree holds binaries, man pages, completions, units, docs"
+grep -rq '@BINDIR@' "$p/lib/systemd" && fail "unit with an unsubstituted @BINDIR@"
+grep -q '^ExecStart=/usr/local/bin/nsfast sockmap run --slice %i$' "$p/lib/systemd/system/nsfast-sockmap@.service" ||
+	fail "nsfast-sockmap@.service ExecStart not pointing at /usr/local/bin"
+ok "units point at $(echo /usr/local/bin)"
+n=0
+for m in "$p"/share/man/man*/*; do
+	w=$(MANWIDTH=80 man -l --warnings "$m" 2>&1 >/dev/null) || fail "man -l $m failed: $w"
+	[ -z "$w" ] || fail "man -l $m warns: $w"
+	MANWIDTH=80 man -l "$m" 2>/dev/null | grep -q '^NAME' || fail "$m renders without a NAME section"
+	n=$((n + 1))
+done
+ok "$n man pages render without warnings"
+bash -n "$p/share/bash-completion/completions/nsfast" || fail "bash completion does not parse"
+# The completion really completes: subcommands of nsfast.
+words=$(bash -c 'source "$1"; COMP_WORDS=(nsfast so); COMP_CWORD=1; COMP_LINE="nsfast so"; COMP_POINT=9; _nsfast nsfast so nsfast; printf "%s\n" "${COMPREPLY[@]}"' _ "$p/share/bash-completion/completions/nsfast")
+grep -qx sockmap <<<"$words" || fail "bash completion of 'nsfast so' gave: $words"
+ok "bash completion parses and completes 'nsfast so' to sockmap"
+if command -v zsh >/dev/null; then
+	zsh -n "$p/share/zsh/vendor-completions/_nsfast" && zsh -n "$p/share/zsh/vendor-completions/_vpnrelay" || fail "zsh completion"
+	ok "zsh completions parse"
+else
+	skip "zsh completion syntax (zsh not installed)"
+fi
+if command -v fish >/dev/null; then
+	fish -n "$p/share/fish/vendor_completions.d/nsfast.fish" || fail "fish completion"
+	words=$(fish --no-config -c "source $p/share/fish/vendor_completions.d/nsfast.fish; complete -C 'nsfast so'")
+	grep -q '^sockmap' <<<"$words" || fail "fish completion of 'nsfast so' gave: $words"
+	ok "fish completion parses and completes 'nsfast so' to sockmap"
+else
+	skip "fish completion (fish not installed)"
+fi
+
+# 3. The Debian package.
+out=$(make -s deb 2>&1) || fail "make deb: $out"
+deb=$(ls build/nsfast_*.deb | tail -1)
+dpkg-deb -f "$deb" Depends | grep -q 'libc6 (>= ' || fail "Depends lacks libc6: $(dpkg-deb -f "$deb" Depends)"
+dpkg -i "$deb" >/dev/null || fail "dpkg -i $deb"
+deb_installed=1
+ok "dpkg -i $deb"
+[ "$(man -w nsfast)" = /usr/share/man/man8/nsfast.8 ] || fail "man -w nsfast: $(man -w nsfast 2>&1)"
+man -w nsfast-pod >/dev/null && man -w nsfast-cni >/dev/null && man -w 1 vpnrelay >/dev/null || fail "man -w nsfast-pod/nsfast-cni/vpnrelay"
+ok "man -w finds nsfast, nsfast-pod, nsfast-cni, vpnrelay"
+v=$(/usr/bin/nsfast --version)
+grep -Eq '^nsfast [0-9.]+ \(git [^,]+, bpf sha256 [0-9a-f]{64}\)$' <<<"$v" || fail "nsfast --version: $v"
+ok "$v"
+/usr/bin/nsfast probe >/dev/null || fail "nsfast probe"
+ok "nsfast probe runs"
+v=$(CNI_COMMAND=VERSION /usr/lib/cni/nsfast-cni </dev/null)
+grep -q '"supportedVersions"' <<<"$v" || fail "nsfast-cni VERSION: $v"
+ok "nsfast-cni VERSION: $v"
+if command -v systemd-analyze >/dev/null; then
+	u=$work/units
+	mkdir -p "$u" "$work/xdg"
+	cp /usr/lib/systemd/system/nsfast-sockmap@.service "$u/nsfast-sockmap@nsft.slice.service"
+	cp /usr/lib/systemd/user/vpnrelay@.service "$u/vpnrelay@br-0123456789ab.service"
+	for unit in "$u/nsfast-sockmap@nsft.slice.service" /usr/lib/systemd/system/nsfast-vsock-bridge.service; do
+		w=$(timeout 60 systemd-analyze verify "$unit" 2>&1) || fail "systemd-analyze verify $unit: $w"
+		[ -z "$w" ] || fail "systemd-analyze verify $unit: $w"
+	done
+	w=$(XDG_RUNTIME_DIR=$work/xdg timeout 60 systemd-analyze --user verify "$u/vpnrelay@br-0123456789ab.service" 2>&1) ||
+		fail "systemd-analyze --user verify vpnrelay@: $w"
+	[ -z "$w" ] || fail "systemd-analyze --user verify vpnrelay@: $w"
+	ok "systemd-analyze verify: the three units"
+else
+	skip "systemd-analyze verify (systemd-analyze not installed)"
+fi
+files=$(dpkg -L nsfast | while read -r f; do if [ ! -d "$f" ]; then echo "$f"; fi; done)
+nfiles=$(wc -l <<<"$files")
+[ "$nfiles" -ge 30 ] || fail "dpkg -L lists only $nfiles files"
+dpkg --purge nsfast >/dev/null || fail "dpkg --purge nsfast"
+deb_installed=0
+left=$(while read -r f; do if [ -e "$f" ]; then echo "$f"; fi; done <<<"$files")
+[ -z "$left" ] || fail "left after purge: $left"
+[ ! -e /usr/share/doc/nsfast ] || fail "/usr/share/doc/nsfast left after purge"
+ok "dpkg --purge removed all $nfiles files"
+
+echo "test-install: $pass passed, 0 failed"
