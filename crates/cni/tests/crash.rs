@@ -180,14 +180,26 @@ impl Rig {
     /// endpoint map and link pins), devices on the host and in `ctr_netns`, leases.
     fn assert_clean(&self, ctr_netns: &str, when: &str) {
         let h = self.host_state();
-        assert!(self.pods().is_empty(), "{when}: records left: {:?}", self.pods());
+        assert!(
+            self.pods().is_empty(),
+            "{when}: records left: {:?}",
+            self.pods()
+        );
         assert!(
             !h.state_dir().exists(),
             "{when}: {} left",
             h.state_dir().display()
         );
-        assert!(!h.pin_dir().exists(), "{when}: pins left in {}", h.pin_dir().display());
-        assert_eq!(Self::links(self.host.name()), ["lo"], "{when}: host devices");
+        assert!(
+            !h.pin_dir().exists(),
+            "{when}: pins left in {}",
+            h.pin_dir().display()
+        );
+        assert_eq!(
+            Self::links(self.host.name()),
+            ["lo"],
+            "{when}: host devices"
+        );
         let ctr = NetNs::open(ctr_netns).unwrap();
         assert!(
             !net::link_exists(Some(&ctr), "eth0").unwrap(),
@@ -257,13 +269,23 @@ fn sigkill_after_each_add_step_then_del_and_add_succeed_and_nothing_is_left() {
         let mut env = ids.to_vec();
         env.push((nsfast_pod::pod::CRASH_ENV, step));
         let killed = rig.invoke("ADD", &env, conf.as_bytes());
-        assert_eq!(killed.signal, Some(9), "ADD not killed after {step}: {}", killed.raw);
+        assert_eq!(
+            killed.signal,
+            Some(9),
+            "ADD not killed after {step}: {}",
+            killed.raw
+        );
         let del = rig.invoke("DEL", &ids, conf.as_bytes());
         assert!(del.ok, "DEL after a kill at {step}: {}", del.raw);
         rig.assert_clean(&netns, &format!("DEL after a kill at {step}"));
 
         let killed = rig.invoke("ADD", &env, conf.as_bytes());
-        assert_eq!(killed.signal, Some(9), "second kill at {step}: {}", killed.raw);
+        assert_eq!(
+            killed.signal,
+            Some(9),
+            "second kill at {step}: {}",
+            killed.raw
+        );
         let mut add = rig.invoke("ADD", &ids, conf.as_bytes());
         if *step == "record" {
             // The pod was complete, only the result was lost: a second ADD is refused as
@@ -433,7 +455,9 @@ fn del_with_another_attachments_ids_leaves_the_pod() {
     let pods = rig.pods();
     assert_eq!(pods.len(), 1, "CNI DEL removed a pod it did not make");
     assert_eq!(pods[0].name, name);
-    assert!(nsfast_pod::del(&name, Some(rig.host.name())).unwrap().is_some());
+    assert!(nsfast_pod::del(&name, Some(rig.host.name()))
+        .unwrap()
+        .is_some());
 }
 
 /// GC without `cni.dev/valid-attachments` collects nothing (and says so).
@@ -506,7 +530,11 @@ fn no_cni_command_prints_about_without_reading_stdin() {
     let rig = Rig::new();
     let mut child = rig.command("", &[]).spawn().unwrap();
     let stdin = child.stdin.take().unwrap(); // held open, never written
-    let out = wait_bounded(child, Duration::from_secs(10), "nsfast-cni without CNI_COMMAND");
+    let out = wait_bounded(
+        child,
+        Duration::from_secs(10),
+        "nsfast-cni without CNI_COMMAND",
+    );
     drop(stdin);
     assert!(out.ok, "{}", out.raw);
     let text = out.raw.split(" / stderr:").next().unwrap();

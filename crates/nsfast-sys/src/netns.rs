@@ -433,7 +433,10 @@ mod tests {
     fn open_refuses_files_that_are_not_network_namespaces() {
         for p in ["/etc/passwd", "/proc", "/proc/self/ns/mnt"] {
             let e = NetNs::open(p).expect_err(p).to_string();
-            assert!(e.contains(&format!("{p:?}")) && e.contains("not a network namespace"), "{e}");
+            assert!(
+                e.contains(&format!("{p:?}")) && e.contains("not a network namespace"),
+                "{e}"
+            );
         }
         let ns = NetNs::open("/proc/self/ns/net").expect("own netns");
         assert!(ns.inode() > 0);
@@ -443,7 +446,10 @@ mod tests {
     #[test]
     fn cookies_identify_namespaces() {
         let a = NetNs::current().unwrap().cookie().unwrap();
-        assert_eq!(a, NetNs::open("/proc/self/ns/net").unwrap().cookie().unwrap());
+        assert_eq!(
+            a,
+            NetNs::open("/proc/self/ns/net").unwrap().cookie().unwrap()
+        );
         assert_eq!(a, current_cookie().unwrap());
         if nix::unistd::geteuid().is_root() {
             let name = format!("nsft-ck-{}", std::process::id());

@@ -94,7 +94,15 @@ fn pod_list_refuses_a_host_that_is_not_a_network_namespace() {
     for args in [
         &["pod", "list", "--host", "/etc/passwd"][..],
         &["pod", "del", "--all", "--host", "/etc/passwd"][..],
-        &["pod", "add", "x", "--ip", "10.79.0.1/24", "--host", "/etc/passwd"][..],
+        &[
+            "pod",
+            "add",
+            "x",
+            "--ip",
+            "10.79.0.1/24",
+            "--host",
+            "/etc/passwd",
+        ][..],
     ] {
         let o = nsfast(args);
         assert!(!o.status.success(), "{args:?} accepted: {}", text(&o));
@@ -143,7 +151,15 @@ fn pod_add_killed_after_each_step_then_del_and_add_work_and_nothing_is_left() {
     };
     NetNs::create(&host).unwrap().persist();
     let add = [
-        "pod", "add", &pod, "--ip", "10.78.0.5/24", "--host", &host, "--mode", "veth",
+        "pod",
+        "add",
+        &pod,
+        "--ip",
+        "10.78.0.5/24",
+        "--host",
+        &host,
+        "--mode",
+        "veth",
     ];
     let del = ["pod", "del", &pod, "--host", &host];
     let steps = [
@@ -161,13 +177,27 @@ fn pod_add_killed_after_each_step_then_del_and_add_work_and_nothing_is_left() {
     for step in steps {
         let crash = [(nsfast_pod::pod::CRASH_ENV, step)];
         let o = nsfast_env(&add, &crash);
-        assert_eq!(o.status.signal(), Some(9), "not killed at {step}: {}", text(&o));
+        assert_eq!(
+            o.status.signal(),
+            Some(9),
+            "not killed at {step}: {}",
+            text(&o)
+        );
         let o = nsfast(&del);
-        assert!(o.status.success(), "del after a kill at {step}: {}", text(&o));
+        assert!(
+            o.status.success(),
+            "del after a kill at {step}: {}",
+            text(&o)
+        );
         assert_clean(&host, &pod, &format!("del after a kill at {step}"));
 
         let o = nsfast_env(&add, &crash);
-        assert_eq!(o.status.signal(), Some(9), "second kill at {step}: {}", text(&o));
+        assert_eq!(
+            o.status.signal(),
+            Some(9),
+            "second kill at {step}: {}",
+            text(&o)
+        );
         let mut o = nsfast(&add);
         if step == "record" {
             assert!(
@@ -178,7 +208,11 @@ fn pod_add_killed_after_each_step_then_del_and_add_work_and_nothing_is_left() {
             assert!(nsfast(&del).status.success());
             o = nsfast(&add);
         }
-        assert!(o.status.success(), "add after a kill at {step}: {}", text(&o));
+        assert!(
+            o.status.success(),
+            "add after a kill at {step}: {}",
+            text(&o)
+        );
         let h = nsfast_pod::Host::open(Some(&host)).unwrap();
         let r = h.record(&pod).unwrap().expect("record");
         assert!(!r.pending, "{step}");
@@ -217,7 +251,15 @@ fn host_inode_reuse_never_blocks_add_and_del_all_touches_only_the_new_host() {
         ns.inode()
     };
     let o = nsfast(&[
-        "pod", "add", &old_pod, "--ip", "10.77.0.1/24", "--host", &old_h, "--mode", "veth",
+        "pod",
+        "add",
+        &old_pod,
+        "--ip",
+        "10.77.0.1/24",
+        "--host",
+        &old_h,
+        "--mode",
+        "veth",
     ]);
     assert!(o.status.success(), "{}", text(&o));
     let old_state = state_dirs_with(&old_pod);
@@ -269,7 +311,15 @@ fn host_inode_reuse_never_blocks_add_and_del_all_touches_only_the_new_host() {
     net::create_veth(&new_h, &old_if, &new_h, "nsftdecoy1").unwrap();
 
     let o = nsfast(&[
-        "pod", "add", &new_pod, "--ip", "10.77.0.1/24", "--host", &new_name, "--mode", "veth",
+        "pod",
+        "add",
+        &new_pod,
+        "--ip",
+        "10.77.0.1/24",
+        "--host",
+        &new_name,
+        "--mode",
+        "veth",
     ]);
     c.names.push(new_pod.clone());
     assert!(o.status.success(), "add on the reused inode: {}", text(&o));
@@ -332,16 +382,34 @@ fn planted_stale_records_never_block_and_cleanup_touches_nothing_live() {
     let idx0 = net::link_index(Some(&h), "nsftold0").unwrap();
     let legacy = Path::new(STATE_ROOT).join(format!("netns-{ino}"));
     let other = Path::new(STATE_ROOT).join(format!("cookie-1-ino-{ino}"));
-    let other_pins = bpffs_root().join(PIN_SUBDIR).join(format!("cookie-1-ino-{ino}"));
-    c.dirs.extend([legacy.clone(), other.clone(), other_pins.clone()]);
-    plant(&legacy, "old-a", "10.77.0.1", "nsftold0", idx0 + 100, &victim);
+    let other_pins = bpffs_root()
+        .join(PIN_SUBDIR)
+        .join(format!("cookie-1-ino-{ino}"));
+    c.dirs
+        .extend([legacy.clone(), other.clone(), other_pins.clone()]);
+    plant(
+        &legacy,
+        "old-a",
+        "10.77.0.1",
+        "nsftold0",
+        idx0 + 100,
+        &victim,
+    );
     plant(&other, "old-b", "10.77.0.2", "nsftold1", idx0 + 1, &victim);
     nsfast_pod::state::ensure_bpffs().unwrap();
     std::fs::create_dir_all(&other_pins).unwrap();
 
     for (n, ip) in [("x", "10.77.0.1/24"), ("y", "10.77.0.2/24")] {
         let o = nsfast(&[
-            "pod", "add", &format!("{p}-{n}"), "--ip", ip, "--host", &host, "--mode", "veth",
+            "pod",
+            "add",
+            &format!("{p}-{n}"),
+            "--ip",
+            ip,
+            "--host",
+            &host,
+            "--mode",
+            "veth",
         ]);
         assert!(o.status.success(), "add {ip}: {}", text(&o));
     }
@@ -394,10 +462,17 @@ fn legacy_state_of_a_live_host_is_adopted() {
 
     let o = nsfast(&["pod", "list", "--host", &host]);
     assert!(o.status.success(), "{}", text(&o));
-    assert!(String::from_utf8_lossy(&o.stdout).contains("mig"), "{}", text(&o));
+    assert!(
+        String::from_utf8_lossy(&o.stdout).contains("mig"),
+        "{}",
+        text(&o)
+    );
     assert!(!legacy.exists(), "legacy state not moved");
     let o = nsfast(&["pod", "del", "mig", "--host", &host]);
     assert!(o.status.success(), "{}", text(&o));
     assert!(!net::link_exists(Some(&h), "nsftmig0").unwrap());
-    assert!(!netns::list_named().contains(&pod_ns), "owned pod namespace kept");
+    assert!(
+        !netns::list_named().contains(&pod_ns),
+        "owned pod namespace kept"
+    );
 }

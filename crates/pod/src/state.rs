@@ -135,7 +135,11 @@ impl Host {
         if let Err(e) = self.migrate_from(&legacy) {
             tracing::warn!("adopt pod state {legacy} for host {}: {e}", self.display);
         } else {
-            tracing::info!("pod state {legacy} adopted as {} (host {})", self.key, self.display);
+            tracing::info!(
+                "pod state {legacy} adopted as {} (host {})",
+                self.key,
+                self.display
+            );
         }
     }
 
@@ -304,7 +308,8 @@ impl Host {
             path: p.clone(),
             source: e,
         })?;
-        let mut f = File::create(&tmp).map_err(PodError::io(format!("create {}", tmp.display())))?;
+        let mut f =
+            File::create(&tmp).map_err(PodError::io(format!("create {}", tmp.display())))?;
         f.write_all(&body)
             .and_then(|()| f.sync_all())
             .map_err(PodError::io(format!("write {}", tmp.display())))?;
@@ -591,7 +596,10 @@ fn read_record(p: &Path) -> Result<PodRecord, PodError> {
         .map_err(PodError::io(format!("read {}", p.display())))?;
     if body.len() as u64 > MAX_RECORD {
         return Err(PodError::Io {
-            what: format!("pod record {} is larger than {MAX_RECORD} bytes", p.display()),
+            what: format!(
+                "pod record {} is larger than {MAX_RECORD} bytes",
+                p.display()
+            ),
             source: std::io::Error::from(std::io::ErrorKind::InvalidData),
         });
     }
