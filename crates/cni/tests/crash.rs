@@ -142,12 +142,42 @@ impl Rig {
         )
     }
 
-    fn host_state(&self) -> nsfast_pod::Host {
-        nsfast_pod::Host::open(Some(self.host.name())).unwrap()
+    /// The host's state and pin directories, found on disk by the host's inode (whatever key
+    /// format wrote them; opening a `Host` here could move state an older build wrote).
+    fn state_dirs(&self) -> Vec<PathBuf> {
+        let ino = self.host.inode();
+        let mut v = Vec::new();
+        for root in [
+            PathBuf::from(nsfast_pod::state::STATE_ROOT),
+            nsfast_pod::state::bpffs_root().join(nsfast_pod::state::PIN_SUBDIR),
+        ] {
+            for e in std::fs::read_dir(root).into_iter().flatten().flatten() {
+                let n = e.file_name().to_string_lossy().into_owned();
+                if nsfast_pod::state::parse_key(&n).is_some_and(|(_, i)| i == ino) {
+                    v.push(e.path());
+                }
+            }
+        }
+        v
+    }
+
+    /// Pod records of the host, with their paths.
+    fn records(&self) -> Vec<(PathBuf, nsfast_pod::PodRecord)> {
+        let mut v = Vec::new();
+        for d in self.state_dirs() {
+            for e in std::fs::read_dir(d).into_iter().flatten().flatten() {
+                let p = e.path();
+                if p.extension().is_some_and(|x| x == "json") {
+                    let r = nsfast_pod::state::parse_record(&std::fs::read(&p).unwrap()).unwrap();
+                    v.push((p, r));
+                }
+            }
+        }
+        v
     }
 
     fn pods(&self) -> Vec<nsfast_pod::PodRecord> {
-        self.host_state().records().unwrap()
+        self.records().into_iter().map(|(_, r)| r).collect()
     }
 
     /// host-local's reservation files (one per address) for our network.
@@ -163,37 +193,35 @@ impl Rig {
         v
     }
 
-    /// Link names in a namespace (by path or name).
+    /// Device names in namespace `ns` (name or path), from /proc/thread-self/net/dev inside it.
     fn links(ns: &str) -> Vec<String> {
-        let o = Command::new("ip")
-            .args(["-n", ns, "-o", "link", "show"])
-            .output()
-            .expect("ip link");
-        String::from_utf8_lossy(&o.stdout)
+        let ns = NetNs::open(ns).expect("open namespace");
+        let dev = ns
+            .run(|| std::fs::read_to_string("/proc/thread-self/net/dev"))
+            .unwrap()
+            .expect("read net/dev");
+        let mut v: Vec<String> = dev
             .lines()
-            .filter_map(|l| l.split(':').nth(1))
-            .map(|n| n.trim().split('@').next().unwrap_or("").to_string())
-            .collect()
+            .skip(2)
+            .filter_map(|l| l.split(':').next())
+            .map(|n| n.trim().to_string())
+            .collect();
+        v.sort();
+        v
     }
 
     /// Nothing of any pod is left: records, state and pin directories (and with them the
     /// endpoint map and link pins), devices on the host and in `ctr_netns`, leases.
     fn assert_clean(&self, ctr_netns: &str, when: &str) {
-        let h = self.host_state();
         assert!(
             self.pods().is_empty(),
             "{when}: records left: {:?}",
             self.pods()
         );
         assert!(
-            !h.state_dir().exists(),
-            "{when}: {} left",
-            h.state_dir().display()
-        );
-        assert!(
-            !h.pin_dir().exists(),
-            "{when}: pins left in {}",
-            h.pin_dir().display()
+            self.state_dirs().is_empty(),
+            "{when}: state or pins left: {:?}",
+            self.state_dirs()
         );
         assert_eq!(
             Self::links(self.host.name()),
@@ -243,6 +271,10 @@ impl Drop for Rig {
     fn drop(&mut self) {
         if let Ok(h) = nsfast_pod::Host::open(Some(self.host.name())) {
             let _ = nsfast_pod::pod::remove_where(&h, |_| false);
+        }
+        // What an older build left under its own key: this host is ours, so is its state.
+        for d in self.state_dirs() {
+            let _ = std::fs::remove_dir_all(d);
         }
         let _ = std::fs::remove_dir_all(&self.data_dir);
     }
@@ -431,17 +463,16 @@ fn del_with_another_attachments_ids_leaves_the_pod() {
     rig.assert_one_pod("ctr-a", &netns, &add, "DEL of ctr-b");
 
     // The record says another container owns this pod name.
-    let h = rig.host_state();
-    let mut r = rig.pods().remove(0);
+    let (path, mut r) = rig.records().remove(0);
     r.cni.as_mut().unwrap().container_id = "ctr-other".into();
-    h.write_record(&r).unwrap();
+    std::fs::write(&path, serde_json::to_vec(&r).unwrap()).unwrap();
     let del = rig.run("DEL", "ctr-a", &netns);
     assert!(del.ok, "{}", del.raw);
     let pods = rig.pods();
     assert_eq!(pods.len(), 1, "DEL removed another container's pod");
     assert!(net::link_exists(Some(&rig.host), &pods[0].host_if).unwrap());
     r.cni.as_mut().unwrap().container_id = "ctr-a".into();
-    h.write_record(&r).unwrap();
+    std::fs::write(&path, serde_json::to_vec(&r).unwrap()).unwrap();
     assert!(rig.run("DEL", "ctr-a", &netns).ok);
     assert!(rig.pods().is_empty());
 
