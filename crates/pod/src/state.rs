@@ -757,6 +757,51 @@ mod tests {
     }
 
     #[test]
+    fn keys_round_trip_and_legacy_keys_parse() {
+        assert_eq!(host_key(4096, 4026532000), "cookie-4096-ino-4026532000");
+        assert_eq!(
+            parse_key(&host_key(4096, 4026532000)),
+            Some((Some(4096), 4026532000))
+        );
+        assert_eq!(parse_key(&legacy_key(77)), Some((None, 77)));
+        for bad in [
+            "",
+            "netns-",
+            "netns-x",
+            "cookie-1",
+            "cookie-a-ino-1",
+            "cookie-1-ino-",
+        ] {
+            assert_eq!(parse_key(bad), None, "{bad}");
+        }
+    }
+
+    /// A record without `pending` (every record before intents existed) is complete; a pending
+    /// one round-trips, and a complete one is written without the field.
+    #[test]
+    fn pending_defaults_to_complete_and_round_trips() {
+        let body = br#"{"name":"p","ip":"10.0.0.1","prefix":24,"gateway":"169.254.1.1",
+            "datapath":"veth","host":"h","netns":"p","netns_owned":true,"host_if":"nsf0",
+            "host_ifindex":3,"pod_if":"eth0","pod_mac":"","host_mac":"","link_pins":[]}"#;
+        let mut r = parse_record(body).unwrap();
+        assert!(!r.pending);
+        assert!(!serde_json::to_string(&r).unwrap().contains("pending"));
+        r.pending = true;
+        let j = serde_json::to_vec(&r).unwrap();
+        assert!(parse_record(&j).unwrap().pending);
+        assert!(parse_record(b"{").is_err());
+    }
+
+    /// State of an inode no namespace has is stale; a key that is not ours never is.
+    #[test]
+    fn keys_of_unused_inodes_are_stale() {
+        let live = std::collections::BTreeMap::new();
+        assert!(key_is_stale(&host_key(1, 12345), &live));
+        assert!(key_is_stale(&legacy_key(12345), &live));
+        assert!(!key_is_stale("something-else", &live));
+    }
+
+    #[test]
     fn tc_filter_round_trips() {
         let f = TcFilter {
             ifname: "wire0".into(),
