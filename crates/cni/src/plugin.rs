@@ -440,6 +440,8 @@ fn gc(env: &Env, conf: &NetConf, raw: &Value) -> Result<(), CniError> {
         _ => true, // not ours to collect
     })
     .map_err(pod_err(code::IO_FAILURE, "garbage-collect pods"))?;
+    // State of dead host namespaces that had this one's inode: pins and records only.
+    pod::remove_stale_of(&host).map_err(pod_err(code::IO_FAILURE, "remove stale pod state"))?;
     let ipam = Delegate::new(conf.ipam_type()?, &conf.cni_version, env)?;
     if ipam.speaks_1_1() {
         ipam.exec("GC", env, "", "", raw)?;

@@ -607,3 +607,30 @@ fn cni_netns_that_is_not_a_namespace_is_refused() {
     assert!(rig.pods().is_empty());
     assert!(rig.reservations().is_empty());
 }
+
+/// GC also removes the state a dead host namespace with this host's inode left (the kernel
+/// reuses inodes), without touching this host's device of the same name.
+#[test]
+fn gc_removes_stale_state_of_a_dead_host_with_this_inode() {
+    let rig = Rig::new();
+    net::create_veth(&rig.host, "nsftold0", &rig.host, "nsftold1").unwrap();
+    let key = format!("cookie-1-ino-{}", rig.host.inode());
+    let dir = PathBuf::from(nsfast_pod::state::STATE_ROOT).join(&key);
+    std::fs::create_dir_all(&dir).unwrap();
+    let r = json!({
+        "name": "old-a", "ip": "10.203.7.9", "prefix": 24, "gateway": "169.254.1.1",
+        "datapath": "veth", "host": "current", "netns": "/run/netns/gone", "netns_owned": false,
+        "host_if": "nsftold0", "host_ifindex": 2, "pod_if": "eth0", "pod_mac": "",
+        "host_mac": "", "attach": "tcx", "link_pins": [],
+        "cni": {"container_id": "ctr-old", "network": rig.network, "ifname": "eth0"},
+    });
+    std::fs::write(dir.join("old-a.json"), r.to_string()).unwrap();
+    let mut gc = rig.conf();
+    gc["cni.dev/valid-attachments"] = json!([]);
+    let out = rig.invoke("GC", &[], gc.to_string().as_bytes());
+    let left = dir.exists();
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(out.ok, "GC: {}", out.raw);
+    assert!(!left, "stale state {} left", dir.display());
+    assert!(net::link_exists(Some(&rig.host), "nsftold0").unwrap());
+}

@@ -732,15 +732,25 @@ pub fn del_locked(
 /// pins and records are removed, nothing in this namespace).
 pub fn del_all(host: Option<&str>) -> Result<Vec<PodRecord>, PodError> {
     let host = Host::open(host)?;
-    for k in crate::state::orphaned_keys_of_inode(host.ns.inode()) {
-        for d in crate::state::remove_orphan(&k)? {
-            info!("removed stale pod state {}", d.display());
-        }
-    }
+    remove_stale_of(&host)?;
     if !host.state_dir().exists() && !host.pin_dir().exists() {
         return Ok(Vec::new());
     }
     remove_where(&host, |_| false)
+}
+
+/// Removes the stale state of dead namespaces that had `host`'s inode (see
+/// [`crate::state::orphaned_keys_of_inode`]): their pins and records only, nothing in `host`.
+/// Returns the directories removed.
+pub fn remove_stale_of(host: &Host) -> Result<Vec<PathBuf>, PodError> {
+    let mut gone = Vec::new();
+    for k in crate::state::orphaned_keys_of_inode(host.ns.inode()) {
+        for d in crate::state::remove_orphan(&k)? {
+            info!("removed stale pod state {}", d.display());
+            gone.push(d);
+        }
+    }
+    Ok(gone)
 }
 
 /// With no pod left on `host`: detaches the uplinks' tc filters (TCX uplinks go with their
