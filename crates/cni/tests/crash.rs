@@ -500,9 +500,9 @@ fn gc_without_valid_attachments_collects_nothing() {
     assert!(rig.run("ADD", "ctr-2", &n2).ok);
     let out = rig.invoke("GC", &[], rig.conf().to_string().as_bytes());
     assert!(out.ok, "GC: {}", out.raw);
-    assert!(out.raw.contains("nothing collected"), "{}", out.raw);
     assert_eq!(rig.pods().len(), 2, "GC without a list removed pods");
     assert_eq!(rig.reservations().len(), 2);
+    assert!(out.raw.contains("nothing collected"), "{}", out.raw);
     assert!(rig.run("DEL", "ctr-1", &n1).ok);
     assert!(rig.run("DEL", "ctr-2", &n2).ok);
 }
