@@ -211,6 +211,7 @@ fn add(env: &Env, conf: &NetConf, raw: &Value) -> Result<String, CniError> {
     );
     o.mode = mode;
     o.uplinks = conf.uplinks.clone();
+    o.host_firewall = conf.host_firewall;
     o.netns = Some(netns.to_string());
     o.pod_if = id.ifname.to_string();
     o.cni = Some(CniAttachment {

@@ -709,6 +709,9 @@ pub struct PodRecord {
     /// CNI attachment, if made by nsfast-cni: (container id, network name).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cni: Option<CniAttachment>,
+    /// The pod's traffic goes through the host stack (netfilter) instead of being redirected.
+    #[serde(default)]
+    pub host_firewall: bool,
     /// An intent, not a pod: `add` wrote this before changing anything and had not finished.
     /// It names what `add` makes (`host_if` and its pair, `link_pins`, the endpoint of `ip`
     /// unless unspecified, the namespace if `netns_owned`, the IPAM lease if `cni`); the
