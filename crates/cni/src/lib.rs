@@ -15,7 +15,6 @@ pub mod plugin;
 pub mod reference;
 pub mod spec;
 
-use std::io::Read;
 use std::process::ExitCode;
 
 /// Entry point of the `nsfast-cni` binary.
@@ -28,12 +27,16 @@ pub fn main() -> ExitCode {
         .with_writer(std::io::stderr)
         .with_target(false)
         .try_init();
+    let env = spec::Env::from_process();
+    if env.command.is_none() {
+        // Run by hand: say what we are, as the reference plugins do; stdin is not read.
+        let _ = nsfast_sys::outln!("{}", spec::about());
+        return ExitCode::SUCCESS;
+    }
     // Runtimes may signal a plugin they gave up on: finish (or undo) the change first.
     let _ = nsfast_sys::signals::block_termination();
-    let env = spec::Env::from_process();
-    let mut stdin = Vec::new();
-    let _ = std::io::stdin().read_to_end(&mut stdin);
-    match plugin::run(&env, &stdin) {
+    let r = spec::read_bounded(std::io::stdin().lock()).and_then(|stdin| plugin::run(&env, &stdin));
+    match r {
         Ok(Some(out)) => {
             // A runtime that closed our stdout gets no result either way; never a panic.
             let _ = nsfast_sys::outln!("{out}");

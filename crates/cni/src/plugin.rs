@@ -39,10 +39,52 @@ fn valid_container_id(id: &str) -> bool {
         && c.all(|ch| ch.is_ascii_alphanumeric() || ch == '_' || ch == '.' || ch == '-')
 }
 
-/// Runs the command in `env` with `stdin`; `Ok(Some(json))` is printed to stdout.
-pub fn run(env: &Env, stdin: &[u8]) -> Result<Option<String>, CniError> {
+/// A checked request: the command and, except for VERSION, the configuration (typed and raw).
+#[derive(Debug, Clone)]
+pub struct Request {
+    pub command: String,
+    pub conf: Option<(NetConf, Value)>,
+}
+
+/// Parses and checks a request (the `CNI_*` environment and stdin) without touching the
+/// system: the command, the configuration and, per command, the variables and fields it
+/// needs. The entry point for fuzzing the plugin's input handling; [`run`] starts with it.
+pub fn parse(env: &Env, stdin: &[u8]) -> Result<Request, CniError> {
     let command = env.need("CNI_COMMAND", &env.command)?.to_string();
     if command == "VERSION" {
+        return Ok(Request {
+            command,
+            conf: None,
+        });
+    }
+    let (conf, raw) = spec::parse_conf(stdin)?;
+    let checked = match command.as_str() {
+        "ADD" => ids(env)
+            .and_then(|_| env.need("CNI_NETNS", &env.netns).map(|_| ()))
+            .and_then(|()| mode(&conf).map(|_| ()))
+            .and_then(|()| conf.ipam_type().map(|_| ())),
+        "DEL" | "CHECK" => ids(env).map(|_| ()),
+        "STATUS" | "GC" => Ok(()),
+        other => Err(CniError::new(
+            code::INVALID_ENV,
+            format!("unknown CNI_COMMAND {other:?}"),
+            "expected ADD, DEL, CHECK, STATUS, GC or VERSION",
+        )),
+    };
+    checked.map_err(|mut e| {
+        e.cni_version = conf.cni_version.clone();
+        e
+    })?;
+    Ok(Request {
+        command,
+        conf: Some((conf, raw)),
+    })
+}
+
+/// Runs the command in `env` with `stdin`; `Ok(Some(json))` is printed to stdout.
+pub fn run(env: &Env, stdin: &[u8]) -> Result<Option<String>, CniError> {
+    let req = parse(env, stdin)?;
+    let Some((conf, raw)) = req.conf else {
         let asked = serde_json::from_slice::<Value>(stdin)
             .ok()
             .and_then(|v| v["cniVersion"].as_str().map(str::to_string))
@@ -50,19 +92,13 @@ pub fn run(env: &Env, stdin: &[u8]) -> Result<Option<String>, CniError> {
         return Ok(Some(
             json!({"cniVersion": asked, "supportedVersions": spec::SUPPORTED}).to_string(),
         ));
-    }
-    let (conf, raw) = spec::parse_conf(stdin)?;
-    let r = match command.as_str() {
+    };
+    let r = match req.command.as_str() {
         "ADD" => add(env, &conf, &raw).map(Some),
         "DEL" => del(env, &conf, &raw).map(|()| None),
         "CHECK" => check(env, &conf, &raw).map(|()| None),
         "STATUS" => status(env, &conf).map(|()| None),
-        "GC" => gc(env, &conf, &raw).map(|()| None),
-        other => Err(CniError::new(
-            code::INVALID_ENV,
-            format!("unknown CNI_COMMAND {other:?}"),
-            "expected ADD, DEL, CHECK, STATUS, GC or VERSION",
-        )),
+        _ => gc(env, &conf, &raw).map(|()| None),
     };
     r.map_err(|mut e| {
         e.cni_version = conf.cni_version.clone();
@@ -127,51 +163,52 @@ fn ipam_ipv4(result: &Value) -> Result<PodIp, CniError> {
     ))
 }
 
+/// Whether the record's CNI identity is the request's.
+fn same_attachment(r: &nsfast_pod::PodRecord, id: &Ids, network: &str) -> bool {
+    r.cni.as_ref().is_some_and(|a| {
+        a.container_id == id.container && a.ifname == id.ifname && a.network == network
+    })
+}
+
+fn state_err(what: &'static str) -> impl FnOnce(PodError) -> CniError {
+    pod_err(code::IO_FAILURE, what)
+}
+
+fn add_err(e: PodError) -> CniError {
+    let c = match e {
+        PodError::NoNetkit(_) | PodError::BadMode(_) | PodError::NoUplink { .. } => {
+            code::INVALID_CONFIG
+        }
+        PodError::BadIfName(_) => code::INVALID_ENV,
+        _ => code::IO_FAILURE,
+    };
+    pod_err(c, "create the pod")(e)
+}
+
+/// ADD. Crash-safe and serialised per host: the host's lock is taken before IPAM and held
+/// until the pod is complete or undone; an intent record is written before the first change
+/// (the IPAM lease); a pending record left by a killed ADD of the same attachment is undone
+/// (devices, pins, endpoint, lease) before this one starts.
 fn add(env: &Env, conf: &NetConf, raw: &Value) -> Result<String, CniError> {
     let id = ids(env)?;
     let netns = env.need("CNI_NETNS", &env.netns)?;
     let mode = mode(conf)?;
     let ipam = Delegate::new(conf.ipam_type()?, &conf.cni_version, env)?;
-    let host = host()?;
-    let name = pod_name(&conf.name, id.container, id.ifname);
-    if host
-        .record(&name)
-        .map_err(pod_err(code::IO_FAILURE, "read pod state"))?
-        .is_some()
-    {
-        // Not an error to undo: the first ADD stays as it is.
-        return Err(CniError::new(
-            code::ALREADY_EXISTS,
-            format!(
-                "container {} already has interface {} on network {:?}",
-                id.container, id.ifname, conf.name
-            ),
-            format!("pod {name}; DEL it first"),
-        ));
-    }
-    if nsfast_sys::netns::NetNs::open(netns).is_err() {
+    if let Err(e) = nsfast_sys::netns::NetNs::open(netns) {
         return Err(CniError::new(
             code::INVALID_ENV,
-            format!("CNI_NETNS {netns:?} does not exist"),
-            "expected a network namespace path such as /var/run/netns/NAME",
+            format!("CNI_NETNS {netns:?} is not a network namespace"),
+            format!("{e}; expected a network namespace path such as /var/run/netns/NAME"),
         ));
     }
-    let ipam_result = ipam
-        .exec("ADD", env, id.container, id.ifname, raw)?
-        .unwrap_or(Value::Null);
-    let undo_ipam = || {
-        if let Err(e) = ipam.exec("DEL", env, id.container, id.ifname, raw) {
-            tracing::warn!("undo IPAM after a failed ADD: {e}");
-        }
-    };
-    let ip = match ipam_ipv4(&ipam_result) {
-        Ok(ip) => ip,
-        Err(e) => {
-            undo_ipam();
-            return Err(e);
-        }
-    };
-    let mut o = AddOptions::new(&name, ip);
+    let name = pod_name(&conf.name, id.container, id.ifname);
+    let mut o = AddOptions::new(
+        &name,
+        PodIp {
+            ip: std::net::Ipv4Addr::UNSPECIFIED,
+            prefix: 32,
+        },
+    );
     o.mode = mode;
     o.uplinks = conf.uplinks.clone();
     o.host_firewall = conf.host_firewall;
@@ -182,17 +219,62 @@ fn add(env: &Env, conf: &NetConf, raw: &Value) -> Result<String, CniError> {
         network: conf.name.clone(),
         ifname: id.ifname.to_string(),
     });
-    let added = match pod::add(&o) {
-        Ok(a) => a,
-        Err(e) => {
-            // nsfast_pod::add has undone its own steps; release the address too.
-            undo_ipam();
-            let c = match e {
-                PodError::NoNetkit(_) | PodError::BadMode(_) => code::INVALID_CONFIG,
-                _ => code::IO_FAILURE,
-            };
-            return Err(pod_err(c, "create the pod")(e));
+    let plan = pod::plan(&o).map_err(add_err)?;
+    let host = &plan.host;
+    let lock = host.lock().map_err(state_err("lock the host"))?;
+    let release = |what: &str| -> Result<(), CniError> {
+        ipam.exec("DEL", env, id.container, id.ifname, raw)
+            .map(|_| ())
+            .map_err(|e| {
+                tracing::warn!("{what}: IPAM DEL: {e}");
+                e
+            })
+    };
+    if let Some(r) = host.record(&name).map_err(state_err("read pod state"))? {
+        if !r.pending || !same_attachment(&r, &id, &conf.name) {
+            // Not an error to undo: the first ADD stays as it is.
+            return Err(CniError::new(
+                code::ALREADY_EXISTS,
+                format!(
+                    "container {} already has interface {} on network {:?}",
+                    id.container, id.ifname, conf.name
+                ),
+                format!("pod {name}; DEL it first"),
+            ));
         }
+        tracing::warn!("pod {name}: undoing an ADD that did not finish");
+        pod::undo_pending(host, &r).map_err(state_err("undo an unfinished ADD"))?;
+        release("undo an unfinished ADD")?;
+        host.remove_record(&name)
+            .map_err(state_err("remove pod state"))?;
+    }
+    // The intent, before the first change: the lease to come and what the pod will be.
+    let intent = pod::intent(host, &o, plan.datapath, plan.attach);
+    host.write_record(&intent)
+        .map_err(state_err("write pod state"))?;
+    pod::crash_point("intent");
+    // Undoes a failed ADD: what was made is gone already; the lease goes, then the intent
+    // (kept if the lease could not be released: the next ADD or DEL retries).
+    let fail = |e: CniError| -> CniError {
+        if release("undo a failed ADD").is_ok() {
+            if let Err(f) = pod::forget(host, &name) {
+                tracing::warn!("undo a failed ADD: {f}");
+            }
+        }
+        e
+    };
+    let ipam_result = match ipam.exec("ADD", env, id.container, id.ifname, raw) {
+        Ok(v) => v.unwrap_or(Value::Null),
+        Err(e) => return Err(fail(e)),
+    };
+    pod::crash_point("ipam");
+    o.ip = match ipam_ipv4(&ipam_result) {
+        Ok(ip) => ip,
+        Err(e) => return Err(fail(e)),
+    };
+    let added = match pod::add_locked(&plan, &lock, &o) {
+        Ok(a) => a,
+        Err(e) => return Err(fail(add_err(e))),
     };
     let r = &added.record;
     let result = CniResult {
@@ -224,16 +306,41 @@ fn add(env: &Env, conf: &NetConf, raw: &Value) -> Result<String, CniError> {
     Ok(serde_json::to_string(&result).expect("serialise result"))
 }
 
+/// DEL. Best effort and idempotent, under the host's lock (so it cannot interleave with an
+/// ADD of the same attachment): the pod goes only if its record is this attachment (same
+/// container ID, ifname and network; a record of another attachment is left alone), pending
+/// or complete; IPAM is always asked to release the request's lease.
 fn del(env: &Env, conf: &NetConf, raw: &Value) -> Result<(), CniError> {
     let id = ids(env)?;
     let name = pod_name(&conf.name, id.container, id.ifname);
-    // Best effort and idempotent: a missing pod is fine, IPAM is always asked to release.
+    let host = host()?;
+    let lock = host.lock().map_err(state_err("lock the host"))?;
     let mut first_err = None;
-    if let Err(e) = pod::del(&name, None) {
-        first_err = Some(pod_err(code::IO_FAILURE, "delete the pod")(e));
+    match host.record(&name) {
+        Ok(Some(r)) if same_attachment(&r, &id, &conf.name) => {
+            if let Err(e) = pod::del_locked(&host, &lock, &name) {
+                first_err = Some(state_err("delete the pod")(e));
+            }
+        }
+        Ok(Some(r)) => tracing::warn!(
+            "DEL container {} ifname {}: pod {name} is {}, not this attachment: left alone",
+            id.container,
+            id.ifname,
+            match &r.cni {
+                Some(a) => format!(
+                    "container {} ifname {} network {:?}",
+                    a.container_id, a.ifname, a.network
+                ),
+                None => "not a CNI pod".to_string(),
+            }
+        ),
+        Ok(None) => {}
+        Err(e) => first_err = Some(state_err("read pod state")(e)),
     }
     let ipam = Delegate::new(conf.ipam_type()?, &conf.cni_version, env)?;
     ipam.exec("DEL", env, id.container, id.ifname, raw)?;
+    let _ = pod::gc_host(&host);
+    drop(lock);
     match first_err {
         Some(e) => Err(e),
         None => Ok(()),
@@ -264,6 +371,20 @@ fn check(env: &Env, conf: &NetConf, raw: &Value) -> Result<(), CniError> {
                 format!("no pod {name}"),
             )
         })?;
+    if rec.pending || !same_attachment(&rec, &id, &conf.name) {
+        return Err(CniError::new(
+            code::UNKNOWN_CONTAINER,
+            format!(
+                "container {} has no complete interface {} on network {:?}",
+                id.container, id.ifname, conf.name
+            ),
+            if rec.pending {
+                format!("pod {name}: its ADD did not finish; DEL or ADD again")
+            } else {
+                format!("pod {name} belongs to another attachment")
+            },
+        ));
+    }
     let mut problems = pod::check(&host, &rec);
     let want = format!("{}/{}", rec.ip, rec.prefix);
     let in_prev = prev["ips"]
@@ -301,8 +422,16 @@ fn status(env: &Env, conf: &NetConf) -> Result<(), CniError> {
     Ok(())
 }
 
+/// GC. Without `cni.dev/valid-attachments` nothing is collected (an absent list is not an
+/// empty one). Pods of this network not in the list go, pending ones (killed ADDs) with them.
 fn gc(env: &Env, conf: &NetConf, raw: &Value) -> Result<(), CniError> {
-    let valid = conf.valid_attachments.clone().unwrap_or_default();
+    let Some(valid) = conf.valid_attachments.clone() else {
+        tracing::warn!(
+            "GC of network {:?} without \"cni.dev/valid-attachments\": nothing collected",
+            conf.name
+        );
+        return Ok(());
+    };
     let host = host()?;
     let network = conf.name.clone();
     let gone = pod::remove_where(&host, |r| match &r.cni {
@@ -312,6 +441,8 @@ fn gc(env: &Env, conf: &NetConf, raw: &Value) -> Result<(), CniError> {
         _ => true, // not ours to collect
     })
     .map_err(pod_err(code::IO_FAILURE, "garbage-collect pods"))?;
+    // State of dead host namespaces that had this one's inode: pins and records only.
+    pod::remove_stale_of(&host).map_err(pod_err(code::IO_FAILURE, "remove stale pod state"))?;
     let ipam = Delegate::new(conf.ipam_type()?, &conf.cni_version, env)?;
     if ipam.speaks_1_1() {
         ipam.exec("GC", env, "", "", raw)?;

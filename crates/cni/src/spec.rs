@@ -67,7 +67,13 @@ pub struct Env {
 
 impl Env {
     pub fn from_process() -> Self {
-        let v = |k: &str| std::env::var(k).ok().filter(|s| !s.is_empty());
+        Self::from_lookup(|k| std::env::var(k).ok())
+    }
+
+    /// The environment as `lookup` reports it (unset and empty are the same); the entry point
+    /// for tests and fuzzing.
+    pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Self {
+        let v = |k: &str| lookup(k).filter(|s| !s.is_empty());
         Self {
             command: v("CNI_COMMAND"),
             container_id: v("CNI_CONTAINERID"),
@@ -143,6 +149,40 @@ impl NetConf {
                 )
             })
     }
+}
+
+/// Largest network configuration accepted on stdin (1 MiB; real ones are a few KiB).
+pub const MAX_STDIN: u64 = 1 << 20;
+
+/// Reads the network configuration from `r`: at most [`MAX_STDIN`] bytes (one more is read
+/// to tell a larger input, which is refused, naming the limit).
+pub fn read_bounded(r: impl std::io::Read) -> Result<Vec<u8>, CniError> {
+    use std::io::Read;
+    let mut buf = Vec::new();
+    r.take(MAX_STDIN + 1).read_to_end(&mut buf).map_err(|e| {
+        CniError::new(
+            code::IO_FAILURE,
+            "cannot read the network configuration on stdin",
+            e.to_string(),
+        )
+    })?;
+    if buf.len() as u64 > MAX_STDIN {
+        return Err(CniError::new(
+            code::INVALID_CONFIG,
+            format!("network configuration on stdin is larger than the limit of {MAX_STDIN} bytes (1 MiB)"),
+            "nothing was changed; a network configuration is a few KiB",
+        ));
+    }
+    Ok(buf)
+}
+
+/// What the plugin prints when run without `CNI_COMMAND` (as the reference plugins do).
+pub fn about() -> String {
+    format!(
+        "CNI nsfast plugin v{}\nCNI protocol versions supported: {}",
+        env!("CARGO_PKG_VERSION"),
+        SUPPORTED.join(", ")
+    )
 }
 
 /// Parses stdin as a network configuration and checks its version.
@@ -245,6 +285,18 @@ mod tests {
         let (c, _) =
             parse_conf(br#"{"cniVersion":"1.0.0","name":"n","type":"x","ipam":{}}"#).unwrap();
         assert_eq!(c.ipam_type().unwrap_err().code, code::INVALID_CONFIG);
+    }
+
+    /// stdin is read up to the limit and one byte more, never further.
+    #[test]
+    fn stdin_is_bounded() {
+        let limit = MAX_STDIN as usize;
+        assert_eq!(read_bounded(&vec![b' '; limit][..]).unwrap().len(), limit);
+        let e = read_bounded(std::io::repeat(b' ')).unwrap_err();
+        assert_eq!(e.code, code::INVALID_CONFIG);
+        assert!(e.msg.contains(&MAX_STDIN.to_string()), "{}", e.msg);
+        assert!(about().starts_with("CNI nsfast plugin v"));
+        assert!(about().contains("CNI protocol versions supported: 0.4.0, 1.0.0, 1.1.0"));
     }
 
     #[test]

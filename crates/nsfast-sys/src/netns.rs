@@ -36,9 +36,78 @@ pub enum NetnsError {
         #[source]
         source: io::Error,
     },
+    /// The path exists but is not a network namespace (not an nsfs file, or a namespace of
+    /// another type).
+    #[error("{path:?} is not a network namespace ({why}): expected a name under {NETNS_RUN_DIR} or a path such as /proc/PID/ns/net")]
+    NotNetns { path: String, why: String },
     /// The worker thread panicked.
     #[error("thread running inside network namespace {0:?} panicked")]
     Panicked(String),
+}
+
+/// `statfs` magic of nsfs, the file system of namespace files (`/proc/PID/ns/*`, bind mounts).
+const NSFS_MAGIC: i64 = 0x6e73_6673;
+
+/// Refuses a file that is not a network namespace: it must live on nsfs and report
+/// `CLONE_NEWNET` to `NS_GET_NSTYPE` (Linux 4.11+).
+fn check_netns_file(file: &File, path: &str) -> Result<(), NetnsError> {
+    let not = |why: String| NetnsError::NotNetns {
+        path: path.to_string(),
+        why,
+    };
+    let st = nix::sys::statfs::fstatfs(file).map_err(|e| not(format!("fstatfs: {e}")))?;
+    let magic = st.filesystem_type().0 as i64;
+    if magic != NSFS_MAGIC {
+        return Err(not(format!("file system magic {magic:#x}, not nsfs")));
+    }
+    // SAFETY: NS_GET_NSTYPE takes no argument and only reads the namespace of the open fd,
+    // which stays open for the duration of the call.
+    let t = unsafe { libc::ioctl(file.as_raw_fd(), libc::NS_GET_NSTYPE) };
+    if t < 0 {
+        return Err(not(format!(
+            "NS_GET_NSTYPE: {}",
+            io::Error::last_os_error()
+        )));
+    }
+    if t != libc::CLONE_NEWNET {
+        return Err(not(format!("a namespace of type {t:#x}, not CLONE_NEWNET")));
+    }
+    Ok(())
+}
+
+/// The netns cookie of the namespace the calling thread is in (`SO_NETNS_COOKIE`, Linux
+/// 5.7+): a 64-bit number the kernel never hands out twice within a boot, unlike the
+/// namespace's inode number.
+pub fn current_cookie() -> io::Result<u64> {
+    use std::os::fd::{FromRawFd, OwnedFd};
+    // SAFETY: plain socket(2); the returned descriptor is checked and owned at once.
+    let fd = unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `fd` is a fresh descriptor nothing else owns.
+    let sock = unsafe { OwnedFd::from_raw_fd(fd) };
+    let mut cookie: u64 = 0;
+    let mut len = std::mem::size_of::<u64>() as libc::socklen_t;
+    // SAFETY: the option value points at a u64 of the length passed; the kernel writes at
+    // most `len` bytes.
+    let r = unsafe {
+        libc::getsockopt(
+            sock.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_NETNS_COOKIE,
+            (&mut cookie as *mut u64).cast(),
+            &mut len,
+        )
+    };
+    if r != 0 {
+        let e = io::Error::last_os_error();
+        return Err(io::Error::new(
+            e.kind(),
+            format!("getsockopt(SO_NETNS_COOKIE) (needs Linux >= 5.7): {e}"),
+        ));
+    }
+    Ok(cookie)
 }
 
 fn sys<'a>(op: &'static str, name: &'a str) -> impl FnOnce(nix::Error) -> NetnsError + 'a {
@@ -147,6 +216,7 @@ impl NetNs {
             Path::new(NETNS_RUN_DIR).join(name_or_path)
         };
         let file = File::open(&path).map_err(|_| NetnsError::NotFound(name_or_path.into()))?;
+        check_netns_file(&file, &path.display().to_string())?;
         Ok(Self {
             name: name_or_path.into(),
             path,
@@ -172,6 +242,16 @@ impl NetNs {
     pub fn inode(&self) -> u64 {
         use std::os::unix::fs::MetadataExt;
         self.file.metadata().map(|m| m.ino()).unwrap_or(0)
+    }
+
+    /// The namespace's netns cookie (see [`current_cookie`]), read from a socket made inside
+    /// it. Unlike the inode, never reused within a boot: state about a namespace is keyed by it.
+    pub fn cookie(&self) -> Result<u64, NetnsError> {
+        self.run(current_cookie)?.map_err(|e| NetnsError::Sys {
+            op: "read the netns cookie",
+            name: self.name.clone(),
+            source: e,
+        })
     }
 
     /// Moves the calling thread into this namespace until the guard is dropped.
@@ -345,5 +425,42 @@ mod tests {
         assert!(!valid_name("a/b"));
         assert!(!valid_name(".."));
         assert!(!valid_name(&"x".repeat(65)));
+    }
+
+    /// `NetNs::open` refuses what is not a network namespace, naming the path: a regular
+    /// file, a directory, another namespace type.
+    #[test]
+    fn open_refuses_files_that_are_not_network_namespaces() {
+        // A regular file (/etc/passwd where there is one: the VM guests have none), a
+        // directory, and a namespace of another type.
+        let mut paths = vec!["/proc/self/status", "/proc", "/proc/self/ns/mnt"];
+        if Path::new("/etc/passwd").exists() {
+            paths.push("/etc/passwd");
+        }
+        for p in paths {
+            let e = NetNs::open(p).expect_err(p).to_string();
+            assert!(
+                e.contains(&format!("{p:?}")) && e.contains("not a network namespace"),
+                "{e}"
+            );
+        }
+        let ns = NetNs::open("/proc/self/ns/net").expect("own netns");
+        assert!(ns.inode() > 0);
+    }
+
+    /// The cookie identifies the namespace: the same through two paths, different for another.
+    #[test]
+    fn cookies_identify_namespaces() {
+        let a = NetNs::current().unwrap().cookie().unwrap();
+        assert_eq!(
+            a,
+            NetNs::open("/proc/self/ns/net").unwrap().cookie().unwrap()
+        );
+        assert_eq!(a, current_cookie().unwrap());
+        if nix::unistd::geteuid().is_root() {
+            let name = format!("nsft-ck-{}", std::process::id());
+            let other = NetNs::create(&name).unwrap();
+            assert_ne!(other.cookie().unwrap(), a);
+        }
     }
 }

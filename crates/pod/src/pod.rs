@@ -13,7 +13,7 @@ use tracing::{info, warn};
 use crate::abi::{self, Endpoint};
 use crate::datapath;
 use crate::error::PodError;
-use crate::state::{AttachMethod, CniAttachment, Datapath, Host, PodRecord, TcFilter};
+use crate::state::{AttachMethod, CniAttachment, Datapath, Host, HostLock, PodRecord, TcFilter};
 
 /// The link-local gateway every pod routes through (answered by the BPF ARP responder on
 /// veth and netkit L2; netkit L3 needs no ARP).
@@ -282,9 +282,53 @@ impl Undo {
     }
 }
 
-/// Makes a pod. Input is checked before anything changes; on error everything made is
-/// removed again.
-pub fn add(opts: &AddOptions) -> Result<Added, PodError> {
+/// Environment variable naming an `add` step after which the process SIGKILLs itself: a
+/// fault-injection hook for the crash tests, inert unless set. The steps, in order, are
+/// [`ADD_STEPS`].
+pub const CRASH_ENV: &str = "NSFAST_TEST_CRASH_AT";
+
+/// The steps of an `add` (CNI ADD and `nsfast pod add`) that [`CRASH_ENV`] can stop after:
+/// - `intent` (CNI): the intent record is written, nothing else;
+/// - `ipam` (CNI): the IPAM plugin leased the address, the intent does not name it yet;
+/// - `planned`: the intent names the address;
+/// - `netns` (`pod add` without a namespace): the pod's namespace is made;
+/// - `devices`: the device pair exists;
+/// - `addresses`: addresses and routes are set;
+/// - `attach`: the programs are attached and pinned;
+/// - `endpoint`: the endpoint map has the pod;
+/// - `record`: the record is complete (CNI: the result is not printed yet).
+pub const ADD_STEPS: &[&str] = &[
+    "intent",
+    "ipam",
+    "planned",
+    "netns",
+    "devices",
+    "addresses",
+    "attach",
+    "endpoint",
+    "record",
+];
+
+/// Stops the process with SIGKILL if [`CRASH_ENV`] names `step` (tests only).
+pub fn crash_point(step: &str) {
+    if std::env::var_os(CRASH_ENV).is_some_and(|v| v == step) {
+        tracing::warn!("{CRASH_ENV}={step}: killing myself");
+        let _ = nix::sys::signal::raise(nix::sys::signal::Signal::SIGKILL);
+    }
+}
+
+/// A checked `add`: the host and how the pod will be made, before anything changes.
+#[derive(Debug)]
+pub struct Plan {
+    pub host: Host,
+    pub datapath: Datapath,
+    pub attach: AttachMethod,
+    pub mode_note: String,
+}
+
+/// Checks `opts` against the system without changing anything: names, the host, uplinks,
+/// the mode and attach method.
+pub fn plan(opts: &AddOptions) -> Result<Plan, PodError> {
     if !valid_pod_name(&opts.name) {
         return Err(PodError::BadName(opts.name.clone()));
     }
@@ -305,71 +349,197 @@ pub fn add(opts: &AddOptions) -> Result<Added, PodError> {
             });
         }
     }
-    if opts.netns.is_none() && netns::list_named().contains(&opts.name) {
-        return Err(PodError::Netns(netns::NetnsError::Exists(
-            opts.name.clone(),
-        )));
-    }
-    let (dp, attach, mode_note) = resolve_mode(opts.mode, opts.attach)?;
-    info!("pod {}: {mode_note}", opts.name);
+    let (datapath, attach, mode_note) = resolve_mode(opts.mode, opts.attach)?;
+    Ok(Plan {
+        host,
+        datapath,
+        attach,
+        mode_note,
+    })
+}
 
-    let _lock = host.lock()?;
-    let cleanup_empty = |host: &Host| {
-        let _ = gc_host(host);
+/// Makes a pod. Input is checked before anything changes; on error everything made is
+/// removed again. A pending record of the same name (an `add` that was killed) is undone
+/// first.
+pub fn add(opts: &AddOptions) -> Result<Added, PodError> {
+    let plan = plan(opts)?;
+    info!("pod {}: {}", opts.name, plan.mode_note);
+    let lock = plan.host.lock()?;
+    if let Some(r) = plan.host.record(&opts.name)? {
+        if r.pending {
+            warn!(
+                "pod {}: undoing an add that did not finish (pending record)",
+                r.name
+            );
+            undo_pending(&plan.host, &r)?;
+            plan.host.remove_record(&r.name)?;
+        }
+    }
+    add_locked(&plan, &lock, opts)
+}
+
+/// The intent record of `opts` on `host` (pending, nothing made yet): what `add` will make.
+pub fn intent(host: &Host, opts: &AddOptions, dp: Datapath, attach: AttachMethod) -> PodRecord {
+    let host_if = host_ifname(host, &opts.name);
+    let link_pins = match dp {
+        Datapath::Veth if attach == AttachMethod::Tc => Vec::new(),
+        Datapath::Veth => vec![datapath::link_pin(host, &host_if)],
+        Datapath::NetkitL3 | Datapath::NetkitL2 => vec![
+            datapath::netkit_pin(host, &host_if, "peer"),
+            datapath::netkit_pin(host, &host_if, "primary"),
+        ],
     };
+    PodRecord {
+        name: opts.name.clone(),
+        ip: opts.ip.ip,
+        prefix: opts.ip.prefix,
+        gateway: GATEWAY,
+        datapath: dp,
+        host: host.display.clone(),
+        netns: opts.netns.clone().unwrap_or_else(|| opts.name.clone()),
+        netns_owned: opts.netns.is_none(),
+        host_if,
+        host_ifindex: 0,
+        pod_if: opts.pod_if.clone(),
+        pod_mac: String::new(),
+        host_mac: String::new(),
+        attach: if dp == Datapath::Veth {
+            attach
+        } else {
+            AttachMethod::Netkit
+        },
+        link_pins,
+        tc_filters: Vec::new(),
+        cni: opts.cni.clone(),
+        host_firewall: opts.host_firewall,
+        pending: true,
+    }
+}
+
+/// [`add`] with the host's lock held (from [`Plan::host`]). A pending record of the same name
+/// is taken to be the caller's own intent (the CNI plugin writes one before asking IPAM) and
+/// is overwritten. On error what was made is undone; the intent record is removed, except for
+/// CNI pods, whose caller still has to release the IPAM lease and then calls [`forget`].
+pub fn add_locked(plan: &Plan, _lock: &HostLock, opts: &AddOptions) -> Result<Added, PodError> {
+    let host = &plan.host;
+    let (dp, attach) = (plan.datapath, plan.attach);
     let precheck = || -> Result<(), PodError> {
-        if host.record(&opts.name)?.is_some() {
+        if host.record(&opts.name)?.is_some_and(|r| !r.pending) {
             return Err(PodError::Exists {
                 name: opts.name.clone(),
                 host: host.display.clone(),
             });
         }
-        if let Some(other) = host.records()?.into_iter().find(|r| r.ip == opts.ip.ip) {
+        // Pending records are intents of adds that died: they block nothing.
+        if let Some(other) = host
+            .records()?
+            .into_iter()
+            .find(|r| r.ip == opts.ip.ip && !r.pending && r.name != opts.name)
+        {
             return Err(PodError::IpInUse {
                 ip: opts.ip.ip,
                 other: other.name,
                 host: host.display.clone(),
             });
         }
+        if opts.netns.is_none() && netns::list_named().contains(&opts.name) {
+            return Err(PodError::Netns(netns::NetnsError::Exists(
+                opts.name.clone(),
+            )));
+        }
         Ok(())
     };
     if let Err(e) = precheck() {
-        cleanup_empty(&host);
+        if opts.cni.is_none() {
+            let _ = gc_host(host);
+        }
         return Err(e);
     }
+    let mut record = intent(host, opts, dp, attach);
+    host.write_record(&record)?;
+    crash_point("planned");
 
-    // The pod's namespace: made here (deleted again on error by the owned handle) or given.
-    let (pod_ns, netns_name, owned) = match &opts.netns {
-        None => (NetNs::create(&opts.name)?, opts.name.clone(), true),
-        Some(p) => (NetNs::open(p)?, p.clone(), false),
+    let fail = |e: PodError, undo: Undo, pod_ns: Option<NetNs>| -> PodError {
+        warn!("pod {}: add failed, undoing: {e}", opts.name);
+        undo.run(host);
+        drop(pod_ns); // deletes a namespace made here
+        if opts.cni.is_none() {
+            let _ = forget(host, &opts.name);
+        }
+        e
     };
+    // The pod's namespace: made here (deleted again on error by the owned handle) or given.
+    let pod_ns = match &opts.netns {
+        None => match NetNs::create(&opts.name) {
+            Ok(ns) => ns,
+            Err(e) => return Err(fail(e.into(), Undo::default(), None)),
+        },
+        Some(p) => match NetNs::open(p) {
+            Ok(ns) => ns,
+            Err(e) => return Err(fail(e.into(), Undo::default(), None)),
+        },
+    };
+    if opts.netns.is_none() {
+        crash_point("netns");
+    }
     let mut undo = Undo::default();
-    match build(&host, &pod_ns, opts, dp, attach, &mut undo) {
-        Ok(mut record) => {
-            record.netns = netns_name;
-            record.netns_owned = owned;
+    match build(host, &pod_ns, opts, dp, attach, &mut undo) {
+        Ok(mut built) => {
+            built.netns = record.netns.clone();
+            built.netns_owned = record.netns_owned;
+            built.pending = false;
+            record = built;
             if let Err(e) = host.write_record(&record) {
-                undo.run(&host);
-                cleanup_empty(&host);
-                return Err(e);
+                return Err(fail(e, undo, Some(pod_ns)));
             }
-            if owned {
+            crash_point("record");
+            if record.netns_owned {
                 let _ = pod_ns.persist();
             }
             Ok(Added {
                 record,
-                mode_note,
+                mode_note: plan.mode_note.clone(),
                 attach,
             })
         }
-        Err(e) => {
-            warn!("pod {}: add failed, undoing: {e}", opts.name);
-            undo.run(&host);
-            drop(pod_ns); // deletes a namespace made here
-            cleanup_empty(&host);
-            Err(e)
+        Err(e) => Err(fail(e, undo, Some(pod_ns))),
+    }
+}
+
+/// Undoes whatever exists of the pending record `r` (an `add` that died): its endpoint entry
+/// (unless a complete pod of the host owns that address now), its pins, its device pair (and
+/// with it the pod's addresses and routes), and the namespace if `add` was making it. The
+/// record itself stays: the caller removes it ([`forget`]) once everything else (the CNI
+/// plugin: the IPAM lease) is released. Lock held.
+pub fn undo_pending(host: &Host, r: &PodRecord) -> Result<(), PodError> {
+    if !r.ip.is_unspecified() {
+        if let Some(ep) = datapath::endpoint_get(host, r.ip)? {
+            let owned_by_other = host.records()?.iter().any(|o| {
+                !o.pending && o.name != r.name && o.ip == r.ip && o.host_ifindex == ep.ifindex
+            });
+            if !owned_by_other {
+                datapath::endpoint_remove(host, r.ip, ep.ifindex)?;
+            }
         }
     }
+    for p in &r.link_pins {
+        datapath::unpin(p)?;
+    }
+    for f in &r.tc_filters {
+        datapath::detach_tc(host, f)?;
+    }
+    net::delete_link(Some(&host.ns), &r.host_if)?;
+    if r.netns_owned {
+        netns::delete_named(&r.netns)?;
+    }
+    Ok(())
+}
+
+/// Removes the record of pod `name` and, if it was the host's last, the host's state. Lock
+/// held.
+pub fn forget(host: &Host, name: &str) -> Result<(), PodError> {
+    host.remove_record(name)?;
+    gc_host(host).map(|_| ())
 }
 
 fn mac_str(m: [u8; 6]) -> String {
@@ -409,6 +579,7 @@ fn build(
             net::create_netkit(hns, &host_if, &tmp_if, pod_ns, &opts.pod_if, mode)?
         }
     }
+    crash_point("devices");
     let host_ifindex = net::link_index(hns, &host_if)?;
     let host_mac = net::link_mac(hns, &host_if)?;
     let pod_mac = net::link_mac(pns, &opts.pod_if)?;
@@ -437,6 +608,7 @@ fn build(
     // bpf_fib_lookup requires.
     net::add_route(hns, IpAddr::V4(opts.ip.ip), 32, None, Some(&host_if))?;
     net::set_sysctl(hns, "net.ipv4.ip_forward", "1")?;
+    crash_point("addresses");
 
     datapath::prepare_pins(host)?;
     match dp {
@@ -481,6 +653,7 @@ fn build(
             info!("uplink {u}: wire program attached (tcx ingress)");
         }
     }
+    crash_point("attach");
     let mut flags = 0;
     if dp != Datapath::Veth {
         flags |= abi::EP_NETKIT;
@@ -502,6 +675,7 @@ fn build(
         },
     )?;
     undo.endpoint = Some((opts.ip.ip, host_ifindex));
+    crash_point("endpoint");
     Ok(PodRecord {
         name: opts.name.clone(),
         ip: opts.ip.ip,
@@ -525,12 +699,14 @@ fn build(
         tc_filters: undo.tc.clone(),
         cni: opts.cni.clone(),
         host_firewall: opts.host_firewall,
+        pending: false,
     })
 }
 
 /// Deletes pod `name` on `host`: endpoint, programs, devices, routes, the namespace if `add`
 /// made it, the record; with the host's last pod also its maps, uplink programs and state
-/// directories. `Ok(None)` if there was no such pod (nothing changed).
+/// directories. A pending record (an `add` that died) is undone. `Ok(None)` if there was no
+/// such pod (nothing changed).
 pub fn del(name: &str, host: Option<&str>) -> Result<Option<PodRecord>, PodError> {
     if !valid_pod_name(name) {
         return Err(PodError::BadName(name.into()));
@@ -539,24 +715,51 @@ pub fn del(name: &str, host: Option<&str>) -> Result<Option<PodRecord>, PodError
     if !host.state_dir().exists() {
         return Ok(None);
     }
-    let _lock = host.lock()?;
+    let lock = host.lock()?;
+    let r = del_locked(&host, &lock, name)?;
+    gc_host(&host)?;
+    Ok(r)
+}
+
+/// Deletes pod `name` (complete or pending) with the host's lock held; leaves the host's
+/// state for [`gc_host`].
+pub fn del_locked(
+    host: &Host,
+    _lock: &HostLock,
+    name: &str,
+) -> Result<Option<PodRecord>, PodError> {
     let Some(r) = host.record(name)? else {
-        let _ = gc_host(&host);
         return Ok(None);
     };
-    remove(&host, &r)?;
-    gc_host(&host)?;
+    remove(host, &r)?;
     Ok(Some(r))
 }
 
 /// Deletes every pod of `host` and the host's maps, uplink programs and state directories
-/// (including pins an interrupted run left without a record).
+/// (including pins an interrupted run left without a record), and the stale state of dead
+/// namespaces that had this namespace's inode (their devices are gone with them: only their
+/// pins and records are removed, nothing in this namespace).
 pub fn del_all(host: Option<&str>) -> Result<Vec<PodRecord>, PodError> {
     let host = Host::open(host)?;
+    remove_stale_of(&host)?;
     if !host.state_dir().exists() && !host.pin_dir().exists() {
         return Ok(Vec::new());
     }
     remove_where(&host, |_| false)
+}
+
+/// Removes the stale state of dead namespaces that had `host`'s inode (see
+/// [`crate::state::orphaned_keys_of_inode`]): their pins and records only, nothing in `host`.
+/// Returns the directories removed.
+pub fn remove_stale_of(host: &Host) -> Result<Vec<PathBuf>, PodError> {
+    let mut gone = Vec::new();
+    for k in crate::state::orphaned_keys_of_inode(host.ns.inode()) {
+        for d in crate::state::remove_orphan(&k)? {
+            info!("removed stale pod state {}", d.display());
+            gone.push(d);
+        }
+    }
+    Ok(gone)
 }
 
 /// With no pod left on `host`: detaches the uplinks' tc filters (TCX uplinks go with their
@@ -582,8 +785,12 @@ pub fn remove_orphaned_state() -> Result<Vec<PathBuf>, PodError> {
     Ok(gone)
 }
 
-/// Tears down what `r` describes (lock held).
+/// Tears down what `r` describes (lock held); a pending record through [`undo_pending`].
 fn remove(host: &Host, r: &PodRecord) -> Result<(), PodError> {
+    if r.pending {
+        undo_pending(host, r)?;
+        return host.remove_record(&r.name);
+    }
     datapath::endpoint_remove(host, r.ip, r.host_ifindex)?;
     for p in &r.link_pins {
         datapath::unpin(p)?;

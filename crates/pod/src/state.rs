@@ -1,8 +1,11 @@
 //! Where a host's pods are remembered between invocations.
 //!
-//! Two places per host network namespace, both keyed by the namespace's inode
-//! (`netns-<inode>`), so the same host reached by name (`--host NS`) or as the current
-//! namespace (the CNI plugin) shares one state:
+//! Two places per host network namespace, both keyed by the namespace's netns cookie and
+//! inode (`cookie-<cookie>-ino-<inode>`), so the same host reached by name (`--host NS`) or as
+//! the current namespace (the CNI plugin) shares one state. The cookie (`SO_NETNS_COOKIE`) is
+//! what identifies the namespace: the kernel reuses inode numbers at once, never cookies, so a
+//! new namespace that got a dead one's inode never sees the dead one's pods. The inode is in
+//! the key only to find out cheaply whether the namespace still exists.
 //! - bpffs `<bpffs>/nsfast-pod/<key>/`: the pinned endpoint and counter maps and one pinned
 //!   BPF link per attachment (`link-<ifname>`, `uplink-<ifname>`). Pins keep the programs
 //!   attached after `nsfast pod add` exits; removing a pin detaches its program.
@@ -11,6 +14,15 @@
 //!   cannot be pinned), `uplinks/<ifname>.json` for an uplink's tc filter, and a lock file
 //!   serialising concurrent changes.
 //!
+//! A pod record is written (fsync'd, atomic rename) *before* `add` changes anything, marked
+//! `pending` and naming what will be made; it is completed after. A pending record seen with
+//! the host's lock held belongs to an `add` that died (every `add` holds the lock until it
+//! completes or undoes its record): the next `add`, `del` or CNI `GC` of that pod undoes it.
+//!
+//! State written before the cookie key (`netns-<inode>`) is adopted by the namespace that has
+//! that inode only if its records' devices are there (same name, ifindex and MAC); otherwise it
+//! is stale (see [`orphaned_keys`]).
+//!
 //! Both live on memory file systems: like the namespaces and links they describe, they do not
 //! survive a reboot. When a host's last pod goes, both directories are removed.
 
@@ -18,7 +30,7 @@ use std::fs::{self, File};
 use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
 
-use nsfast_sys::netns::NetNs;
+use nsfast_sys::netns::{NetNs, NetnsError};
 use serde::{Deserialize, Serialize};
 
 use crate::error::PodError;
@@ -82,17 +94,81 @@ pub struct Host {
 }
 
 impl Host {
-    /// `Some(name)`: the named namespace under /run/netns; `None`: the caller's namespace.
+    /// `Some(name)`: the named namespace under /run/netns (or a path to a namespace);
+    /// `None`: the caller's namespace. Anything that is not a network namespace is refused.
     pub fn open(name: Option<&str>) -> Result<Self, PodError> {
         let (ns, display) = match name {
             Some(n) => (
-                NetNs::open(n).map_err(|_| PodError::NoHost(n.to_string()))?,
+                NetNs::open(n).map_err(|e| match e {
+                    NetnsError::NotFound(_) => PodError::NoHost(n.to_string()),
+                    e => PodError::Netns(e),
+                })?,
                 n.to_string(),
             ),
             None => (NetNs::current()?, "current".to_string()),
         };
-        let key = format!("netns-{}", ns.inode());
-        Ok(Self { ns, display, key })
+        let key = host_key(ns.cookie()?, ns.inode());
+        let host = Self { ns, display, key };
+        host.adopt_legacy_state();
+        Ok(host)
+    }
+
+    /// State written under the old inode-only key (`netns-<inode>`) by an nsfast before the
+    /// cookie key: moved to this host's key if its records describe devices this namespace
+    /// has (a live host, upgraded); left for [`orphaned_keys`] otherwise (a dead namespace
+    /// whose inode this one got). Best effort: failing leaves it where it is, stale.
+    fn adopt_legacy_state(&self) {
+        let legacy = legacy_key(self.ns.inode());
+        let old_state = Path::new(STATE_ROOT).join(&legacy);
+        if !old_state.exists() {
+            return;
+        }
+        let Ok(f) = File::open(old_state.join(".lock")) else {
+            return;
+        };
+        let Ok(_lock) = nix::fcntl::Flock::lock(f, nix::fcntl::FlockArg::LockExclusive) else {
+            return;
+        };
+        if !legacy_state_belongs(&self.ns, &old_state) {
+            return;
+        }
+        if let Err(e) = self.migrate_from(&legacy) {
+            tracing::warn!("adopt pod state {legacy} for host {}: {e}", self.display);
+        } else {
+            tracing::info!(
+                "pod state {legacy} adopted as {} (host {})",
+                self.key,
+                self.display
+            );
+        }
+    }
+
+    fn migrate_from(&self, legacy: &str) -> Result<(), PodError> {
+        let (old_state, old_pins) = (
+            Path::new(STATE_ROOT).join(legacy),
+            bpffs_root().join(PIN_SUBDIR).join(legacy),
+        );
+        if self.state_dir().exists() || self.pin_dir().exists() {
+            return Err(PodError::Io {
+                what: format!("{} already has state", self.key),
+                source: std::io::Error::from(std::io::ErrorKind::AlreadyExists),
+            });
+        }
+        if old_pins.exists() {
+            fs::rename(&old_pins, self.pin_dir())
+                .map_err(PodError::io(format!("rename {}", old_pins.display())))?;
+        }
+        fs::rename(&old_state, self.state_dir())
+            .map_err(PodError::io(format!("rename {}", old_state.display())))?;
+        for mut r in self.records()? {
+            for p in &mut r.link_pins {
+                if let Ok(rest) = p.strip_prefix(&old_pins) {
+                    *p = self.pin_dir().join(rest);
+                }
+            }
+            self.write_record(&r)?;
+        }
+        Ok(())
     }
 
     pub fn state_dir(&self) -> PathBuf {
@@ -220,15 +296,28 @@ impl Host {
         read_record(&p).map(Some)
     }
 
+    /// Writes `r` so that a crash leaves either the old or the new record, never a torn one:
+    /// a temporary file, fsync'd, renamed over the record, and the directory fsync'd.
     pub fn write_record(&self, r: &PodRecord) -> Result<(), PodError> {
+        use std::io::Write;
+        let dir = self.state_dir();
+        create_dir_all_racy(&dir)?;
         let p = self.record_path(&r.name);
         let tmp = p.with_extension("json.tmp");
         let body = serde_json::to_vec_pretty(r).map_err(|e| PodError::State {
             path: p.clone(),
             source: e,
         })?;
-        fs::write(&tmp, body).map_err(PodError::io(format!("write {}", tmp.display())))?;
-        fs::rename(&tmp, &p).map_err(PodError::io(format!("write {}", p.display())))
+        let mut f =
+            File::create(&tmp).map_err(PodError::io(format!("create {}", tmp.display())))?;
+        f.write_all(&body)
+            .and_then(|()| f.sync_all())
+            .map_err(PodError::io(format!("write {}", tmp.display())))?;
+        drop(f);
+        fs::rename(&tmp, &p).map_err(PodError::io(format!("write {}", p.display())))?;
+        File::open(&dir)
+            .and_then(|d| d.sync_all())
+            .map_err(PodError::io(format!("fsync {}", dir.display())))
     }
 
     pub fn remove_record(&self, pod: &str) -> Result<(), PodError> {
@@ -260,13 +349,62 @@ impl Host {
     }
 }
 
-/// Inodes of every network namespace that can still be reached: named ones (/run/netns),
-/// any process's or thread's (`/proc/*/task/*/ns/net`), any open namespace fd
-/// (`/proc/*/fd/*`), and nsfs bind mounts in any mount namespace (e.g. a container
-/// runtime's), found through each process's mountinfo and root.
-pub fn live_netns_inodes() -> std::collections::BTreeSet<u64> {
+/// The state key of the namespace with netns cookie `cookie` and inode `inode`.
+pub fn host_key(cookie: u64, inode: u64) -> String {
+    format!("cookie-{cookie}-ino-{inode}")
+}
+
+/// The key nsfast used before the cookie: the inode alone (reused by the kernel).
+pub fn legacy_key(inode: u64) -> String {
+    format!("netns-{inode}")
+}
+
+/// A state key: the namespace's cookie (`None` for a legacy key) and inode.
+pub fn parse_key(key: &str) -> Option<(Option<u64>, u64)> {
+    if let Some(rest) = key.strip_prefix("cookie-") {
+        let (c, i) = rest.split_once("-ino-")?;
+        return Some((Some(c.parse().ok()?), i.parse().ok()?));
+    }
+    let i = key.strip_prefix("netns-")?.parse().ok()?;
+    Some((None, i))
+}
+
+/// Whether the legacy state directory `dir` describes namespace `ns`: it has pod records and
+/// each one's host device exists in `ns` with the recorded ifindex and MAC.
+fn legacy_state_belongs(ns: &NetNs, dir: &Path) -> bool {
+    let mut any = false;
+    for e in fs::read_dir(dir).into_iter().flatten().flatten() {
+        let p = e.path();
+        if p.extension().is_none_or(|x| x != "json") {
+            continue;
+        }
+        let Ok(r) = read_record(&p) else {
+            return false;
+        };
+        let idx = nsfast_sys::net::link_index(Some(ns), &r.host_if).ok();
+        let mac = nsfast_sys::net::link_mac(Some(ns), &r.host_if).ok();
+        let mac = mac.map(|m| {
+            m.iter()
+                .map(|b| format!("{b:02x}"))
+                .collect::<Vec<_>>()
+                .join(":")
+        });
+        if idx != Some(r.host_ifindex) || mac.as_deref() != Some(r.host_mac.as_str()) {
+            return false;
+        }
+        any = true;
+    }
+    any
+}
+
+/// Every network namespace that can still be reached, by inode, with paths that reach it:
+/// named ones (/run/netns), any process's or thread's (`/proc/*/task/*/ns/net`), any open
+/// namespace fd (`/proc/*/fd/*`), and nsfs bind mounts in any mount namespace (e.g. a
+/// container runtime's), found through each process's mountinfo and root.
+pub fn live_netns() -> std::collections::BTreeMap<u64, Vec<PathBuf>> {
     use std::os::unix::fs::MetadataExt;
-    let mut live = std::collections::BTreeSet::new();
+    let mut live: std::collections::BTreeMap<u64, Vec<PathBuf>> = Default::default();
+    let mut add = |i: u64, p: PathBuf| live.entry(i).or_default().push(p);
     let mut mnt_seen = std::collections::BTreeSet::new();
     let parse = |p: &Path| -> Option<u64> {
         let t = fs::read_link(p).ok()?;
@@ -276,7 +414,7 @@ pub fn live_netns_inodes() -> std::collections::BTreeSet<u64> {
     if let Ok(rd) = fs::read_dir("/run/netns") {
         for e in rd.flatten() {
             if let Ok(m) = fs::metadata(e.path()) {
-                live.insert(m.ino());
+                add(m.ino(), e.path());
             }
         }
     }
@@ -294,13 +432,14 @@ pub fn live_netns_inodes() -> std::collections::BTreeSet<u64> {
             .flatten()
             .flatten()
         {
-            if let Some(i) = parse(&t.path().join("ns/net")) {
-                live.insert(i);
+            let p = t.path().join("ns/net");
+            if let Some(i) = parse(&p) {
+                add(i, p);
             }
         }
         for f in fs::read_dir(pd.join("fd")).into_iter().flatten().flatten() {
             if let Some(i) = parse(&f.path()) {
-                live.insert(i);
+                add(i, f.path());
             }
         }
         // nsfs bind mounts, once per mount namespace, seen through this process's root.
@@ -321,40 +460,81 @@ pub fn live_netns_inodes() -> std::collections::BTreeSet<u64> {
                 continue;
             }
             // The mount's root field names the namespace: `net:[<inode>]`.
-            let root = pre.split_whitespace().nth(3).unwrap_or("");
+            let mut f = pre.split_whitespace();
+            let root = f.nth(3).unwrap_or("");
+            let point = f.next().unwrap_or("");
             if let Some(i) = root
                 .strip_prefix("net:[")
                 .and_then(|r| r.strip_suffix(']'))
                 .and_then(|r| r.parse().ok())
             {
-                live.insert(i);
+                add(i, pd.join("root").join(point.trim_start_matches('/')));
             }
         }
     }
     live
 }
 
-/// Host keys (`netns-<inode>`) with pod state (pins or records) whose network namespace no
-/// longer exists anywhere ([`live_netns_inodes`]): what is left when a host namespace was
-/// deleted without its pods (a killed run, or a namespace deleted by hand).
+/// Inodes of every network namespace that can still be reached ([`live_netns`]).
+pub fn live_netns_inodes() -> std::collections::BTreeSet<u64> {
+    live_netns().into_keys().collect()
+}
+
+/// Whether the namespace state `key` describes is gone, given the live namespaces: its inode
+/// is not in use, or is in use by a namespace with another cookie (the kernel reused the
+/// inode), or (legacy key) the namespace with that inode lacks the recorded devices. A live
+/// namespace that cannot be opened to compare counts as alive (its state is kept).
+fn key_is_stale(key: &str, live: &std::collections::BTreeMap<u64, Vec<PathBuf>>) -> bool {
+    let Some((cookie, ino)) = parse_key(key) else {
+        return false;
+    };
+    let Some(paths) = live.get(&ino) else {
+        return true;
+    };
+    let ns = paths.iter().find_map(|p| {
+        let ns = NetNs::open(&p.display().to_string()).ok()?;
+        (ns.inode() == ino).then_some(ns)
+    });
+    let Some(ns) = ns else {
+        return false;
+    };
+    match cookie {
+        Some(c) => ns.cookie().is_ok_and(|now| now != c),
+        None => !legacy_state_belongs(&ns, &Path::new(STATE_ROOT).join(key)),
+    }
+}
+
+/// Host keys with pod state (pins or records) whose network namespace no longer exists
+/// anywhere ([`key_is_stale`]): what is left when a host namespace was deleted without its
+/// pods (a killed run, or a namespace deleted by hand), even if a new namespace got its inode.
 pub fn orphaned_keys() -> Vec<String> {
-    let live = live_netns_inodes();
-    let mut keys = std::collections::BTreeSet::new();
+    orphaned_keys_where(|_| true)
+}
+
+/// [`orphaned_keys`] restricted to keys with inode `inode`: stale state of dead namespaces
+/// whose inode a live one now has.
+pub fn orphaned_keys_of_inode(inode: u64) -> Vec<String> {
+    orphaned_keys_where(|k| parse_key(k).is_some_and(|(_, i)| i == inode))
+}
+
+fn orphaned_keys_where(want: impl Fn(&str) -> bool) -> Vec<String> {
+    let mut cands = std::collections::BTreeSet::new();
     for dir in [PathBuf::from(STATE_ROOT), bpffs_root().join(PIN_SUBDIR)] {
         for e in fs::read_dir(dir).into_iter().flatten().flatten() {
             let name = e.file_name().to_string_lossy().into_owned();
-            let Some(ino) = name
-                .strip_prefix("netns-")
-                .and_then(|i| i.parse::<u64>().ok())
-            else {
-                continue;
-            };
-            if !live.contains(&ino) {
-                keys.insert(name);
+            if parse_key(&name).is_some() && want(&name) {
+                cands.insert(name);
             }
         }
     }
-    keys.into_iter().collect()
+    if cands.is_empty() {
+        return Vec::new();
+    }
+    let live = live_netns();
+    cands
+        .into_iter()
+        .filter(|k| key_is_stale(k, &live))
+        .collect()
 }
 
 /// Removes the pins and records of host `key` (from [`orphaned_keys`]). Its namespace is gone,
@@ -395,17 +575,38 @@ pub fn create_dir_all_racy(dir: &Path) -> Result<(), PodError> {
     ))
 }
 
-fn read_record(p: &Path) -> Result<PodRecord, PodError> {
-    let body = fs::read(p).map_err(PodError::io(format!("read {}", p.display())))?;
-    let mut r: PodRecord = serde_json::from_slice(&body).map_err(|e| PodError::State {
-        path: p.to_path_buf(),
-        source: e,
-    })?;
+/// Largest pod record read (records are a few hundred bytes; a bigger file is not ours).
+pub const MAX_RECORD: u64 = 1 << 20;
+
+/// Parses a pod record as stored (the entry point for fuzzing the state reader).
+pub fn parse_record(body: &[u8]) -> Result<PodRecord, serde_json::Error> {
+    let mut r: PodRecord = serde_json::from_slice(body)?;
     // Records written before `attach` existed: netkit pods were netkit, veth pods TCX.
     if r.datapath != Datapath::Veth {
         r.attach = AttachMethod::Netkit;
     }
     Ok(r)
+}
+
+fn read_record(p: &Path) -> Result<PodRecord, PodError> {
+    use std::io::Read;
+    let mut body = Vec::new();
+    File::open(p)
+        .and_then(|f| f.take(MAX_RECORD + 1).read_to_end(&mut body))
+        .map_err(PodError::io(format!("read {}", p.display())))?;
+    if body.len() as u64 > MAX_RECORD {
+        return Err(PodError::Io {
+            what: format!(
+                "pod record {} is larger than {MAX_RECORD} bytes",
+                p.display()
+            ),
+            source: std::io::Error::from(std::io::ErrorKind::InvalidData),
+        });
+    }
+    parse_record(&body).map_err(|e| PodError::State {
+        path: p.to_path_buf(),
+        source: e,
+    })
 }
 
 /// Held while a host's pods change.
@@ -511,6 +712,12 @@ pub struct PodRecord {
     /// The pod's traffic goes through the host stack (netfilter) instead of being redirected.
     #[serde(default)]
     pub host_firewall: bool,
+    /// An intent, not a pod: `add` wrote this before changing anything and had not finished.
+    /// It names what `add` makes (`host_if` and its pair, `link_pins`, the endpoint of `ip`
+    /// unless unspecified, the namespace if `netns_owned`, the IPAM lease if `cni`); the
+    /// next `add`/`del`/GC of the pod undoes whatever of it exists.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub pending: bool,
 }
 
 /// The CNI identity of a pod made by `nsfast-cni`.
@@ -550,6 +757,51 @@ mod tests {
             assert!(r.tc_filters.is_empty());
         }
         fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn keys_round_trip_and_legacy_keys_parse() {
+        assert_eq!(host_key(4096, 4026532000), "cookie-4096-ino-4026532000");
+        assert_eq!(
+            parse_key(&host_key(4096, 4026532000)),
+            Some((Some(4096), 4026532000))
+        );
+        assert_eq!(parse_key(&legacy_key(77)), Some((None, 77)));
+        for bad in [
+            "",
+            "netns-",
+            "netns-x",
+            "cookie-1",
+            "cookie-a-ino-1",
+            "cookie-1-ino-",
+        ] {
+            assert_eq!(parse_key(bad), None, "{bad}");
+        }
+    }
+
+    /// A record without `pending` (every record before intents existed) is complete; a pending
+    /// one round-trips, and a complete one is written without the field.
+    #[test]
+    fn pending_defaults_to_complete_and_round_trips() {
+        let body = br#"{"name":"p","ip":"10.0.0.1","prefix":24,"gateway":"169.254.1.1",
+            "datapath":"veth","host":"h","netns":"p","netns_owned":true,"host_if":"nsf0",
+            "host_ifindex":3,"pod_if":"eth0","pod_mac":"","host_mac":"","link_pins":[]}"#;
+        let mut r = parse_record(body).unwrap();
+        assert!(!r.pending);
+        assert!(!serde_json::to_string(&r).unwrap().contains("pending"));
+        r.pending = true;
+        let j = serde_json::to_vec(&r).unwrap();
+        assert!(parse_record(&j).unwrap().pending);
+        assert!(parse_record(b"{").is_err());
+    }
+
+    /// State of an inode no namespace has is stale; a key that is not ours never is.
+    #[test]
+    fn keys_of_unused_inodes_are_stale() {
+        let live = std::collections::BTreeMap::new();
+        assert!(key_is_stale(&host_key(1, 12345), &live));
+        assert!(key_is_stale(&legacy_key(12345), &live));
+        assert!(!key_is_stale("something-else", &live));
     }
 
     #[test]

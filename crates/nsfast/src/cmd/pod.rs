@@ -180,6 +180,14 @@ fn run_inner(cmd: PodCmd) -> Result<()> {
                     }
                 )?;
             }
+            for p in l.pods.iter().filter(|p| p.pending) {
+                nsfast_sys::outln!(
+                    "note: pod {}: its add did not finish (killed?); `nsfast pod del {}` or \
+                     `nsfast pod add` again undoes what it made",
+                    p.name,
+                    p.name
+                )?;
+            }
             let c: Vec<String> = l.counters.iter().map(|(k, v)| format!("{k}={v}")).collect();
             nsfast_sys::outln!("counters: {}", c.join(" "))?;
             Ok(())

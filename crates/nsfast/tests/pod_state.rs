@@ -1,0 +1,491 @@
+//! Root tests of `nsfast pod`'s state: a host given as a file that is not a network
+//! namespace, SIGKILL after each `pod add` step, and host namespaces whose inode the kernel
+//! handed out again (state keyed by netns cookie; stale records never block an add, and
+//! cleanup never touches the new namespace's devices). Run as root. `NSFAST_BIN` runs another
+//! build (e.g. an older one, to see these fail).
+
+use std::os::unix::process::ExitStatusExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use nsfast_pod::state::{bpffs_root, PIN_SUBDIR, STATE_ROOT};
+use nsfast_sys::net;
+use nsfast_sys::netns::{self, NetNs};
+use nsfast_testsupport::require_root;
+use nsfast_testsupport::world::unique;
+
+fn nsfast_bin() -> PathBuf {
+    std::env::var_os("NSFAST_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_nsfast")))
+}
+
+fn nsfast_env(args: &[&str], env: &[(&str, &str)]) -> Output {
+    let mut c = Command::new(nsfast_bin());
+    c.args(args)
+        .env("RUST_LOG", "warn")
+        .env_remove(nsfast_pod::pod::CRASH_ENV);
+    for (k, v) in env {
+        c.env(k, v);
+    }
+    c.output().expect("run nsfast")
+}
+
+fn nsfast(args: &[&str]) -> Output {
+    nsfast_env(args, &[])
+}
+
+fn text(o: &Output) -> String {
+    format!(
+        "status {:?}; stdout: {}; stderr: {}",
+        o.status,
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+/// Device names in namespace `ns` (a name under /run/netns), from the thread's
+/// /proc/thread-self/net/dev inside it (no `ip` needed: the VM guests have busybox only).
+fn links(ns: &str) -> Vec<String> {
+    let ns = NetNs::open(ns).expect("open namespace");
+    let dev = ns
+        .run(|| std::fs::read_to_string("/proc/thread-self/net/dev"))
+        .unwrap()
+        .expect("read net/dev");
+    let mut v: Vec<String> = dev
+        .lines()
+        .skip(2)
+        .filter_map(|l| l.split(':').next())
+        .map(|n| n.trim().to_string())
+        .collect();
+    v.sort();
+    v
+}
+
+/// Pod state directories (under /run/nsfast/pod) holding a record of pod `pod`.
+fn state_dirs_with(pod: &str) -> Vec<PathBuf> {
+    std::fs::read_dir(STATE_ROOT)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|d| d.join(format!("{pod}.json")).exists())
+        .collect()
+}
+
+/// Deletes the named namespaces (and every pod of `hosts`) on drop, also on panic.
+struct Cleanup {
+    hosts: Vec<String>,
+    names: Vec<String>,
+    dirs: Vec<PathBuf>,
+}
+
+impl Drop for Cleanup {
+    fn drop(&mut self) {
+        for h in &self.hosts {
+            let _ = nsfast(&["pod", "del", "--all", "--host", h]);
+        }
+        for n in self.hosts.iter().chain(&self.names) {
+            let _ = netns::delete_named(n);
+        }
+        for d in &self.dirs {
+            let _ = std::fs::remove_dir_all(d);
+        }
+    }
+}
+
+#[test]
+fn pod_list_refuses_a_host_that_is_not_a_network_namespace() {
+    require_root();
+    // /etc/passwd where there is one (the VM guests have none); always a regular file of
+    // procfs and a namespace of another type.
+    let mut files = vec!["/proc/self/status", "/proc/self/ns/mnt"];
+    if Path::new("/etc/passwd").exists() {
+        files.push("/etc/passwd");
+    }
+    for f in files {
+        for args in [
+            &["pod", "list", "--host", f][..],
+            &["pod", "del", "--all", "--host", f][..],
+            &["pod", "add", "x", "--ip", "10.79.0.1/24", "--host", f][..],
+        ] {
+            let o = nsfast(args);
+            assert!(!o.status.success(), "{args:?} accepted: {}", text(&o));
+            let err = String::from_utf8_lossy(&o.stderr);
+            assert!(
+                err.contains(&format!("{f:?}")) && err.contains("not a network namespace"),
+                "{args:?}: {}",
+                text(&o)
+            );
+        }
+    }
+}
+
+/// The datapath of the crash test: veth here; the VM matrix sets NSFAST_TEST_POD_MODE=netkit
+/// (or netkit-l2) on kernels with netkit.
+fn pod_mode() -> String {
+    std::env::var("NSFAST_TEST_POD_MODE").unwrap_or_else(|_| "veth".into())
+}
+
+/// Nothing of pod `pod` on host `host` is left: devices, its namespace, records, pins.
+fn assert_clean(host: &str, pod: &str, when: &str) {
+    assert_eq!(links(host), ["lo"], "{when}: host devices");
+    assert!(
+        !netns::list_named().contains(&pod.to_string()),
+        "{when}: pod namespace {pod} left"
+    );
+    let h = nsfast_pod::Host::open(Some(host)).unwrap();
+    assert!(
+        !h.state_dir().exists(),
+        "{when}: {} left",
+        h.state_dir().display()
+    );
+    assert!(
+        !h.pin_dir().exists(),
+        "{when}: {} left",
+        h.pin_dir().display()
+    );
+}
+
+/// SIGKILL right after each `pod add` step: `pod del` then removes everything; killed again,
+/// `pod add` of the same pod works (after the last step the pod is complete, so it is refused
+/// as existing and `pod del` + `pod add` works), and its `pod del` leaves nothing.
+#[test]
+fn pod_add_killed_after_each_step_then_del_and_add_work_and_nothing_is_left() {
+    require_root();
+    let p = unique("nsft-pk");
+    let host = format!("{p}-h");
+    let pod = format!("{p}-k");
+    let _c = Cleanup {
+        hosts: vec![host.clone()],
+        names: vec![pod.clone()],
+        dirs: vec![],
+    };
+    NetNs::create(&host).unwrap().persist();
+    let mode = pod_mode();
+    let add = [
+        "pod",
+        "add",
+        &pod,
+        "--ip",
+        "10.78.0.5/24",
+        "--host",
+        &host,
+        "--mode",
+        &mode,
+    ];
+    let del = ["pod", "del", &pod, "--host", &host];
+    let steps = [
+        "planned",
+        "netns",
+        "devices",
+        "addresses",
+        "attach",
+        "endpoint",
+        "record",
+    ];
+    for s in steps {
+        assert!(nsfast_pod::pod::ADD_STEPS.contains(&s), "{s}");
+    }
+    for step in steps {
+        let crash = [(nsfast_pod::pod::CRASH_ENV, step)];
+        let o = nsfast_env(&add, &crash);
+        assert_eq!(
+            o.status.signal(),
+            Some(9),
+            "not killed at {step}: {}",
+            text(&o)
+        );
+        let o = nsfast(&del);
+        assert!(
+            o.status.success(),
+            "del after a kill at {step}: {}",
+            text(&o)
+        );
+        assert_clean(&host, &pod, &format!("del after a kill at {step}"));
+
+        let o = nsfast_env(&add, &crash);
+        assert_eq!(
+            o.status.signal(),
+            Some(9),
+            "second kill at {step}: {}",
+            text(&o)
+        );
+        let mut o = nsfast(&add);
+        if step == "record" {
+            assert!(
+                String::from_utf8_lossy(&o.stderr).contains("already exists"),
+                "{}",
+                text(&o)
+            );
+            assert!(nsfast(&del).status.success());
+            o = nsfast(&add);
+        }
+        assert!(
+            o.status.success(),
+            "add after a kill at {step}: {}",
+            text(&o)
+        );
+        let h = nsfast_pod::Host::open(Some(&host)).unwrap();
+        let r = h.record(&pod).unwrap().expect("record");
+        assert!(!r.pending, "{step}");
+        let pns = NetNs::open(&pod).unwrap();
+        assert_eq!(
+            net::link_ipv4_addresses(Some(&pns), "eth0").unwrap(),
+            [("10.78.0.5".parse().unwrap(), 24)],
+            "{step}"
+        );
+        assert_eq!(links(&host).len(), 2, "{step}: lo and the pod's device");
+        drop((h, pns));
+        let o = nsfast(&del);
+        assert!(o.status.success(), "del #2 at {step}: {}", text(&o));
+        assert_clean(&host, &pod, &format!("add+del after a kill at {step}"));
+    }
+}
+
+/// The scenario, for real: a host namespace with a pod is deleted without `pod del`;
+/// namespaces are made until one gets its inode (if the kernel does not hand it out within
+/// the bound, the dead host's state is renamed to that inode, which is what reuse looks like
+/// on disk). There, `pod add` with the dead pod's address works, and `pod del --all` deletes
+/// only the new pod: a device named like the dead pod's and the dead pod's namespace stay, and
+/// the dead host's state is gone.
+#[test]
+fn host_inode_reuse_never_blocks_add_and_del_all_touches_only_the_new_host() {
+    require_root();
+    let p = unique("nsft-pr");
+    let (old_h, old_pod, new_pod) = (format!("{p}-old"), format!("{p}-a"), format!("{p}-b"));
+    let mut c = Cleanup {
+        hosts: vec![],
+        names: vec![old_pod.clone(), old_h.clone()],
+        dirs: vec![],
+    };
+    let old_ino = {
+        let ns = NetNs::create(&old_h).unwrap().persist();
+        ns.inode()
+    };
+    let o = nsfast(&[
+        "pod",
+        "add",
+        &old_pod,
+        "--ip",
+        "10.77.0.1/24",
+        "--host",
+        &old_h,
+        "--mode",
+        "veth",
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    let old_state = state_dirs_with(&old_pod);
+    assert_eq!(old_state.len(), 1, "{old_state:?}");
+    let old_state = old_state[0].clone();
+    let old_key = old_state.file_name().unwrap().to_str().unwrap().to_string();
+    let rec: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(old_state.join(format!("{old_pod}.json"))).unwrap())
+            .unwrap();
+    let old_if = rec["host_if"].as_str().unwrap().to_string();
+    netns::delete_named(&old_h).unwrap();
+
+    // Churn: keep every namespace made (so the allocator moves past other free numbers) until
+    // one has the dead host's inode.
+    let mut churn = Vec::new();
+    let mut new_h = None;
+    for i in 0..200 {
+        let ns = NetNs::create(&format!("{p}-n{i}")).unwrap();
+        if ns.inode() == old_ino {
+            new_h = Some(ns);
+            break;
+        }
+        churn.push(ns);
+    }
+    let reused = new_h.is_some();
+    let new_h = new_h.unwrap_or_else(|| churn.pop().unwrap()).persist();
+    drop(churn);
+    let new_name = new_h.name().to_string();
+    c.hosts.push(new_name.clone());
+    let new_ino = new_h.inode();
+    let stale_key = if reused {
+        old_key.clone()
+    } else {
+        eprintln!("inode {old_ino} not reused within 200 namespaces: planting the reuse");
+        let k = match old_key.rsplit_once("-ino-") {
+            Some((c, _)) => format!("{c}-ino-{new_ino}"),
+            None => format!("netns-{new_ino}"),
+        };
+        for root in [PathBuf::from(STATE_ROOT), bpffs_root().join(PIN_SUBDIR)] {
+            if root.join(&old_key).exists() {
+                std::fs::rename(root.join(&old_key), root.join(&k)).unwrap();
+            }
+        }
+        k
+    };
+    c.dirs.push(Path::new(STATE_ROOT).join(&stale_key));
+    c.dirs.push(bpffs_root().join(PIN_SUBDIR).join(&stale_key));
+    // A device of the new host that happens to have the dead pod's device name.
+    net::create_veth(&new_h, &old_if, &new_h, "nsftdecoy1").unwrap();
+
+    let o = nsfast(&[
+        "pod",
+        "add",
+        &new_pod,
+        "--ip",
+        "10.77.0.1/24",
+        "--host",
+        &new_name,
+        "--mode",
+        "veth",
+    ]);
+    c.names.push(new_pod.clone());
+    assert!(o.status.success(), "add on the reused inode: {}", text(&o));
+    let o = nsfast(&["pod", "del", "--all", "--host", &new_name]);
+    assert!(o.status.success(), "{}", text(&o));
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        out.contains(&format!("deleted pod {new_pod}")) && !out.contains(&old_pod),
+        "{out}"
+    );
+    assert!(
+        net::link_exists(Some(&new_h), &old_if).unwrap(),
+        "del --all deleted the new host's device {old_if}"
+    );
+    assert!(
+        netns::list_named().contains(&old_pod),
+        "del --all deleted the dead host's pod namespace {old_pod}"
+    );
+    assert!(!netns::list_named().contains(&new_pod));
+    for root in [PathBuf::from(STATE_ROOT), bpffs_root().join(PIN_SUBDIR)] {
+        assert!(
+            !root.join(&stale_key).exists(),
+            "stale state {} left",
+            root.join(&stale_key).display()
+        );
+    }
+}
+
+fn plant(dir: &Path, name: &str, ip: &str, host_if: &str, ifindex: u32, netns: &str) {
+    std::fs::create_dir_all(dir).unwrap();
+    std::fs::write(dir.join(".lock"), b"").unwrap();
+    let r = serde_json::json!({
+        "name": name, "ip": ip, "prefix": 24, "gateway": "169.254.1.1",
+        "datapath": "veth", "host": "old-h", "netns": netns, "netns_owned": true,
+        "host_if": host_if, "host_ifindex": ifindex, "pod_if": "eth0",
+        "pod_mac": "02:00:00:00:00:02", "host_mac": "02:00:00:00:00:01",
+        "attach": "tcx", "link_pins": [],
+    });
+    std::fs::write(dir.join(format!("{name}.json")), r.to_string()).unwrap();
+}
+
+/// Records of dead namespaces planted on the inode of a live one, under the old inode key and
+/// under a cookie key with another cookie, naming the live host's devices and a live
+/// namespace: they block no add, and `pod del --all` removes them without touching either.
+#[test]
+fn planted_stale_records_never_block_and_cleanup_touches_nothing_live() {
+    require_root();
+    let p = unique("nsft-ps");
+    let host = format!("{p}-h");
+    let victim = format!("{p}-v");
+    let mut c = Cleanup {
+        hosts: vec![host.clone()],
+        names: vec![victim.clone(), format!("{p}-x"), format!("{p}-y")],
+        dirs: vec![],
+    };
+    let h = NetNs::create(&host).unwrap().persist();
+    NetNs::create(&victim).unwrap().persist();
+    let ino = h.inode();
+    net::create_veth(&h, "nsftold0", &h, "nsftold1").unwrap();
+    let idx0 = net::link_index(Some(&h), "nsftold0").unwrap();
+    let legacy = Path::new(STATE_ROOT).join(format!("netns-{ino}"));
+    let other = Path::new(STATE_ROOT).join(format!("cookie-1-ino-{ino}"));
+    let other_pins = bpffs_root()
+        .join(PIN_SUBDIR)
+        .join(format!("cookie-1-ino-{ino}"));
+    c.dirs
+        .extend([legacy.clone(), other.clone(), other_pins.clone()]);
+    plant(
+        &legacy,
+        "old-a",
+        "10.77.0.1",
+        "nsftold0",
+        idx0 + 100,
+        &victim,
+    );
+    plant(&other, "old-b", "10.77.0.2", "nsftold1", idx0 + 1, &victim);
+    nsfast_pod::state::ensure_bpffs().unwrap();
+    std::fs::create_dir_all(&other_pins).unwrap();
+
+    for (n, ip) in [("x", "10.77.0.1/24"), ("y", "10.77.0.2/24")] {
+        let o = nsfast(&[
+            "pod",
+            "add",
+            &format!("{p}-{n}"),
+            "--ip",
+            ip,
+            "--host",
+            &host,
+            "--mode",
+            "veth",
+        ]);
+        assert!(o.status.success(), "add {ip}: {}", text(&o));
+    }
+    let o = nsfast(&["pod", "list", "--host", &host]);
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(!out.contains("old-a") && !out.contains("old-b"), "{out}");
+    let o = nsfast(&["pod", "del", "--all", "--host", &host]);
+    assert!(o.status.success(), "{}", text(&o));
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(out.contains("2 pod(s) deleted"), "{out}");
+    for d in ["nsftold0", "nsftold1"] {
+        assert!(net::link_exists(Some(&h), d).unwrap(), "{d} deleted");
+    }
+    assert!(netns::list_named().contains(&victim), "{victim} deleted");
+    for d in [&legacy, &other, &other_pins] {
+        assert!(!d.exists(), "stale state {} left", d.display());
+    }
+}
+
+/// State an older nsfast wrote under the inode key for a host that is still alive (its
+/// records' devices are there) is adopted: listed, and deleted with `pod del`.
+#[test]
+fn legacy_state_of_a_live_host_is_adopted() {
+    require_root();
+    let p = unique("nsft-pl");
+    let host = format!("{p}-h");
+    let pod_ns = format!("{p}-m");
+    let mut c = Cleanup {
+        hosts: vec![host.clone()],
+        names: vec![pod_ns.clone()],
+        dirs: vec![],
+    };
+    let h = NetNs::create(&host).unwrap().persist();
+    let pns = NetNs::create(&pod_ns).unwrap().persist();
+    net::create_veth_into(Some(&h), "nsftmig0", "nsftmigp", &pns, "eth0").unwrap();
+    let idx = net::link_index(Some(&h), "nsftmig0").unwrap();
+    let mac = net::link_mac(Some(&h), "nsftmig0").unwrap();
+    let mac = mac
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect::<Vec<_>>()
+        .join(":");
+    let legacy = Path::new(STATE_ROOT).join(format!("netns-{}", h.inode()));
+    c.dirs.push(legacy.clone());
+    plant(&legacy, "mig", "10.77.1.1", "nsftmig0", idx, &pod_ns);
+    let rec = legacy.join("mig.json");
+    let mut v: serde_json::Value = serde_json::from_slice(&std::fs::read(&rec).unwrap()).unwrap();
+    v["host_mac"] = serde_json::json!(mac);
+    std::fs::write(&rec, v.to_string()).unwrap();
+
+    let o = nsfast(&["pod", "list", "--host", &host]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(
+        String::from_utf8_lossy(&o.stdout).contains("mig"),
+        "{}",
+        text(&o)
+    );
+    assert!(!legacy.exists(), "legacy state not moved");
+    let o = nsfast(&["pod", "del", "mig", "--host", &host]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(!net::link_exists(Some(&h), "nsftmig0").unwrap());
+    assert!(
+        !netns::list_named().contains(&pod_ns),
+        "owned pod namespace kept"
+    );
+}
