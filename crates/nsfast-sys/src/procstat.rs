@@ -112,18 +112,7 @@ pub fn ksoftirqd_pid(cpu: usize) -> Option<u32> {
 /// Whether softirq time is accounted apart from tasks (CONFIG_IRQ_TIME_ACCOUNTING=y), from
 /// `/proc/config.gz` or `/boot/config-$(uname -r)`; `None` when neither can be read.
 pub fn irq_time_accounting() -> Option<bool> {
-    let release = crate::kernel::release();
-    let text = fs::read_to_string(format!("/boot/config-{release}"))
-        .ok()
-        .or_else(|| {
-            let out = std::process::Command::new("zcat")
-                .arg("/proc/config.gz")
-                .output()
-                .ok()?;
-            out.status
-                .success()
-                .then(|| String::from_utf8_lossy(&out.stdout).into_owned())
-        })?;
+    let text = crate::kernel::config_text()?;
     Some(
         text.lines()
             .any(|l| l.trim() == "CONFIG_IRQ_TIME_ACCOUNTING=y"),

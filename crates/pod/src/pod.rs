@@ -522,17 +522,7 @@ pub fn undo_pending(host: &Host, r: &PodRecord) -> Result<(), PodError> {
             }
         }
     }
-    for p in &r.link_pins {
-        datapath::unpin(p)?;
-    }
-    for f in &r.tc_filters {
-        datapath::detach_tc(host, f)?;
-    }
-    net::delete_link(Some(&host.ns), &r.host_if)?;
-    if r.netns_owned {
-        netns::delete_named(&r.netns)?;
-    }
-    Ok(())
+    remove_attachments(host, r)
 }
 
 /// Removes the record of pod `name` and, if it was the host's last, the host's state. Lock
@@ -792,6 +782,14 @@ fn remove(host: &Host, r: &PodRecord) -> Result<(), PodError> {
         return host.remove_record(&r.name);
     }
     datapath::endpoint_remove(host, r.ip, r.host_ifindex)?;
+    remove_attachments(host, r)?;
+    host.remove_record(&r.name)
+}
+
+/// What a pod holds beyond its endpoint entry and record, complete or pending alike: link
+/// pins, tc filters, the device pair (with it the pod's addresses and routes) and the
+/// namespace if nsfast made it. Lock held.
+fn remove_attachments(host: &Host, r: &PodRecord) -> Result<(), PodError> {
     for p in &r.link_pins {
         datapath::unpin(p)?;
     }
@@ -802,7 +800,7 @@ fn remove(host: &Host, r: &PodRecord) -> Result<(), PodError> {
     if r.netns_owned {
         netns::delete_named(&r.netns)?;
     }
-    host.remove_record(&r.name)
+    Ok(())
 }
 
 /// `pod list` output for one host.

@@ -47,18 +47,7 @@ fn read_kernel_config() -> Option<String> {
     if let Some(p) = std::env::var_os("NSFAST_KERNEL_CONFIG") {
         return std::fs::read_to_string(p).ok();
     }
-    let release = nsfast_sys::kernel::release();
-    std::fs::read_to_string(format!("/boot/config-{release}"))
-        .ok()
-        .or_else(|| {
-            let out = std::process::Command::new("zcat")
-                .arg("/proc/config.gz")
-                .output()
-                .ok()?;
-            out.status
-                .success()
-                .then(|| String::from_utf8_lossy(&out.stdout).into_owned())
-        })
+    nsfast_sys::kernel::config_text()
 }
 
 /// Whether `key` is built in or a module in `config`.
