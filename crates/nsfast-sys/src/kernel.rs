@@ -69,6 +69,22 @@ pub fn release() -> String {
         .unwrap_or_default()
 }
 
+/// The running kernel's build configuration (`/boot/config-$(uname -r)`, else
+/// `/proc/config.gz` through `zcat`); `None` when neither can be read.
+pub fn config_text() -> Option<String> {
+    std::fs::read_to_string(format!("/boot/config-{}", release()))
+        .ok()
+        .or_else(|| {
+            let out = std::process::Command::new("zcat")
+                .arg("/proc/config.gz")
+                .output()
+                .ok()?;
+            out.status
+                .success()
+                .then(|| String::from_utf8_lossy(&out.stdout).into_owned())
+        })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -91,20 +107,4 @@ mod tests {
         assert!(KernelVersion::new(6, 18, 44).at_least(6, 7));
         assert!(!KernelVersion::new(6, 1, 0).at_least(6, 7));
     }
-}
-
-/// The running kernel's build configuration (`/boot/config-$(uname -r)`, else
-/// `/proc/config.gz` through `zcat`); `None` when neither can be read.
-pub fn config_text() -> Option<String> {
-    std::fs::read_to_string(format!("/boot/config-{}", release()))
-        .ok()
-        .or_else(|| {
-            let out = std::process::Command::new("zcat")
-                .arg("/proc/config.gz")
-                .output()
-                .ok()?;
-            out.status
-                .success()
-                .then(|| String::from_utf8_lossy(&out.stdout).into_owned())
-        })
 }
