@@ -2,7 +2,9 @@
 # on a fresh Debian 12 machine.
 #
 #   make demo   install, build, run the main job (nsfast bench --quick) in throwaway namespaces
-#   make test   install, then every test: format, lints, unit + root integration tests, VM matrix
+#   make test   install, then every test: format, lints, fuzzers (short), unit + root
+#               integration tests, VM matrix
+#   make fuzz   every fuzz target for longer (FUZZ_SECS each, default 600; docs/fuzzing.md)
 #   make bench  the full benchmark
 
 SHELL := /bin/bash
@@ -15,7 +17,7 @@ DEB_TEST  := iproute2 bpftool sockperf iperf3 procps python3 containernetworking
 DEB_VM    := qemu-system-x86 kmod xz-utils debian-archive-keyring binutils libc-bin socat
 DEB_ALL   := $(DEB_BUILD) $(DEB_TEST) $(DEB_VM)
 
-.PHONY: all deps build demo test test-unit test-root test-vm lint bench clean
+.PHONY: all deps build demo test test-unit test-root test-vm lint fuzz fuzz-ci bench clean
 
 all: build
 
@@ -38,6 +40,7 @@ demo: build
 
 lint: deps
 	$(CARGO) fmt --all -- --check
+	$(CARGO) fmt --manifest-path fuzz/Cargo.toml --all -- --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 
 test-unit: deps
@@ -50,7 +53,17 @@ test-root: deps
 test-vm: deps
 	tests/vm/run.sh
 
-test: lint test-root test-vm
+# Coverage-guided fuzzers (cargo-fuzz on the nightly toolchain; cargo-fuzz is installed into
+# build/tools once). New inputs go to build/fuzz/, never into the tree; any crash fails.
+FUZZ_SECS ?= 600
+FUZZ_CI_SECS ?= 20
+fuzz-ci: deps
+	fuzz/run.sh -t $(FUZZ_CI_SECS)
+
+fuzz: deps
+	fuzz/run.sh -t $(FUZZ_SECS) $(if $(FUZZ_MERGE),--merge)
+
+test: lint fuzz-ci test-root test-vm
 
 # Longer run, both CPU placements, with the sockperf/iperf3 cross-check.
 bench: build

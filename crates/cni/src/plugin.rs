@@ -70,6 +70,21 @@ pub fn run(env: &Env, stdin: &[u8]) -> Result<Option<String>, CniError> {
     })
 }
 
+/// Every check [`run`] makes on its input before ADD, DEL, CHECK, STATUS or GC changes
+/// anything: the configuration on stdin, the container ID and interface name, `mode`, the
+/// IPAM type and a `prevResult`'s address. Touches nothing. For the fuzzers.
+#[doc(hidden)]
+pub fn check_input(env: &Env, stdin: &[u8]) -> Result<(), CniError> {
+    let (conf, _) = spec::parse_conf(stdin)?;
+    ids(env)?;
+    mode(&conf)?;
+    conf.ipam_type()?;
+    if let Some(prev) = &conf.prev_result {
+        let _ = ipam_ipv4(prev);
+    }
+    Ok(())
+}
+
 struct Ids<'a> {
     container: &'a str,
     ifname: &'a str,

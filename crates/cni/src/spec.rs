@@ -67,7 +67,13 @@ pub struct Env {
 
 impl Env {
     pub fn from_process() -> Self {
-        let v = |k: &str| std::env::var(k).ok().filter(|s| !s.is_empty());
+        Self::from_lookup(|k| std::env::var(k).ok())
+    }
+
+    /// The environment as `get` reports it (empty values count as unset). For the fuzzers.
+    #[doc(hidden)]
+    pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Self {
+        let v = |k: &str| get(k).filter(|s| !s.is_empty());
         Self {
             command: v("CNI_COMMAND"),
             container_id: v("CNI_CONTAINERID"),

@@ -397,10 +397,16 @@ pub fn create_dir_all_racy(dir: &Path) -> Result<(), PodError> {
 
 fn read_record(p: &Path) -> Result<PodRecord, PodError> {
     let body = fs::read(p).map_err(PodError::io(format!("read {}", p.display())))?;
-    let mut r: PodRecord = serde_json::from_slice(&body).map_err(|e| PodError::State {
+    parse_record(&body).map_err(|e| PodError::State {
         path: p.to_path_buf(),
         source: e,
-    })?;
+    })
+}
+
+/// A pod record from the bytes of its file. Public for the fuzzers.
+#[doc(hidden)]
+pub fn parse_record(body: &[u8]) -> Result<PodRecord, serde_json::Error> {
+    let mut r: PodRecord = serde_json::from_slice(body)?;
     // Records written before `attach` existed: netkit pods were netkit, veth pods TCX.
     if r.datapath != Datapath::Veth {
         r.attach = AttachMethod::Netkit;

@@ -51,6 +51,12 @@ pub fn state_dir() -> PathBuf {
     }
 }
 
+/// The PID in a PID file (`child_pid`, `docker.pid`, a lock file): one decimal number,
+/// surrounding white space allowed; 0 is not a PID.
+pub fn parse_pid(text: &str) -> Option<u32> {
+    text.trim().parse().ok().filter(|&p| p != 0)
+}
+
 impl Rootless {
     /// Reads `child_pid` and checks that the process runs and that we may join it.
     pub fn find() -> Result<Self, StateError> {
@@ -76,7 +82,7 @@ impl Rootless {
                 }
             }
         })?;
-        let pid: u32 = text.trim().parse().map_err(|_| StateError::NoState {
+        let pid = parse_pid(&text).ok_or_else(|| StateError::NoState {
             dir: dir.clone(),
             why: format!("{} holds {:?}, not a PID", file.display(), text.trim()),
         })?;
@@ -164,7 +170,7 @@ impl Lock {
             if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
                 let mut s = String::new();
                 let _ = file.read_to_string(&mut s);
-                return Ok(TryLock::Busy(s.trim().parse().ok()));
+                return Ok(TryLock::Busy(parse_pid(&s)));
             }
             return Err(err(e));
         }

@@ -1,0 +1,90 @@
+#!/usr/bin/env bash
+# Runs the fuzz targets (docs/fuzzing.md). Entry point of `make fuzz-ci` and `make fuzz`.
+#
+#   fuzz/run.sh [-t SECS] [--merge] [TARGET...]   (default: every target, 20 s each)
+#
+# Each target starts from its seed corpus fuzz/corpus/<target>/ (read only) and writes what
+# it finds to build/fuzz/corpus/<target>/, so a run leaves the git tree clean; `--merge` then
+# adds the new inputs that reach new code to fuzz/corpus/ (libFuzzer -merge=1), to commit.
+# A crash, a timeout, a leak or a target that does not build makes the script exit 1; the
+# crashing input is kept in build/fuzz/artifacts/<target>/.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+CARGO="${CARGO:-cargo}"
+TOOLCHAIN="${FUZZ_TOOLCHAIN:-nightly}"
+secs=20
+merge=0
+targets=()
+while [ $# -gt 0 ]; do
+    case "$1" in
+    -t) secs="$2"; shift 2 ;;
+    --merge) merge=1; shift ;;
+    -*) echo "fuzz/run.sh: unknown option $1 (use -t SECS, --merge)" >&2; exit 2 ;;
+    *) targets+=("$1"); shift ;;
+    esac
+done
+case "$secs" in
+'' | *[!0-9]* | 0) echo "fuzz/run.sh: -t needs a number of seconds >= 1, not \"$secs\"" >&2; exit 2 ;;
+esac
+
+if ! "$CARGO" "+$TOOLCHAIN" --version >/dev/null 2>&1; then
+    echo "fuzz/run.sh: no Rust toolchain \"$TOOLCHAIN\": rustup toolchain install nightly" \
+        "(or set FUZZ_TOOLCHAIN)" >&2
+    exit 1
+fi
+# cargo-fuzz, installed once into build/tools (cached like tests/vm/run.sh's tools).
+CARGO_FUZZ_VERSION=0.13.2
+if [ ! -x build/tools/bin/cargo-fuzz ] ||
+    ! grep -q "cargo-fuzz $CARGO_FUZZ_VERSION" build/tools/.crates.toml 2>/dev/null; then
+    echo "fuzz/run.sh: installing cargo-fuzz $CARGO_FUZZ_VERSION into build/tools" >&2
+    "$CARGO" install --locked --quiet --root build/tools --version "$CARGO_FUZZ_VERSION" cargo-fuzz
+fi
+export PATH="$PWD/build/tools/bin:$PATH"
+fuzz=("$CARGO" "+$TOOLCHAIN" fuzz)
+
+all=$("${fuzz[@]}" list)
+[ ${#targets[@]} -gt 0 ] || read -r -a targets <<<"$(echo $all)"
+for t in "${targets[@]}"; do
+    grep -qx "$t" <<<"$all" || { echo "fuzz/run.sh: no target $t (targets: $(echo $all))" >&2; exit 2; }
+done
+
+# One build for all targets: release, debug assertions and overflow checks on, AddressSanitizer.
+if ! "${fuzz[@]}" build --debug-assertions; then
+    echo "fuzz: FAILED: the fuzz targets do not build" >&2
+    exit 1
+fi
+
+failed=()
+for t in "${targets[@]}"; do
+    work=build/fuzz/corpus/$t
+    art=build/fuzz/artifacts/$t
+    log=build/fuzz/logs/$t.log
+    mkdir -p "$work" "$art" "$(dirname "$log")"
+    before=$(find "$art" -type f | wc -l)
+    rc=0
+    "${fuzz[@]}" run --debug-assertions "$t" "$work" "fuzz/corpus/$t" -- \
+        -max_total_time="$secs" -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 \
+        -artifact_prefix="$art/" >"$log" 2>&1 || rc=$?
+    runs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -n1)
+    eps=$(sed -n 's/^stat::average_exec_per_sec: *//p' "$log" | tail -n1)
+    cov=$(grep -o 'cov: [0-9]*' "$log" | tail -n1 | cut -d' ' -f2)
+    new=$(find "$work" -type f | wc -l)
+    crashes=$(($(find "$art" -type f | wc -l) - before))
+    if [ "$rc" -ne 0 ]; then
+        printf 'fuzz: %-18s FAILED (exit %d) after %s runs: %s crashing input(s) in %s; log %s\n' \
+            "$t" "$rc" "${runs:-?}" "$crashes" "$art" "$log"
+        grep -m1 -A3 -E "panicked at|ERROR: (libFuzzer|AddressSanitizer|LeakSanitizer)" "$log" | sed 's/^/    /' || true
+        failed+=("$t")
+    else
+        printf 'fuzz: %-18s ok  %9s runs %7s exec/s  cov %5s  %4s inputs found  0 crashes  (%s s)\n' \
+            "$t" "${runs:-?}" "${eps:-?}" "${cov:-?}" "$new" "$secs"
+    fi
+    if [ "$merge" = 1 ] && [ "$rc" -eq 0 ] && [ "$new" -gt 0 ]; then
+        "${fuzz[@]}" run --debug-assertions "$t" "fuzz/corpus/$t" "$work" -- -merge=1 >>"$log" 2>&1
+        echo "fuzz: $t: merged into fuzz/corpus/$t ($(find "fuzz/corpus/$t" -type f | wc -l) inputs)"
+    fi
+done
+if [ ${#failed[@]} -gt 0 ]; then
+    echo "fuzz: FAILED: ${failed[*]}" >&2
+    exit 1
+fi
