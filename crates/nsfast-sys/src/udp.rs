@@ -307,6 +307,7 @@ impl RecvBatch {
             {
                 m.src = Some(sockaddr_v4(&self.names[i]));
             }
+            #[allow(clippy::unnecessary_cast)] // size_t on glibc, socklen_t on musl
             let clen = (self.hdrs[i].msg_hdr.msg_controllen as usize).min(CTRL);
             // SAFETY: `ctrl[i]` is CTRL bytes of plain integers; viewing them as bytes is valid.
             let ctrl =

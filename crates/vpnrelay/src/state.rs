@@ -195,3 +195,21 @@ impl Lock {
         );
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// fuzz/fuzz_targets/rootlesskit_state.rs asserts that a PID parsed from a state file is
+    /// a PID: `0` was taken as one ("PID 0 is not running") instead of "holds \"0\", not a PID".
+    #[test]
+    fn pid_files_hold_one_pid() {
+        assert_eq!(parse_pid("12345\n"), Some(12345));
+        assert_eq!(parse_pid("  987 "), Some(987));
+        assert_eq!(parse_pid("0\n"), None);
+        assert_eq!(parse_pid(""), None);
+        assert_eq!(parse_pid("12 34"), None);
+        assert_eq!(parse_pid("-1"), None);
+        assert_eq!(parse_pid("4294967296"), None);
+    }
+}
