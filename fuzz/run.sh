@@ -60,19 +60,19 @@ for t in "${targets[@]}"; do
     art=build/fuzz/artifacts/$t
     log=build/fuzz/logs/$t.log
     mkdir -p "$work" "$art" "$(dirname "$log")"
-    before=$(find "$art" -type f | wc -l)
     rc=0
     "${fuzz[@]}" run --debug-assertions "$t" "$work" "fuzz/corpus/$t" -- \
         -max_total_time="$secs" -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 \
         -artifact_prefix="$art/" >"$log" 2>&1 || rc=$?
+    # (A crash on a seed comes before any stats: these may find nothing.)
     runs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -n1)
     eps=$(sed -n 's/^stat::average_exec_per_sec: *//p' "$log" | tail -n1)
-    cov=$(grep -o 'cov: [0-9]*' "$log" | tail -n1 | cut -d' ' -f2)
+    cov=$(grep -o 'cov: [0-9]*' "$log" | tail -n1 | cut -d' ' -f2 || true)
     new=$(find "$work" -type f | wc -l)
-    crashes=$(($(find "$art" -type f | wc -l) - before))
     if [ "$rc" -ne 0 ]; then
-        printf 'fuzz: %-18s FAILED (exit %d) after %s runs: %s crashing input(s) in %s; log %s\n' \
-            "$t" "$rc" "${runs:-?}" "$crashes" "$art" "$log"
+        unit=$(sed -n 's/.*Test unit written to //p' "$log" | tail -n1)
+        printf 'fuzz: %-18s FAILED (exit %d) after %s runs: 1 crash, input %s; log %s\n' \
+            "$t" "$rc" "${runs:-?}" "${unit:-(none written: the target did not start)}" "$log"
         grep -m1 -A3 -E "panicked at|ERROR: (libFuzzer|AddressSanitizer|LeakSanitizer)" "$log" | sed 's/^/    /' || true
         failed+=("$t")
     else
