@@ -3,6 +3,8 @@
 #
 #   fuzz/run.sh [-t SECS] [--merge] [TARGET...]   (default: every target, 20 s each)
 #
+# FUZZ_JOBS targets run at once (default: one per CPU).
+#
 # Each target starts from its seed corpus fuzz/corpus/<target>/ (read only) and writes what
 # it finds to build/fuzz/corpus/<target>/, so a run leaves the git tree clean; `--merge` then
 # adds the new inputs that reach new code to fuzz/corpus/ (libFuzzer -merge=1), to commit.
@@ -54,13 +56,12 @@ if ! "${fuzz[@]}" build --debug-assertions; then
     exit 1
 fi
 
-failed=()
-for t in "${targets[@]}"; do
-    work=build/fuzz/corpus/$t
-    art=build/fuzz/artifacts/$t
-    log=build/fuzz/logs/$t.log
-    mkdir -p "$work" "$art" "$(dirname "$log")"
-    rc=0
+# One target: a summary line; build/fuzz/logs/<target>.failed when it crashed.
+run_one() {
+    local t=$1 work=build/fuzz/corpus/$1 art=build/fuzz/artifacts/$1 log=build/fuzz/logs/$1.log
+    local rc=0 runs eps cov new unit
+    mkdir -p "$work" "$art"
+    rm -f "build/fuzz/logs/$t.failed"
     "${fuzz[@]}" run --debug-assertions "$t" "$work" "fuzz/corpus/$t" -- \
         -max_total_time="$secs" -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 \
         -artifact_prefix="$art/" >"$log" 2>&1 || rc=$?
@@ -70,19 +71,35 @@ for t in "${targets[@]}"; do
     cov=$(grep -o 'cov: [0-9]*' "$log" | tail -n1 | cut -d' ' -f2 || true)
     new=$(find "$work" -type f | wc -l)
     if [ "$rc" -ne 0 ]; then
+        touch "build/fuzz/logs/$t.failed"
         unit=$(sed -n 's/.*Test unit written to //p' "$log" | tail -n1)
-        printf 'fuzz: %-18s FAILED (exit %d) after %s runs: 1 crash, input %s; log %s\n' \
-            "$t" "$rc" "${runs:-?}" "${unit:-(none written: the target did not start)}" "$log"
-        grep -m1 -A3 -E "panicked at|ERROR: (libFuzzer|AddressSanitizer|LeakSanitizer)" "$log" | sed 's/^/    /' || true
-        failed+=("$t")
-    else
-        printf 'fuzz: %-18s ok  %9s runs %7s exec/s  cov %5s  %4s inputs found  0 crashes  (%s s)\n' \
-            "$t" "${runs:-?}" "${eps:-?}" "${cov:-?}" "$new" "$secs"
+        {
+            printf 'fuzz: %-18s FAILED (exit %d) after %s runs: 1 crash, input %s; log %s\n' \
+                "$t" "$rc" "${runs:-?}" "${unit:-(none written: the target did not start)}" "$log"
+            grep -m1 -A3 -E "panicked at|ERROR: (libFuzzer|AddressSanitizer|LeakSanitizer)" "$log" |
+                sed 's/^/    /' || true
+        }
+        return
     fi
-    if [ "$merge" = 1 ] && [ "$rc" -eq 0 ] && [ "$new" -gt 0 ]; then
+    printf 'fuzz: %-18s ok  %9s runs %7s exec/s  cov %5s  %4s inputs found  0 crashes  (%s s)\n' \
+        "$t" "${runs:-?}" "${eps:-?}" "${cov:-?}" "$new" "$secs"
+    if [ "$merge" = 1 ] && [ "$new" -gt 0 ]; then
         "${fuzz[@]}" run --debug-assertions "$t" "fuzz/corpus/$t" "$work" -- -merge=1 >>"$log" 2>&1
         echo "fuzz: $t: merged into fuzz/corpus/$t ($(find "fuzz/corpus/$t" -type f | wc -l) inputs)"
     fi
+}
+
+# FUZZ_JOBS targets at a time (default: one per CPU), each on one core.
+jobs="${FUZZ_JOBS:-$(nproc)}"
+mkdir -p build/fuzz/logs
+for t in "${targets[@]}"; do
+    while [ "$(jobs -rp | wc -l)" -ge "$jobs" ]; do wait -n || true; done
+    run_one "$t" &
+done
+wait
+failed=()
+for t in "${targets[@]}"; do
+    [ ! -e "build/fuzz/logs/$t.failed" ] || failed+=("$t")
 done
 if [ ${#failed[@]} -gt 0 ]; then
     echo "fuzz: FAILED: ${failed[*]}" >&2
