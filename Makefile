@@ -40,7 +40,7 @@ demo: build
 
 lint: deps
 	$(CARGO) fmt --all -- --check
-	$(CARGO) fmt --manifest-path fuzz/Cargo.toml --all -- --check
+	rustfmt --edition 2021 --check fuzz/fuzz_targets/*.rs
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 
 test-unit: deps

@@ -50,6 +50,11 @@ for t in "${targets[@]}"; do
     grep -qx "$t" <<<"$all" || { echo "fuzz/run.sh: no target $t (targets: $(echo $all))" >&2; exit 2; }
 done
 
+# The targets build against the main workspace's locked versions: fuzz/Cargo.lock (not in
+# git) starts as a copy of ./Cargo.lock whenever that changes; cargo adds libfuzzer-sys.
+if [ ! -e fuzz/Cargo.lock ] || [ Cargo.lock -nt fuzz/Cargo.lock ]; then
+    cp Cargo.lock fuzz/Cargo.lock
+fi
 # One build for all targets: release, debug assertions and overflow checks on, AddressSanitizer.
 if ! "${fuzz[@]}" build --debug-assertions; then
     echo "fuzz: FAILED: the fuzz targets do not build" >&2
