@@ -14,7 +14,7 @@ RELEASE_BIN := target/release/nsfast
 # Debian packages the build and the tests need.
 DEB_BUILD := clang-19 llvm-19 libbpf-dev linux-libc-dev pkg-config make gcc
 DEB_TEST  := iproute2 bpftool sockperf iperf3 procps python3 containernetworking-plugins rootlesskit slirp4netns uidmap nftables iptables util-linux passwd busybox-static wireguard-go wireguard-tools conntrack
-DEB_VM    := qemu-system-x86 kmod xz-utils debian-archive-keyring binutils libc-bin socat
+DEB_VM    := qemu-system-x86 kmod xz-utils debian-archive-keyring binutils libc-bin socat nftables
 DEB_ALL   := $(DEB_BUILD) $(DEB_TEST) $(DEB_VM)
 
 .PHONY: all deps build demo test test-unit test-root test-vm lint fuzz fuzz-ci bench clean

@@ -11,8 +11,13 @@
 /* Endpoint flags. */
 #define NSF_EP_NETKIT (1U << 0) /* host-side device is a netkit primary */
 #define NSF_EP_L3 (1U << 1)	/* netkit L3 pod (no ARP; its device still has an Ethernet header) */
+#define NSF_EP_HOST_FW (1U << 2) /* host firewall: the pod's traffic goes through the host stack */
 
-/* One pod address. Key: the pod's IPv4 address, network byte order. */
+/*
+ * One pod address. Key: the pod's IPv4 address, network byte order.
+ * The table also says which addresses a pod may send from: a packet from a pod is genuine
+ * only if the entry of its source address names the device it arrived on (anti-spoofing).
+ */
 struct nsf_endpoint {
 	__u32 ifindex;	   /* host-side device: veth host end or netkit primary */
 	__u32 flags;	   /* NSF_EP_* */
@@ -36,8 +41,10 @@ enum {
 	NSF_CNT_WIRE_TO_POD = 4,   /* wire -> local pod, bpf_redirect_peer */
 	NSF_CNT_WIRE_TO_STACK = 5, /* wire -> not a pod: normal stack */
 	NSF_CNT_ARP_REPLY = 6,	   /* ARP request from a pod answered with the host MAC */
-	NSF_CNT_NOT_IPV4 = 7,	   /* pod frame that is neither IPv4 nor ARP: normal stack */
-	NSF_CNT_MAX = 8,
+	NSF_CNT_NOT_IPV4 = 7,	   /* pod frame that is neither IPv4 nor ARP, or malformed: dropped */
+	NSF_CNT_SPOOFED = 8,	   /* pod packet / ARP with a source that is not the pod's: dropped;
+				    * wire frame to a pod claiming a local pod's source: dropped */
+	NSF_CNT_MAX = 9,
 };
 
 struct {

@@ -8,6 +8,15 @@
  *                      bpf_redirect_neigh; local or unroutable: the normal stack.
  *   wire -> pod:       bpf_redirect_peer into the pod.
  *   ARP from a pod:    answered with the host-side MAC (every pod route goes via the host).
+ * Anti-spoofing: whatever a pod sends must carry its own address (IPv4 source, ARP sender IP):
+ * the endpoint of that address must name the device the packet came from (skb->ifindex: the
+ * host-side veth at its ingress; for a netkit pod the primary, which netkit makes skb->dev
+ * before running the peer program). Anything else is dropped and counted (`spoofed`), before
+ * any routing decision, so it covers pod -> pod, pod -> wire and pod -> host alike. Pods are
+ * IPv4-only: IPv6 and other ethertypes from a pod are dropped too (`pod_not_ipv4`), since the
+ * host stack would take them with any source (and forward them where IPv6 forwarding is on).
+ * Host firewall (NSF_EP_HOST_FW on the source or destination pod): after the source check,
+ * the packet goes to the host stack (netfilter, routing) instead of being redirected.
  * Routed hops (pod -> wire, wire -> pod) decrement the TTL (TTL 1 goes to the stack for
  * ICMP). pod -> local pod is a hop inside one host and leaves the frame untouched, like a
  * bridge (netkit: MACs only): every write would first copy the head of a cloned TCP segment.
@@ -32,6 +41,10 @@
 #ifndef NETKIT_NEXT
 #define NETKIT_NEXT -1
 #endif
+
+/* Drop: TC_ACT_SHOT for tc/tcx and NETKIT_DROP for netkit are both 2. */
+#define NSF_DROP 2
+_Static_assert(TC_ACT_SHOT == NSF_DROP, "tc drop verdict");
 
 /* ARP over Ethernet for IPv4, as on the wire. */
 struct nsf_arp4 {
@@ -100,8 +113,12 @@ NSF_INLINE long nsf_to_pod(struct __sk_buff *skb, const struct nsf_endpoint *ep,
 	return bpf_redirect_peer(ep->ifindex, 0);
 }
 
-/* Answers an ARP request from a pod in place; returns the verdict, or `pass` if not one. */
-NSF_INLINE long nsf_arp_reply(struct __sk_buff *skb, long pass)
+/*
+ * An ARP frame from a pod: dropped (`spoofed`) unless its sender IP is the pod's own address;
+ * a request for another address is answered in place with the host-side MAC; the pod's
+ * replies (to the host's requests) and gratuitous ARP go to the stack (`pass`).
+ */
+NSF_INLINE long nsf_arp_from_pod(struct __sk_buff *skb, long pass)
 {
 	void *data = (void *)(long)skb->data;
 	void *data_end = (void *)(long)skb->data_end;
@@ -114,15 +131,19 @@ NSF_INLINE long nsf_arp_reply(struct __sk_buff *skb, long pass)
 	} __attribute__((packed)) reply;
 	__u32 sip, tip;
 
-	if ((void *)(arp + 1) > data_end)
-		return pass;
-	if (arp->htype != bpf_htons(ARPHRD_ETHER) || arp->ptype != bpf_htons(ETH_P_IP) ||
-	    arp->hlen != 6 || arp->plen != 4 || arp->op != bpf_htons(ARPOP_REQUEST))
-		return pass;
+	if ((void *)(arp + 1) > data_end || arp->htype != bpf_htons(ARPHRD_ETHER) ||
+	    arp->ptype != bpf_htons(ETH_P_IP) || arp->hlen != 6 || arp->plen != 4) {
+		nsf_count(NSF_CNT_NOT_IPV4);
+		return NSF_DROP;
+	}
 	__builtin_memcpy(&sip, arp->sip, 4);
 	__builtin_memcpy(&tip, arp->tip, 4);
 	ep = nsf_endpoint(sip);
-	if (!ep || tip == sip) /* not a known pod, or gratuitous ARP */
+	if (!ep || ep->ifindex != skb->ifindex) {
+		nsf_count(NSF_CNT_SPOOFED);
+		return NSF_DROP;
+	}
+	if (arp->op != bpf_htons(ARPOP_REQUEST) || tip == sip)
 		return pass;
 
 	nsf_mac_copy(reply.eth.h_dest, eth->h_source);
@@ -135,7 +156,7 @@ NSF_INLINE long nsf_arp_reply(struct __sk_buff *skb, long pass)
 	__builtin_memcpy(reply.arp.tip, &sip, 4);
 	__builtin_memcpy(reply.arp.sip, &tip, 4);
 	if (bpf_skb_store_bytes(skb, 0, &reply, sizeof(reply), 0) < 0)
-		return pass;
+		return NSF_DROP;
 	nsf_count(NSF_CNT_ARP_REPLY);
 	/* Back out of the asking pod's host-side device, i.e. into the pod. */
 	return bpf_redirect(ep->ifindex, 0);
@@ -150,37 +171,56 @@ NSF_INLINE long nsf_from_pod(struct __sk_buff *skb, __u32 l2, int netkit, long p
 	void *data = (void *)(long)skb->data;
 	void *data_end = (void *)(long)skb->data_end;
 	struct bpf_fib_lookup fib = {};
-	struct nsf_endpoint *ep;
+	struct nsf_endpoint *src, *ep;
 	struct iphdr *ip;
 	long rc;
 
 	if (l2) {
 		struct ethhdr *eth = data;
 
-		if ((void *)(eth + 1) > data_end)
-			return pass;
+		if ((void *)(eth + 1) > data_end) {
+			nsf_count(NSF_CNT_NOT_IPV4);
+			return NSF_DROP;
+		}
 		if (eth->h_proto == bpf_htons(ETH_P_ARP))
-			return nsf_arp_reply(skb, pass);
+			return nsf_arp_from_pod(skb, pass);
 		if (eth->h_proto != bpf_htons(ETH_P_IP)) {
 			nsf_count(NSF_CNT_NOT_IPV4);
-			return pass;
+			return NSF_DROP;
 		}
 	} else if (skb->protocol != bpf_htons(ETH_P_IP)) {
 		nsf_count(NSF_CNT_NOT_IPV4);
-		return pass;
+		return NSF_DROP;
 	}
 	ip = data + l2;
-	if ((void *)(ip + 1) > data_end || ip->ihl < 5)
-		return pass;
+	if ((void *)(ip + 1) > data_end || ip->ihl < 5) {
+		nsf_count(NSF_CNT_NOT_IPV4);
+		return NSF_DROP;
+	}
+
+	/* Anti-spoofing: the source must be this pod's own address (see the top). */
+	src = nsf_endpoint(ip->saddr);
+	if (!src || src->ifindex != skb->ifindex) {
+		nsf_count(NSF_CNT_SPOOFED);
+		return NSF_DROP;
+	}
 
 	ep = nsf_endpoint(ip->daddr);
 	if (ep) {
+		if ((src->flags | ep->flags) & NSF_EP_HOST_FW) {
+			nsf_count(NSF_CNT_POD_TO_STACK);
+			return pass;
+		}
 		/* A hop inside one host: like a bridge, the TTL is kept (see nsf_to_pod). */
 		rc = nsf_to_pod(skb, ep, l2, netkit);
 		if (rc < 0)
 			return pass;
 		nsf_count(NSF_CNT_POD_TO_POD);
 		return rc;
+	}
+	if (src->flags & NSF_EP_HOST_FW) {
+		nsf_count(NSF_CNT_POD_TO_STACK);
+		return pass;
 	}
 
 	fib.family = AF_INET;
@@ -234,9 +274,14 @@ NSF_INLINE long nsf_from_wire(struct __sk_buff *skb)
 	if ((void *)(ip + 1) > data_end)
 		return TC_ACT_OK;
 	ep = nsf_endpoint(ip->daddr);
-	if (!ep) {
+	if (!ep || (ep->flags & NSF_EP_HOST_FW)) {
 		nsf_count(NSF_CNT_WIRE_TO_STACK);
 		return TC_ACT_OK;
+	}
+	/* A local pod's address never arrives from the wire: its packets leave by this host. */
+	if (nsf_endpoint(ip->saddr)) {
+		nsf_count(NSF_CNT_SPOOFED);
+		return TC_ACT_SHOT;
 	}
 	/* Every pod, netkit L3 included: L3 netkit devices are Ethernet devices too (IFF_NOARP),
 	 * and the peer redirect scrubs the frame to PACKET_HOST, so bpf_redirect_peer delivers it

@@ -31,6 +31,19 @@ echo 5 > /proc/sys/kernel/printk
 
 echo "NSFAST-INIT release=$(uname -r) nproc=$(nproc)"
 
+# Kernel features the tests expect, from this kernel's own config, never from nsfast's probes
+# (a test branching on the probe under test would follow a wrong probe to its easy branch):
+# NSFAST_EXPECT_NETKIT, NSFAST_EXPECT_TCX, NSFAST_EXPECT_VSOCK_LOOPBACK = 1 or 0
+# (crates/testsupport/src/kernel.rs reads them).
+export NSFAST_KERNEL_CONFIG=/boot/config
+expect_from_config() {
+    if grep -Eq "^$2=(y|m)\$" /boot/config; then export "$1=1"; else export "$1=0"; fi
+}
+expect_from_config NSFAST_EXPECT_NETKIT CONFIG_NETKIT
+expect_from_config NSFAST_EXPECT_TCX CONFIG_NET_XGRESS
+expect_from_config NSFAST_EXPECT_VSOCK_LOOPBACK CONFIG_VSOCKETS_LOOPBACK
+echo "NSFAST-EXPECT netkit=$NSFAST_EXPECT_NETKIT tcx=$NSFAST_EXPECT_TCX vsock_loopback=$NSFAST_EXPECT_VSOCK_LOOPBACK"
+
 if [ -f /etc/nsfast/modules ]; then
     while read -r m; do
         [ -n "$m" ] || continue

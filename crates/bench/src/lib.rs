@@ -10,6 +10,7 @@
 //! - [`stats`]      — medians, ratios to `host`, spread.
 //! - [`report`]     — terminal table, JSON document, machine description.
 //! - [`svg`]        — one bar chart per workload and placement, with min–max whiskers.
+//! - [`evidence`]   — the fast path's own counters around every sample ("fast path idle").
 //! - [`crosscheck`] — run sockperf and iperf3 on the same topology and compare.
 //! - [`sockmap_hook`] — where the `sockmap` topology attaches crate nsfast-sockmap.
 //! - [`rootless_hook`] — the `slirp4netns` and `vpnrelay` topologies (crate nsfast-vpnrelay's world).
@@ -17,6 +18,7 @@
 #![forbid(unsafe_code)]
 
 pub mod crosscheck;
+pub mod evidence;
 pub mod load;
 pub mod proc;
 pub mod report;

@@ -55,6 +55,11 @@ pub struct Sample {
     /// udp-stream: fraction of datagrams sent that the server did not receive.
     pub loss: Option<f64>,
     pub cpu: Option<CpuCost>,
+    /// What the topology's fast path counted during the sample (`None`: the topology claims
+    /// no fast path, or not for this workload). A fast path that counted nothing makes the
+    /// sample failed ("fast path idle"), its value absent.
+    #[serde(default)]
+    pub fast_path: Option<crate::evidence::Evidence>,
     pub error: Option<String>,
 }
 
@@ -251,6 +256,7 @@ impl Runner {
                                 server: None,
                                 loss: None,
                                 cpu: None,
+                                fast_path: None,
                                 error: Some(e.to_string()),
                             },
                         };
@@ -402,6 +408,17 @@ impl Runner {
                 });
             }
         };
+        let fast_path = b.fast_path.as_ref().filter(|f| f.applies(w));
+        let read_fast_path = || -> Result<_, BenchError> {
+            fast_path
+                .map(|f| f.read(b))
+                .transpose()
+                .map_err(|detail| BenchError::Worker {
+                    what: format!("fast-path counters of {}", b.name),
+                    detail,
+                })
+        };
+        let fp_before = read_fast_path()?;
         let before = CpuSnapshot::take(&b.client.cgroup, &b.server.cgroup);
         spec.role = Role::Client;
         spec.addr = addr;
@@ -418,6 +435,22 @@ impl Runner {
         drop(server.take_stdin());
         server.wait(Duration::from_secs(10))?;
         let sreport = read_report(server.stdout());
+        let fp_after = match (fast_path, &fp_before) {
+            (Some(f), Some(before)) => {
+                Some(
+                    f.read_after(b, before)
+                        .map_err(|detail| BenchError::Worker {
+                            what: format!("fast-path counters of {}", b.name),
+                            detail,
+                        })?,
+                )
+            }
+            _ => None,
+        };
+        let evidence = match (fast_path, &fp_before, &fp_after) {
+            (Some(f), Some(a), Some(z)) => Some(f.evidence(a, z)),
+            _ => None,
+        };
         let cres = expect_report(
             creport,
             &mut client,
@@ -487,6 +520,8 @@ impl Runner {
                 }
             }
         };
+        // A fast path that carried nothing: the figure is the ordinary path's, not its.
+        let idle = evidence.as_ref().and_then(|e| e.idle_error());
         Ok(Sample {
             round,
             topology: b.name.into(),
@@ -494,13 +529,14 @@ impl Runner {
             placement,
             client_cpu: ccpu,
             server_cpu: scpu,
-            value: Some(value),
+            value: if idle.is_some() { None } else { Some(value) },
             unit: w.unit().into(),
             client: Some(cres),
             server: Some(scount),
             loss,
             cpu: Some(cpu),
-            error: None,
+            fast_path: evidence,
+            error: idle,
         })
     }
 }

@@ -100,13 +100,14 @@ pub fn summarize(samples: &[Sample], topologies: &[String]) -> Vec<Row> {
                 (Some(m), Some(lo), Some(hi)) if m > 0.0 => Some((hi - lo) / m * 100.0),
                 _ => None,
             };
-            let cpu: Vec<f64> = mine
-                .iter()
+            // Only rounds with a figure count (an idle fast path's CPU and latency are the
+            // ordinary path's).
+            let counted = || mine.iter().filter(|s| s.value.is_some());
+            let cpu: Vec<f64> = counted()
                 .filter_map(|s| s.cpu.map(|c| c.per_unit))
                 .collect();
-            let loss: Vec<f64> = mine.iter().filter_map(|s| s.loss).collect();
-            let p99: Vec<f64> = mine
-                .iter()
+            let loss: Vec<f64> = counted().filter_map(|s| s.loss).collect();
+            let p99: Vec<f64> = counted()
                 .filter_map(|s| s.client.as_ref()?.latency_us.map(|l| l.p99))
                 .collect();
             rows.push(Row {

@@ -249,6 +249,9 @@ pub struct Built {
     /// vsock topologies: the ports the server listens on and the client connects to (CID 1);
     /// `server_ip`/`server_port` are then unused.
     pub vsock: Option<VsockPath>,
+    /// The fast path's counters, read around every sample ([`crate::evidence`]); `None`
+    /// for topologies that claim no fast path.
+    pub fast_path: Option<crate::evidence::FastPath>,
     /// Things to keep alive while the topology exists (dropped first).
     pub extras: Vec<Box<dyn Any>>,
     /// A note printed with the results (e.g. what was attached).
@@ -393,6 +396,7 @@ fn build_host(ctx: &BuildCtx) -> Result<Built, TopologyError> {
         server_port: 0,
         cgroup_dir: dir,
         vsock: None,
+        fast_path: None,
         extras: vec![],
         note: None,
     };
@@ -419,6 +423,7 @@ fn build_veth_pair(ctx: &BuildCtx, t: &'static str) -> Result<Built, TopologyErr
         server_port: 0,
         cgroup_dir: dir,
         vsock: None,
+        fast_path: None,
         extras: vec![],
         note: None,
     };
@@ -449,6 +454,7 @@ fn build_sockmap(ctx: &BuildCtx) -> Result<Built, TopologyError> {
     let (guard, note) = crate::sockmap_hook::attach(&b.cgroup_dir).map_err(|e| other(T, e))?;
     b.extras.push(guard);
     b.note = Some(note);
+    b.fast_path = Some(crate::evidence::FastPath::Sockmap);
     Ok(b)
 }
 
@@ -472,6 +478,7 @@ fn build_routed(ctx: &BuildCtx) -> Result<Built, TopologyError> {
         server_port: 0,
         cgroup_dir: dir,
         vsock: None,
+        fast_path: None,
         extras: vec![],
         note: None,
     };
@@ -523,6 +530,7 @@ fn build_vpnrelay(ctx: &BuildCtx) -> Result<Built, TopologyError> {
 fn build_rootless(ctx: &BuildCtx, t: &'static str, relay: bool) -> Result<Built, TopologyError> {
     let (dir, client, server) = cgroups(ctx, t)?;
     let parts = crate::rootless_hook::build(relay).map_err(|e| other(t, e))?;
+    let fast_path = relay.then_some(crate::evidence::FastPath::VpnRelay);
     Ok(Built {
         name: t,
         namespaces: vec![parts.client, parts.server],
@@ -538,6 +546,7 @@ fn build_rootless(ctx: &BuildCtx, t: &'static str, relay: bool) -> Result<Built,
         server_port: crate::rootless_hook::PORT,
         cgroup_dir: dir,
         vsock: None,
+        fast_path,
         extras: parts.guards,
         note: Some(parts.note),
     })
@@ -570,6 +579,7 @@ fn two_pods(
         server_port: 0,
         cgroup_dir: dir,
         vsock: None,
+        fast_path: None,
         extras: vec![keep],
         note: Some(note),
     };
@@ -617,14 +627,28 @@ fn build_pods(
         a0.record.datapath,
         a0.record.attach.as_str()
     );
-    two_pods(
+    let hosts: Vec<(&'static str, String)> = (0..=h)
+        .map(|x| (["A", "B"][x], topo.host_name(x).to_string()))
+        .collect();
+    let mut b = two_pods(
         ctx,
         t,
         [&a0.record.netns, &srv.record.netns],
         srv.ip(),
         Box::new(topo),
         note,
-    )
+    )?;
+    // The redirect this topology is about: pod to pod on host A, or out of A and into B.
+    let required = if remote {
+        vec![
+            (0, vec!["fib_redirect", "fib_redirect_neigh"]),
+            (1, vec!["wire_to_pod"]),
+        ]
+    } else {
+        vec![(0, vec!["pod_to_pod"])]
+    };
+    b.fast_path = Some(crate::evidence::FastPath::Pod { hosts, required });
+    Ok(b)
 }
 
 /// veth + TCX BPF host routing: pod → pod by bpf_redirect_peer (`nsfast pod --mode veth`).

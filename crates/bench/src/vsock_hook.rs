@@ -108,6 +108,7 @@ fn base(ctx: &BuildCtx, t: &'static str, path: VsockPath) -> Result<Built, Topol
         server_port: 0,
         cgroup_dir: dir,
         vsock: Some(path),
+        fast_path: None,
         extras: vec![],
         note: None,
     };

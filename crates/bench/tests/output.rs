@@ -59,6 +59,7 @@ fn outcome() -> Outcome {
                         ksoftirqd_usec: 0,
                         per_unit: 1000.0,
                     }),
+                    fast_path: None,
                     error: None,
                 });
             }
@@ -151,4 +152,48 @@ fn table_has_a_row_per_topology_and_workload() {
         "{t}"
     );
     assert!(t.contains("skipped sockmap: sockmap crate not merged yet"));
+}
+
+/// An idle fast path's samples are failed rounds in the table (no figure), and their evidence
+/// is in the JSON next to them.
+#[test]
+fn idle_fast_path_samples_are_failed_rounds_with_their_evidence() {
+    let mut o = outcome();
+    let evidence = nsfast_bench::evidence::Evidence {
+        source: "sockmap shortcut stats (nsf_stats)".into(),
+        carried: [("redirected_bytes".to_string(), 0)].into(),
+        moved: Default::default(),
+    };
+    for s in o
+        .samples
+        .iter_mut()
+        .filter(|s| s.topology == "routed" && s.workload == Workload::Rr)
+    {
+        s.error = evidence.idle_error();
+        s.value = None;
+        s.fast_path = Some(evidence.clone());
+    }
+    let t = report::table(&o);
+    let rows: Vec<&str> = t.lines().filter(|l| l.contains(" routed ")).collect();
+    assert_eq!(rows.len(), 3, "{t}");
+    // rr is the first workload: its routed row is the first.
+    let row = rows[0];
+    assert!(
+        row.contains("3 round(s) failed: fast path idle: redirected_bytes"),
+        "{row}"
+    );
+    assert!(
+        row.contains(" – tx/s") && !row.contains("µs/tx"),
+        "no figure and no CPU cost for an idle fast path: {row}"
+    );
+    assert!(!rows[1].contains("failed"), "{t}");
+    let v: serde_json::Value = serde_json::from_str(&Document::new(&o).to_json()).unwrap();
+    let s = v["samples"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["topology"] == "routed" && s["workload"] == "rr")
+        .unwrap();
+    assert_eq!(s["fast_path"]["carried"]["redirected_bytes"], 0, "{s}");
+    assert!(s["value"].is_null(), "{s}");
 }

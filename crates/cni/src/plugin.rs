@@ -189,6 +189,7 @@ fn add(env: &Env, conf: &NetConf, raw: &Value) -> Result<String, CniError> {
     let mut o = AddOptions::new(&name, ip);
     o.mode = mode;
     o.uplinks = conf.uplinks.clone();
+    o.host_firewall = conf.host_firewall;
     o.netns = Some(netns.to_string());
     o.pod_if = id.ifname.to_string();
     o.cni = Some(CniAttachment {

@@ -115,6 +115,10 @@ pub struct NetConf {
     /// nsfast: uplink devices to attach the wire program to.
     #[serde(default)]
     pub uplinks: Vec<String>,
+    /// nsfast: the pods' traffic goes through the host stack (netfilter) instead of being
+    /// redirected past it.
+    #[serde(rename = "hostFirewall", default)]
+    pub host_firewall: bool,
     #[serde(rename = "prevResult", default)]
     pub prev_result: Option<Value>,
     #[serde(rename = "cni.dev/valid-attachments", default)]
@@ -247,5 +251,22 @@ mod tests {
         let (c, _) =
             parse_conf(br#"{"cniVersion":"1.0.0","name":"n","type":"x","ipam":{}}"#).unwrap();
         assert_eq!(c.ipam_type().unwrap_err().code, code::INVALID_CONFIG);
+    }
+
+    #[test]
+    fn host_firewall_key_defaults_off_and_must_be_a_bool() {
+        let base = r#"{"cniVersion":"1.1.0","name":"n","type":"nsfast-cni""#;
+        assert!(
+            !parse_conf(format!("{base}}}").as_bytes())
+                .unwrap()
+                .0
+                .host_firewall
+        );
+        let on = format!(r#"{base},"hostFirewall":true}}"#);
+        assert!(parse_conf(on.as_bytes()).unwrap().0.host_firewall);
+        let bad = format!(r#"{base},"hostFirewall":"yes"}}"#);
+        let e = parse_conf(bad.as_bytes()).unwrap_err();
+        assert_eq!(e.code, code::INVALID_CONFIG);
+        assert!(e.msg.contains("expected a boolean"), "{e:?}");
     }
 }

@@ -469,6 +469,8 @@ pub struct PortRule {
     pub dport: (u16, u16),
     pub table: u32,
     pub priority: u32,
+    /// Only packets from this address (`from A/32`) and source port (`sport P`), when set.
+    pub from: Option<std::net::SocketAddrV4>,
 }
 
 fn rule_matches(msg: &netlink_packet_route::rule::RuleMessage, r: &PortRule) -> bool {
@@ -485,6 +487,21 @@ fn rule_matches(msg: &netlink_packet_route::rule::RuleMessage, r: &PortRule) -> 
         }
     }
     table == r.table && prio == r.priority && iif == Some(r.iif.as_str())
+}
+
+/// The rule's `from A/32 sport P`, if it has both.
+fn rule_from(msg: &netlink_packet_route::rule::RuleMessage) -> Option<std::net::SocketAddrV4> {
+    use netlink_packet_route::rule::RuleAttribute as A;
+    let mut src = None;
+    let mut sport = None;
+    for a in &msg.attributes {
+        match a {
+            A::Source(std::net::IpAddr::V4(ip)) if msg.header.src_len == 32 => src = Some(*ip),
+            A::SourcePortRange(r) if r.start == r.end => sport = Some(r.start),
+            _ => {}
+        }
+    }
+    Some(std::net::SocketAddrV4::new(src?, sport?))
 }
 
 /// Adds an IPv4 `PortRule` (an existing identical rule is an error from the kernel: EEXIST,
@@ -511,6 +528,15 @@ pub fn add_port_rule(ns: Option<&NetNs>, r: &PortRule) -> Result<(), NetError> {
             start: r.dport.0,
             end: r.dport.1,
         }));
+        if let Some(from) = r.from {
+            req.message_mut().header.src_len = 32;
+            let attrs = &mut req.message_mut().attributes;
+            attrs.push(RuleAttribute::Source((*from.ip()).into()));
+            attrs.push(RuleAttribute::SourcePortRange(RulePortRange {
+                start: from.port(),
+                end: from.port(),
+            }));
+        }
         match req.execute().await {
             Ok(()) => Ok(()),
             Err(rtnetlink::Error::NetlinkError(e)) if e.raw_code() == -libc::EEXIST => Ok(()),
@@ -535,6 +561,7 @@ async fn port_rules(
         dport: (0, 0),
         table,
         priority,
+        from: None,
     };
     let mut found = Vec::new();
     let mut rules = h.rule().get(rtnetlink::IpVersion::V4).execute();
@@ -562,6 +589,29 @@ pub fn delete_port_rules(
                 Ok(()) => {}
                 Err(rtnetlink::Error::NetlinkError(e)) if e.raw_code() == -libc::ENOENT => {}
                 Err(e) => return Err(nl(format!("delete rule iif {iif} table {table}"))(e)),
+            }
+        }
+        Ok(n)
+    })
+}
+
+/// Deletes the IPv4 rules with this iif, table and priority whose `from A/32 sport P` is
+/// `from` (rules added with [`PortRule::from`]). Returns how many were deleted.
+pub fn delete_port_rules_from(
+    ns: Option<&NetNs>,
+    iif: &str,
+    table: u32,
+    priority: u32,
+    from: std::net::SocketAddrV4,
+) -> Result<usize, NetError> {
+    with_handle(ns, |h| async move {
+        let found = port_rules(&h, iif, table, priority).await?;
+        let mut n = 0;
+        for msg in found.into_iter().filter(|m| rule_from(m) == Some(from)) {
+            match h.rule().del(msg).execute().await {
+                Ok(()) => n += 1,
+                Err(rtnetlink::Error::NetlinkError(e)) if e.raw_code() == -libc::ENOENT => {}
+                Err(e) => return Err(nl(format!("delete rule iif {iif} from {from}"))(e)),
             }
         }
         Ok(n)

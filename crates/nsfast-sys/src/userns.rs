@@ -73,6 +73,35 @@ impl Target {
         Ok(Self { user, mnt, net })
     }
 
+    /// Namespaces already opened by the caller (e.g. through a `/proc/<pid>` directory it
+    /// verified while holding a pidfd): `user`, `mnt`, and either `net` or `netns_file` (the
+    /// network namespace file as seen inside `mnt`, opened after joining it).
+    pub fn from_fds(
+        user: OwnedFd,
+        mnt: OwnedFd,
+        net: Option<OwnedFd>,
+        netns_file: Option<&Path>,
+    ) -> Result<Self, UsernsError> {
+        let net = match (net, netns_file) {
+            (_, Some(p)) => {
+                Net::Path(CString::new(p.as_os_str().as_encoded_bytes()).map_err(|_| {
+                    UsernsError::Open {
+                        path: p.to_path_buf(),
+                        source: io::Error::from(io::ErrorKind::InvalidInput),
+                    }
+                })?)
+            }
+            (Some(fd), None) => Net::Fd(fd),
+            (None, None) => {
+                return Err(UsernsError::Open {
+                    path: PathBuf::from("(network namespace)"),
+                    source: io::Error::from(io::ErrorKind::InvalidInput),
+                })
+            }
+        };
+        Ok(Self { user, mnt, net })
+    }
+
     /// Makes `cmd` join these namespaces before exec (user first, so the caller gains
     /// capabilities over the others), change to `/`, and get SIGTERM when the spawning
     /// thread dies (`PR_SET_PDEATHSIG`).
@@ -100,7 +129,10 @@ impl Target {
                 chk(libc::setns(mnt, libc::CLONE_NEWNS))?;
                 match &net_path {
                     Some(p) => {
-                        let fd = chk(libc::open(p.as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC))?;
+                        let fd = chk(libc::open(
+                            p.as_ptr(),
+                            libc::O_RDONLY | libc::O_CLOEXEC | libc::O_NOFOLLOW,
+                        ))?;
                         let r = libc::setns(fd, libc::CLONE_NEWNET);
                         libc::close(fd);
                         chk(r)?;

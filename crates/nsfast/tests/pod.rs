@@ -180,8 +180,16 @@ fn mode() -> ModeRequest {
 }
 
 /// Whether this kernel has TCX (6.6+); without it veth and uplink programs attach with tc.
+/// Whether this kernel has TCX, from the harness (NSFAST_EXPECT_TCX, set by the VM guest's
+/// init, or the kernel config), not from nsfast's own probe, which must agree with it.
 fn tcx() -> bool {
-    nsfast_pod::pod::tcx_support().available
+    let want = nsfast_testsupport::kernel::expect(nsfast_testsupport::kernel::Feature::Tcx);
+    let probe = nsfast_pod::pod::tcx_support();
+    assert_eq!(
+        probe.available, want,
+        "nsfast's TCX probe disagrees with the kernel config: {probe:?}"
+    );
+    want
 }
 
 /// netkit L3 pods need no ARP.
@@ -413,7 +421,13 @@ fn netkit_mode_on_a_kernel_without_netkit_says_so_and_changes_nothing() {
         host: host_ns.name(),
         names: vec![pod.clone()],
     };
-    let has_netkit = net::probe_netkit().unwrap();
+    let has_netkit =
+        nsfast_testsupport::kernel::expect(nsfast_testsupport::kernel::Feature::Netkit);
+    assert_eq!(
+        net::probe_netkit().unwrap(),
+        has_netkit,
+        "nsfast's netkit probe disagrees with the kernel config"
+    );
     let out = nsfast(&[
         "pod",
         "add",
@@ -953,6 +967,14 @@ fn bench_pod_topologies_with_netkit_run() {
     for s in samples {
         assert!(s["error"].is_null(), "{s}");
         assert!(s["value"].as_f64().unwrap() > 0.0, "{s}");
+        // The pod figures are the datapath's: its redirect counters moved in every sample.
+        if s["topology"] == "host" {
+            assert!(s["fast_path"].is_null(), "{s}");
+        } else {
+            let carried = s["fast_path"]["carried"].as_object().unwrap();
+            assert!(!carried.is_empty(), "{s}");
+            assert!(carried.values().all(|v| v.as_u64().unwrap() > 0), "{s}");
+        }
         if s["workload"] == "stream" {
             assert_eq!(s["client"]["bytes"], s["server"]["bytes"], "{s}");
         } else {

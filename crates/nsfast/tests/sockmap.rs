@@ -479,6 +479,52 @@ fn processes_outside_the_cgroup_are_untouched() {
     );
     bidir_transfer(&w, None, server_addr(5009), server_addr(5009), 16 << 20);
     assert_eq!(sc.stats().unwrap(), Stats::default());
+    // The positive control: the same transfer inside the attached cgroup is redirected, so
+    // the zeros above are the other processes', not a shortcut that sees nothing.
+    bidir_transfer(
+        &w,
+        Some(&attached),
+        server_addr(5014),
+        server_addr(5014),
+        1 << 20,
+    );
+    let st = sc.stats().unwrap();
+    assert_eq!((st.pairs, st.redirected_bytes), (1, 2 << 20), "{st:?}");
+}
+
+/// Waits (bounded) until a TCP socket in `ns` to `remote` is ESTABLISHED (/proc/net/tcp of
+/// the namespace, state 01).
+fn wait_established(ns: &nsfast_sys::netns::NetNs, remote: SocketAddr) {
+    let IpAddr::V4(ip) = remote.ip() else {
+        panic!("wait_established: IPv4 only, got {remote}");
+    };
+    // /proc/net/tcp prints the address as the u32 in host order, in hex.
+    let want = format!(
+        "{:08X}:{:04X}",
+        u32::from_ne_bytes(ip.octets()),
+        remote.port()
+    );
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let found = ns
+            .run(|| {
+                std::fs::read_to_string("/proc/thread-self/net/tcp").is_ok_and(|t| {
+                    t.lines().skip(1).any(|l| {
+                        let cols: Vec<&str> = l.split_whitespace().collect();
+                        cols.len() > 3 && cols[2] == want && cols[3] == "01"
+                    })
+                })
+            })
+            .unwrap_or(false);
+        if found {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no ESTABLISHED connection to {remote} after 20 s"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
 }
 
 #[test]
@@ -489,7 +535,8 @@ fn connections_established_before_run_keep_the_normal_path() {
     let a = server_addr(5010);
     let bytes: u64 = 32 << 20;
     let s = bidir_server(&w, Some(&cg.procs()), a, bytes, 1);
-    // Connected now, sending slowly from 300 ms on; the shortcut is attached in between.
+    // Connected first, sending slowly from 300 ms on; the shortcut is attached once the
+    // connection is ESTABLISHED.
     let c = bidir_client(
         &w,
         Some(&cg.procs()),
@@ -498,7 +545,7 @@ fn connections_established_before_run_keep_the_normal_path() {
         2,
         &["--start-delay-ms", "300", "--rate", "64000000"],
     );
-    std::thread::sleep(Duration::from_millis(100));
+    wait_established(&w.client, a);
     let sc = attach(&cg);
     let cr: BidirReport = peer::finish(c, "client");
     let sr: BidirReport = peer::finish(s, "server");
@@ -506,6 +553,13 @@ fn connections_established_before_run_keep_the_normal_path() {
     assert_eq!(sr.received_sha256, cr.sent_sha256);
     let st = sc.stats().unwrap();
     assert_eq!((st.pairs, st.redirected_msgs), (0, 0), "{st:?}");
+    // The positive control: a connection made after the attach, same cgroup, same check,
+    // is paired and redirected (so the zero above is the old connection's, not a blind spot).
+    let small: u64 = 1 << 20;
+    bidir_transfer(&w, Some(&cg), server_addr(5013), server_addr(5013), small);
+    let st = sc.stats().unwrap();
+    assert_eq!(st.pairs, 1, "{st:?}");
+    assert_eq!(st.redirected_bytes, 2 * small, "{st:?}");
 }
 
 fn wait_for_instance(pid: u32, attached: bool) -> nsfast_sockmap::Instance {
@@ -552,10 +606,35 @@ fn sigkill_of_the_loader_mid_transfer_loses_nothing() {
     let a = server_addr(5011);
     let bytes: u64 = 256 << 20;
     let s = bidir_server(&w, Some(&cg.procs()), a, bytes, 1);
-    // ~2 s of transfer at 128 MB/s; the kill lands in the middle.
-    let c = bidir_client(&w, Some(&cg.procs()), a, bytes, 2, &["--rate", "128000000"]);
-    std::thread::sleep(Duration::from_millis(700));
+    // ~2 s of transfer at 128 MB/s; the kill lands once a quarter of it (both directions
+    // together) went through the shortcut, and before all of it did.
+    let mut c = bidir_client(&w, Some(&cg.procs()), a, bytes, 2, &["--rate", "128000000"]);
+    let total = 2 * bytes;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let at_kill = loop {
+        let i = wait_for_instance(loader.id(), true);
+        if i.stats.redirected_bytes >= total / 4 {
+            break i.stats;
+        }
+        let ended = c.child_mut().try_wait().unwrap().is_some();
+        assert!(
+            !ended && Instant::now() < deadline,
+            "the shortcut redirected only {} of {total} bytes {}: {:?}",
+            i.stats.redirected_bytes,
+            if ended {
+                "and the client is done"
+            } else {
+                "in 60 s"
+            },
+            i.stats
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    };
     loader.child_mut().kill().expect("SIGKILL the loader");
+    assert!(
+        at_kill.redirected_bytes < total,
+        "the transfer was over before the kill: {at_kill:?}"
+    );
     let _ = loader.child_mut().wait();
     let cr: BidirReport = peer::finish(c, "client");
     let sr: BidirReport = peer::finish(s, "server");

@@ -265,11 +265,29 @@ fn siblings_in_one_group_reach_each_other_both_ways_with_half_close() {
     assert_eq!(d.files(), vec!["a.vsock", "b.vsock"]);
 }
 
+/// Every member's VMM as a tagged stand-in: it answers any `CONNECT 5000`, writes
+/// "<cid> here" and closes, and reports the CID on `dialled`. A connection routed to the wrong
+/// member therefore carries bytes at once, and the set of members ever dialled is known.
+fn tagged_vmm(l: UnixListener, cid: u32, dialled: mpsc::Sender<u32>) {
+    std::thread::spawn(move || loop {
+        let mut s = vmm_accept(&l, 5000);
+        let _ = dialled.send(cid);
+        let _ = s.write_all(format!("{cid} here").as_bytes());
+    });
+}
+
 #[test]
 fn other_groups_isolated_and_ambiguous_dials_are_denied_and_logged() {
     let d = Dir::new();
     let p: Vec<PathBuf> = (3..=10).map(|c| d.path(&format!("m{c}"))).collect();
-    let l: Vec<UnixListener> = p.iter().map(|x| UnixListener::bind(x).unwrap()).collect();
+    let (dialled_tx, dialled) = mpsc::channel();
+    for (i, x) in p.iter().enumerate() {
+        tagged_vmm(
+            UnixListener::bind(x).unwrap(),
+            i as u32 + 3,
+            dialled_tx.clone(),
+        );
+    }
     let mut args: Vec<String> = ["--group", "3,4", "--group", "5,6", "--group", "7"]
         .iter()
         .map(|s| s.to_string())
@@ -281,20 +299,18 @@ fn other_groups_isolated_and_ambiguous_dials_are_denied_and_logged() {
     args.extend(["--ports".into(), "5000".into()]);
     let br = bridge(&args);
 
-    // 5 and 3 share no group: 5 reaches its own partner 6, never 3 or 4.
-    let t = std::thread::spawn({
-        let l6 = l[3].try_clone().unwrap();
-        move || {
-            let mut s = vmm_accept(&l6, 5000);
-            s.write_all(b"6 here").unwrap();
-        }
-    });
+    // The positive control: 5 and 3 share no group, and 5 reaches its own partner 6 (never 3
+    // or 4) — the same check that must see nothing below sees bytes here.
     assert_eq!(read_all(guest_dials_host(&p[2], 5000)), b"6 here");
-    t.join().unwrap();
+    let open = br.next_event();
+    assert_eq!((&open["event"], &open["dst"]), (&"open".into(), &6.into()));
+    assert_eq!(br.next_event()["event"], "close");
 
-    // 7 is alone in its group: denied, closed without a byte.
+    // 7 is alone in its group: denied, closed without a byte, and the very next event is that
+    // denial with its reason.
     assert_eq!(read_all(guest_dials_host(&p[4], 5000)), b"");
-    let e = br.wait("deny");
+    let e = br.next_event();
+    assert_eq!(e["event"], "deny", "{e}");
     assert_eq!(
         (&e["src"], &e["dialled"], &e["port"]),
         (&7.into(), &2.into(), &5000.into())
@@ -306,20 +322,17 @@ fn other_groups_isolated_and_ambiguous_dials_are_denied_and_logged() {
 
     // 8 dials the host in a group of three: ambiguous, denied with what to do instead.
     assert_eq!(read_all(guest_dials_host(&p[5], 5000)), b"");
-    let e = br.wait("deny");
-    assert_eq!(e["src"], 8);
+    let e = br.next_event();
+    assert_eq!((&e["event"], &e["src"]), (&"deny".into(), &8.into()), "{e}");
     let why = e["reason"].as_str().unwrap();
     assert!(
         why.contains("2 other members (9,10)") && why.contains("VMADDR_FLAG_TO_HOST"),
         "{why}"
     );
 
-    for (i, li) in l.iter().enumerate() {
-        if i != 3 {
-            assert_untouched(li, &format!("member {}", i + 3));
-        }
-    }
     let log = br.stop();
+    // Only 6 was ever dialled.
+    assert_eq!(dialled.try_iter().collect::<Vec<u32>>(), vec![6]);
     assert!(
         log.contains(
             "denied 7:5000 -> 2:5000: 7 dialled the host, but no group of 7 has another member"
@@ -437,6 +450,239 @@ fn stale_listening_files_are_replaced_and_a_live_one_is_refused() {
     );
     br.stop();
     assert!(d.files().is_empty(), "{:?}", d.files());
+}
+
+/// A member's VMM that answers every `CONNECT port` and hands each stream to `tx`.
+fn vmm_serve(l: UnixListener, port: u32) -> mpsc::Receiver<UnixStream> {
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || loop {
+        let s = vmm_accept(&l, port);
+        if tx.send(s).is_err() {
+            break;
+        }
+    });
+    rx
+}
+
+#[test]
+fn one_guest_at_its_limits_does_not_lock_another_group_out() {
+    let d = Dir::new();
+    let p: Vec<PathBuf> = (3..=6).map(|c| d.path(&format!("m{c}"))).collect();
+    let mut l: Vec<Option<UnixListener>> = p
+        .iter()
+        .map(|x| Some(UnixListener::bind(x).unwrap()))
+        .collect();
+    let mut args: Vec<String> = ["--group", "3,4", "--group", "5,6", "--ports", "7"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    for (i, x) in p.iter().enumerate() {
+        args.extend(vm(i as u32 + 3, x));
+    }
+    args.extend(
+        [
+            "--max-conns",
+            "16",
+            "--max-conns-per-group",
+            "3",
+            "--max-conns-per-cid",
+            "2",
+        ]
+        .map(String::from),
+    );
+    let br = bridge(&args);
+    let at3 = vmm_serve(l[0].take().unwrap(), 7);
+    let at4 = vmm_serve(l[1].take().unwrap(), 7);
+    let at6 = vmm_serve(l[3].take().unwrap(), 7);
+    let recv = |rx: &mpsc::Receiver<UnixStream>| rx.recv_timeout(Duration::from_secs(30)).unwrap();
+
+    // Guest 3 takes its two connections and holds them.
+    let mut held = Vec::new();
+    for _ in 0..2 {
+        held.push(guest_dials_host(&p[0], 7));
+        held.push(recv(&at4));
+        assert_eq!(br.wait("open")["src"], 3);
+    }
+    // A third one from 3 is over its own limit.
+    assert_eq!(read_all(guest_dials_host(&p[0], 7)), b"");
+    let e = br.wait("deny");
+    assert_eq!(e["src"], 3);
+    let why = e["reason"].as_str().unwrap();
+    assert!(
+        why.contains("3 has 2 connections open (--max-conns-per-cid 2)"),
+        "{why}"
+    );
+    // 4 may still open one (its group has room for a third) ...
+    held.push(guest_dials_host(&p[1], 7));
+    held.push(recv(&at3));
+    assert_eq!(br.wait("open")["src"], 4);
+    // ... and then the group {3,4} is full, though 4 itself holds only one.
+    assert_eq!(read_all(guest_dials_host(&p[1], 7)), b"");
+    let e = br.wait("deny");
+    assert_eq!(e["src"], 4);
+    let why = e["reason"].as_str().unwrap();
+    assert!(
+        why.contains("group 3,4 has 3 connections open (--max-conns-per-group 3)"),
+        "{why}"
+    );
+    // The other group is not locked out: 5 reaches 6 and bytes flow both ways.
+    let mut g5 = guest_dials_host(&p[2], 7);
+    let mut g6 = recv(&at6);
+    assert_eq!(br.wait("open")["src"], 5);
+    g5.write_all(b"5 to 6").unwrap();
+    g5.shutdown(std::net::Shutdown::Write).unwrap();
+    let mut got = [0u8; 6];
+    g6.read_exact(&mut got).unwrap();
+    assert_eq!(&got, b"5 to 6");
+    g6.write_all(b"6 to 5").unwrap();
+    drop(g6);
+    assert_eq!(read_all(g5), b"6 to 5");
+    br.wait("close");
+    // When 3 gives one connection back, it may open one again.
+    drop(held.remove(0));
+    drop(held.remove(0));
+    assert_eq!(br.wait("close")["src"], 3);
+    let _again = guest_dials_host(&p[0], 7);
+    let _peer = recv(&at4);
+    assert_eq!(br.wait("open")["src"], 3);
+    assert_untouched(l[2].as_ref().unwrap(), "member 5");
+    drop(held);
+    br.stop();
+}
+
+#[test]
+fn idle_connections_are_closed_after_the_idle_timeout() {
+    let d = Dir::new();
+    let (a, b) = (d.path("a"), d.path("b"));
+    let lb = UnixListener::bind(&b).unwrap();
+    let mut args: Vec<String> = vec!["--group".into(), "3,4".into()];
+    args.extend(vm(3, &a));
+    args.extend(vm(4, &b));
+    args.extend(["--ports", "7", "--idle-timeout", "1s"].map(String::from));
+    let br = bridge(&args);
+    let at4 = vmm_serve(lb, 7);
+    let recv = || at4.recv_timeout(Duration::from_secs(30)).unwrap();
+
+    // An idle connection: one byte each way, then nothing.
+    let mut idle = guest_dials_host(&a, 7);
+    let mut idle_peer = recv();
+    let idle_id = br.wait("open")["id"].clone();
+    idle.write_all(b"x").unwrap();
+    let mut one = [0u8; 1];
+    idle_peer.read_exact(&mut one).unwrap();
+    idle_peer.write_all(b"y").unwrap();
+    idle.read_exact(&mut one).unwrap();
+    let t0 = Instant::now();
+
+    // The positive control, at the same time on the same bridge: a connection that talks
+    // every 100 ms for 2.5 s (longer than the timeout) stays open.
+    let busy = guest_dials_host(&a, 7);
+    let busy_peer = recv();
+    let busy_id = br.wait("open")["id"].clone();
+    let talker = std::thread::spawn(move || {
+        let mut busy = busy;
+        let mut busy_peer = busy_peer;
+        let until = Instant::now() + Duration::from_millis(2500);
+        let mut n = 0u64;
+        while Instant::now() < until {
+            busy.write_all(b"tick").unwrap();
+            let mut t = [0u8; 4];
+            busy_peer.read_exact(&mut t).unwrap();
+            busy_peer.write_all(b"tock").unwrap();
+            busy.read_exact(&mut t).unwrap();
+            n += 1;
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        busy.shutdown(std::net::Shutdown::Write).unwrap();
+        let mut rest = Vec::new();
+        busy_peer.read_to_end(&mut rest).unwrap();
+        drop(busy_peer);
+        assert_eq!(read_all(busy), b"");
+        n
+    });
+
+    // The idle one ends at both ends, after the timeout and well before the test's limits.
+    assert_eq!(read_all(idle), b"");
+    let mut rest = Vec::new();
+    idle_peer.read_to_end(&mut rest).unwrap();
+    let took = t0.elapsed();
+    assert!(
+        took >= Duration::from_millis(900) && took < Duration::from_secs(6),
+        "idle connection closed after {took:?}"
+    );
+    let close = br.wait("close");
+    assert_eq!(close["id"], idle_id, "{close}");
+    assert!(
+        close["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("idle for 1s")),
+        "{close}"
+    );
+    assert!(talker.join().unwrap() >= 5);
+    let close = br.wait("close");
+    assert_eq!(close["id"], busy_id, "{close}");
+    assert!(close["error"].is_null(), "{close}");
+    br.stop();
+}
+
+#[test]
+fn json_with_stdout_closed_serves_more_connections_than_max_conns() {
+    let d = Dir::new();
+    let (a, b) = (d.path("a"), d.path("b"));
+    let at4 = vmm_serve(UnixListener::bind(&b).unwrap(), 7);
+    let mut child = KillOnDrop::new(
+        Command::new(nsfast_bin())
+            .args([
+                "vsock", "bridge", "--json", "--group", "3,4", "--ports", "7",
+            ])
+            .args(vm(3, &a))
+            .args(vm(4, &b))
+            .args(["--max-conns", "1"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    // Nobody reads the bridge's stdout: every JSON event hits a closed pipe.
+    drop(child.child_mut().stdout.take());
+    // The log lines on stderr say when each connection is closed (and its slot given back).
+    let (tx, log) = mpsc::channel::<String>();
+    let err = child.child_mut().stderr.take().unwrap();
+    std::thread::spawn(move || {
+        for l in BufReader::new(err).lines().map_while(Result::ok) {
+            eprintln!("bridge: {l}");
+            if tx.send(l).is_err() {
+                break;
+            }
+        }
+    });
+    let wait_log = |what: &str| loop {
+        let l = log
+            .recv_timeout(Duration::from_secs(30))
+            .unwrap_or_else(|_| panic!("no log line with {what:?} within 30 s"));
+        if l.contains(what) {
+            return;
+        }
+    };
+    for i in 0..4u8 {
+        let mut g = guest_dials_host(&a, 7);
+        let mut peer = at4
+            .recv_timeout(Duration::from_secs(30))
+            .unwrap_or_else(|_| panic!("connection {i} never reached 4"));
+        g.write_all(&[i]).unwrap();
+        g.shutdown(std::net::Shutdown::Write).unwrap();
+        let mut got = Vec::new();
+        peer.read_to_end(&mut got).unwrap();
+        assert_eq!(got, [i], "connection {i}");
+        drop(peer);
+        assert_eq!(read_all(g), b"");
+        wait_log(&format!("closed 3:7 -> 4:7 (conn {})", i + 1));
+    }
+    assert!(
+        child.child_mut().try_wait().unwrap().is_none(),
+        "the bridge exited"
+    );
 }
 
 #[test]

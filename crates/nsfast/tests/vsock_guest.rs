@@ -650,7 +650,9 @@ fn bench_vsock_topologies_quick() {
 // host (CID 2): on 5000 it must reach B's listener, on 5001 it must be closed without a byte
 // although B listens there too.
 
-const PEER_GREETING: &[u8] = b"peer-B\n";
+/// B sends it only once both its listeners (5000 and 5001) are bound: reaching B on 5000 is
+/// the positive control that B does listen on 5001, where the bridge must deny.
+const PEER_GREETING: &[u8] = b"peer-B listening on 5000,5001\n";
 const PEER_TAIL: &[u8] = b"B-DONE\n";
 /// vhost-device-vsock 0.3.0 stalls on larger guest TX packets (see hostpeer_ above).
 const CHUNK: usize = 4096;
@@ -688,9 +690,18 @@ fn peer_serve(fd: OwnedFd, cid: u32, port: u32) -> io::Result<u64> {
 #[ignore = "runs as the peer guest of boot profile vsock-bridge (never returns)"]
 fn bridge_peer_echo_server() {
     require_guest();
+    // Both listeners first, then the accept loops: the greeting says both are bound.
+    let listeners: Vec<(u32, OwnedFd)> = [5000u32, 5001]
+        .into_iter()
+        .map(|port| {
+            (
+                port,
+                vsock::listen(u32::MAX, port, None).expect("vsock listen"),
+            )
+        })
+        .collect();
     let mut threads = Vec::new();
-    for port in [5000u32, 5001] {
-        let l = vsock::listen(u32::MAX, port, None).expect("vsock listen");
+    for (port, l) in listeners {
         threads.push(std::thread::spawn(move || loop {
             match vsock::accept(&l) {
                 Ok((fd, cid, p)) => {
@@ -775,8 +786,12 @@ fn bridge_siblings_reach_each_other_in_one_group_and_not_across() {
     assert_eq!(&back[n..], PEER_TAIL);
     eprintln!("bridge: {n} bytes each way, byte-exact; B's close arrived as end of stream");
 
-    // Port 5001: A and B are in different groups; B listens there too, but the bridge closes
-    // the connection without a byte. Several tries: never a greeting.
+    // Port 5001: A and B are in different groups; B listens there too (its greeting above
+    // said so), but the bridge closes the connection without a byte. The connect itself must
+    // succeed: vhost-device-vsock resets it when nothing listens on a.vsock_5001, so a missing
+    // bridge fails here instead of passing as a denial. Several tries: never a greeting. (The
+    // bridge's deny line is in the host helper's log; the host test
+    // `other_groups_isolated_and_ambiguous_dials_are_denied_and_logged` checks its text.)
     for i in 0..3 {
         match vsock::connect(2, 5001, false, None) {
             Ok(fd) => {
@@ -795,7 +810,9 @@ fn bridge_siblings_reach_each_other_in_one_group_and_not_across() {
                     assert_ne!(e.kind(), io::ErrorKind::TimedOut, "no close within 30 s");
                 }
             }
-            Err(e) => eprintln!("bridge: port 5001 try {i}: connect refused ({e})"),
+            Err(e) => panic!(
+                "port 5001 try {i}: connect failed ({e}): the denying bridge does not listen"
+            ),
         }
     }
 }

@@ -409,6 +409,312 @@ fn namespace_modes_are_reported_absent_before_linux_7_and_nothing_is_created() {
     assert!(!std::path::Path::new("/run/netns").join(&name).exists());
 }
 
+/// Whether a process in the world's namespace listens on the UNIX socket `path`, from
+/// /proc/net/unix (without connecting to it).
+fn unix_listening(w: &World, path: &Path) -> bool {
+    let want = path.to_string_lossy().into_owned();
+    w.ns.run(|| {
+        std::fs::read_to_string("/proc/thread-self/net/unix")
+            .unwrap_or_default()
+            .lines()
+            .skip(1)
+            .any(|l| {
+                let f: Vec<&str> = l.split_whitespace().collect();
+                f.len() >= 8 && f[5] == "01" && f[7..].join(" ") == want
+            })
+    })
+    .unwrap()
+}
+
+/// Sends `sig` to the relay and waits for it to exit.
+fn signal_and_wait(relay: KillOnDrop, sig: nix::sys::signal::Signal) -> std::process::Output {
+    let child = relay.take();
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id() as i32), sig).unwrap();
+    child.wait_with_output().unwrap()
+}
+
+/// One echo round trip through a connection (`msg` out, half-close, the same back).
+fn echo_round_trip<S: Read + Write>(mut s: S, shut: impl FnOnce(&S), msg: &[u8]) -> Vec<u8> {
+    s.write_all(msg).unwrap();
+    shut(&s);
+    let mut back = Vec::new();
+    s.read_to_end(&mut back).unwrap();
+    back
+}
+
+/// An echo server on 127.0.0.1:`port` in the world's namespace, one thread per connection.
+fn tcp_echo_server(w: &World, port: u16) {
+    let l = w.tcp_listener(port);
+    std::thread::spawn(move || {
+        for s in l.incoming() {
+            let Ok(mut s) = s else { break };
+            std::thread::spawn(move || {
+                let mut buf = vec![0u8; 65536];
+                loop {
+                    match s.read(&mut buf) {
+                        Ok(0) | Err(_) => break,
+                        Ok(n) => {
+                            if s.write_all(&buf[..n]).is_err() {
+                                break;
+                            }
+                        }
+                    }
+                }
+                let _ = s.shutdown(std::net::Shutdown::Write);
+            });
+        }
+    });
+}
+
+#[test]
+fn silent_vmm_fails_within_the_connect_timeout_and_the_relay_keeps_serving() {
+    require_root();
+    let w = World::new();
+    let sock = w.path("silent.vsock");
+    let l = UnixListener::bind(&sock).unwrap();
+    // The VMM accepts, reads CONNECT, and never answers the first connection (it keeps it open
+    // until the test ends); the second one is answered and echoed.
+    let (held_tx, held_rx) = std::sync::mpsc::channel();
+    let vmm = std::thread::spawn(move || {
+        let read_connect = |s: &mut UnixStream| {
+            let mut line = Vec::new();
+            let mut b = [0u8; 1];
+            while s.read(&mut b).unwrap() == 1 && b[0] != b'\n' {
+                line.push(b[0]);
+            }
+            assert_eq!(line, b"CONNECT 52");
+        };
+        let (mut silent, _) = l.accept().unwrap();
+        read_connect(&mut silent);
+        held_tx.send(silent).unwrap();
+        let (mut s, _) = l.accept().unwrap();
+        read_connect(&mut s);
+        s.write_all(b"OK 52\n").unwrap();
+        let mut req = Vec::new();
+        s.read_to_end(&mut req).unwrap();
+        s.write_all(&req).unwrap();
+    });
+    // One child at a time: the relay can only serve the second connection once the first
+    // has given its slot back, so "keeps serving" depends on the timeout.
+    let mut relay = w.relay(&[
+        "tcp-listen:7010,bind=127.0.0.1",
+        &format!("hybrid:{}:52", sock.display()),
+        "--fork",
+        "--max-children",
+        "1",
+        "--connect-timeout",
+        "1s",
+        "--json",
+    ]);
+    // The JSON lines as they come (one per finished connection).
+    let (tx, json) = std::sync::mpsc::channel::<serde_json::Value>();
+    let stdout = relay.child_mut().stdout.take().unwrap();
+    std::thread::spawn(move || {
+        use std::io::BufRead;
+        for l in std::io::BufReader::new(stdout)
+            .lines()
+            .map_while(Result::ok)
+        {
+            if tx.send(serde_json::from_str(&l).unwrap()).is_err() {
+                break;
+            }
+        }
+    });
+    let next_line = || {
+        json.recv_timeout(Duration::from_secs(30))
+            .expect("no JSON line from the relay within 30 s")
+    };
+    let t0 = Instant::now();
+    let mut s = tcp_connect(&w, 7010);
+    s.set_read_timeout(Some(Duration::from_secs(15))).unwrap();
+    let mut buf = [0u8; 16];
+    let r = s.read(&mut buf);
+    assert!(
+        matches!(r, Ok(0)),
+        "a silent VMM must end the client's connection within the timeout, got {r:?} after {:?}",
+        t0.elapsed()
+    );
+    assert!(
+        t0.elapsed() < Duration::from_secs(8),
+        "ended only after {:?}",
+        t0.elapsed()
+    );
+    let _silent = held_rx.recv().unwrap();
+    let back = echo_round_trip(
+        tcp_connect(&w, 7010),
+        |s| s.shutdown(std::net::Shutdown::Write).unwrap(),
+        b"second connection",
+    );
+    assert_eq!(back, b"second connection");
+    vmm.join().unwrap();
+    let first = next_line();
+    let err = first["error"].as_str().unwrap_or_default();
+    assert!(err.contains("no reply to CONNECT 52 within 1s"), "{first}");
+    let second = next_line();
+    assert!(second["error"].is_null(), "{second}");
+    assert_eq!(second["bytes_a_to_b"], 17, "{second}");
+    let out = signal_and_wait(relay, nix::sys::signal::Signal::SIGTERM);
+    assert!(out.status.success());
+}
+
+#[test]
+fn sigterm_removes_the_listening_file_and_a_restart_works() {
+    require_root();
+    let w = World::new();
+    tcp_echo_server(&w, 7011);
+    let front = w.path("front.sock");
+    let args = [
+        format!("unix-listen:{}", front.display()),
+        "tcp:127.0.0.1:7011".to_string(),
+        "--fork".to_string(),
+    ];
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    for round in 0..2 {
+        let relay = w.relay(&args);
+        wait_for("the relay's listener", || unix_listening(&w, &front));
+        let back = echo_round_trip(
+            unix_connect(&front),
+            |s| s.shutdown(std::net::Shutdown::Write).unwrap(),
+            b"ping",
+        );
+        assert_eq!(back, b"ping", "round {round}");
+        let out = signal_and_wait(relay, nix::sys::signal::Signal::SIGTERM);
+        assert!(
+            out.status.success(),
+            "round {round}: exit {} on SIGTERM: {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(
+            !front.exists(),
+            "round {round}: SIGTERM left {}",
+            front.display()
+        );
+    }
+}
+
+#[test]
+fn after_sigkill_a_restart_replaces_the_stale_socket() {
+    require_root();
+    let w = World::new();
+    tcp_echo_server(&w, 7012);
+    let base = w.path("fc.vsock");
+    let listen = w.path("fc.vsock_1234");
+    let a = format!("hybrid-listen:{}:1234", base.display());
+    let relay = w.relay(&[&a, "tcp:127.0.0.1:7012", "--fork"]);
+    wait_for("the relay's listener", || unix_listening(&w, &listen));
+    let out = signal_and_wait(relay, nix::sys::signal::Signal::SIGKILL);
+    assert!(!out.status.success());
+    assert!(listen.exists(), "SIGKILL cannot remove the socket file");
+    assert!(!unix_listening(&w, &listen));
+    // The restart finds a socket file nobody listens on, removes it and serves.
+    let relay = w.relay(&[&a, "tcp:127.0.0.1:7012", "--fork"]);
+    wait_for("the restarted relay's listener", || {
+        unix_listening(&w, &listen)
+    });
+    let back = echo_round_trip(
+        unix_connect(&listen),
+        |s| s.shutdown(std::net::Shutdown::Write).unwrap(),
+        b"after the kill",
+    );
+    assert_eq!(back, b"after the kill");
+    let out = signal_and_wait(relay, nix::sys::signal::Signal::SIGTERM);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!listen.exists());
+}
+
+#[test]
+fn a_live_listener_a_regular_file_and_a_symlink_are_never_removed() {
+    require_root();
+    let w = World::new();
+    let run = |path: &Path| {
+        let mut cmd = Command::new(nsfast_bin());
+        cmd.args(["vsock", "relay"])
+            .arg(format!("unix-listen:{}", path.display()))
+            .args(["tcp:127.0.0.1:7013", "--fork"]);
+        w.ns.configure_command(&mut cmd, None);
+        let out = cmd.output().unwrap();
+        assert!(!out.status.success(), "{} was taken over", path.display());
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    // A live listener (in the relay's namespace, so /proc/net/unix shows it): refused, not
+    // woken, still there.
+    let live = w.path("live.sock");
+    let l = w.ns.run(|| UnixListener::bind(&live).unwrap()).unwrap();
+    let e = run(&live);
+    assert!(
+        e.contains(&format!(
+            "{} exists and a process is listening on it",
+            live.display()
+        )),
+        "{e}"
+    );
+    l.set_nonblocking(true).unwrap();
+    assert!(
+        matches!(l.accept(), Err(ref e) if e.kind() == std::io::ErrorKind::WouldBlock),
+        "the check connected to the live listener"
+    );
+    // Still the same listener: a client reaches it.
+    l.set_nonblocking(false).unwrap();
+    let _c = UnixStream::connect(&live).unwrap();
+    l.accept().unwrap();
+    // A regular file and a symlink (to a socket file nobody listens on) are not sockets of
+    // ours to replace: refused, left as they are.
+    let file = w.path("file");
+    std::fs::write(&file, b"keep me").unwrap();
+    let e = run(&file);
+    assert!(e.contains("exists and is not a socket"), "{e}");
+    assert_eq!(std::fs::read(&file).unwrap(), b"keep me");
+    let stale = w.path("stale.sock");
+    drop(UnixListener::bind(&stale).unwrap());
+    let link = w.path("link.sock");
+    std::os::unix::fs::symlink(&stale, &link).unwrap();
+    let e = run(&link);
+    assert!(e.contains("exists and is not a socket"), "{e}");
+    assert!(std::fs::symlink_metadata(&link)
+        .unwrap()
+        .file_type()
+        .is_symlink());
+    assert!(stale.exists(), "the symlink's target was removed");
+}
+
+#[test]
+fn json_with_stdout_closed_serves_more_connections_than_max_children() {
+    require_root();
+    let w = World::new();
+    tcp_echo_server(&w, 7015);
+    let mut relay = w.relay(&[
+        "tcp-listen:7014,bind=127.0.0.1",
+        "tcp:127.0.0.1:7015",
+        "--fork",
+        "--max-children",
+        "2",
+        "--json",
+    ]);
+    // Nobody reads the relay's stdout: every JSON line hits a closed pipe.
+    drop(relay.child_mut().stdout.take());
+    for i in 0..8u8 {
+        let msg = [b'c', b'0' + i];
+        let back = echo_round_trip(
+            tcp_connect(&w, 7014),
+            |s| s.shutdown(std::net::Shutdown::Write).unwrap(),
+            &msg,
+        );
+        assert_eq!(back, msg, "connection {i}");
+    }
+    assert!(
+        relay.child_mut().try_wait().unwrap().is_none(),
+        "the relay exited"
+    );
+    let out = signal_and_wait(relay, nix::sys::signal::Signal::SIGTERM);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!err.contains("panicked"), "{err}");
+}
+
 // ---- inside the VM harness's guests only (AF_VSOCK over vsock_loopback, CID 1) ----
 //
 // These are #[ignore]d so `cargo test` on a host never runs them, and each one refuses to start
@@ -520,8 +826,27 @@ fn guest_vsock_bench_counts_every_byte() {
     require_guest();
     let mut server = Command::new(nsfast_bin());
     server.args(["vsock", "bench", "--server", "--once", "--port", "1104"]);
-    let server = KillOnDrop::new(server.stderr(Stdio::piped()).spawn().unwrap());
-    std::thread::sleep(Duration::from_millis(300));
+    let mut server = KillOnDrop::new(server.stderr(Stdio::piped()).spawn().unwrap());
+    // The server's log lines, as they come: wait for "listening" (logged once bound) instead
+    // of sleeping, and keep the rest for its count.
+    let (tx, lines) = std::sync::mpsc::channel::<String>();
+    let err = server.child_mut().stderr.take().unwrap();
+    std::thread::spawn(move || {
+        use std::io::BufRead;
+        for l in std::io::BufReader::new(err).lines().map_while(Result::ok) {
+            eprintln!("server: {l}");
+            if tx.send(l).is_err() {
+                break;
+            }
+        }
+    });
+    let next = || {
+        lines
+            .recv_timeout(Duration::from_secs(60))
+            .expect("the bench server said nothing for 60 s")
+    };
+    while !next().contains("listening on vsock-listen:1104") {}
+    let bytes = 64u64 << 20;
     let out = Command::new(nsfast_bin())
         .args([
             "vsock", "bench", "--cid", "1", "--port", "1104", "--bytes", "64M", "--json",
@@ -534,6 +859,17 @@ fn guest_vsock_bench_counts_every_byte() {
         String::from_utf8_lossy(&out.stderr)
     );
     let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    assert_eq!(r["bytes"], 64u64 << 20);
+    assert_eq!(r["bytes"], bytes);
+    // The server's own count, from its log: every byte arrived at the other end.
+    let received = loop {
+        let l = next();
+        if let Some(n) = l.split("received ").nth(1) {
+            break n
+                .chars()
+                .take_while(char::is_ascii_digit)
+                .collect::<String>();
+        }
+    };
+    assert_eq!(received, bytes.to_string(), "the server's count");
     assert!(server.take().wait().unwrap().success());
 }

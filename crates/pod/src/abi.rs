@@ -26,6 +26,9 @@ pub fn kernel_name(name: &str) -> &str {
 pub const EP_NETKIT: u32 = 1;
 /// `NSF_EP_L3`.
 pub const EP_L3: u32 = 2;
+/// `NSF_EP_HOST_FW`: the pod's traffic goes to the host stack (netfilter) instead of being
+/// redirected.
+pub const EP_HOST_FW: u32 = 4;
 
 /// `struct nsf_endpoint`.
 #[repr(C)]
@@ -48,7 +51,7 @@ pub fn ip_key(ip: Ipv4Addr) -> u32 {
 }
 
 /// Counter slots, in `enum` order of `pod_endpoints.h`, with the names `pod list --json` uses.
-pub const COUNTERS: [&str; 8] = [
+pub const COUNTERS: [&str; 9] = [
     "pod_to_pod",
     "fib_redirect",
     "fib_redirect_neigh",
@@ -57,6 +60,7 @@ pub const COUNTERS: [&str; 8] = [
     "wire_to_stack",
     "arp_reply",
     "pod_not_ipv4",
+    "spoofed",
 ];
 
 /// Counter indexes.
@@ -69,6 +73,7 @@ pub mod cnt {
     pub const WIRE_TO_STACK: u32 = 5;
     pub const ARP_REPLY: u32 = 6;
     pub const NOT_IPV4: u32 = 7;
+    pub const SPOOFED: u32 = 8;
 }
 
 #[cfg(test)]

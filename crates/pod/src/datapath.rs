@@ -322,7 +322,8 @@ pub fn endpoint_get(host: &Host, ip: std::net::Ipv4Addr) -> Result<Option<Endpoi
 }
 
 /// The host's datapath counters, summed over CPUs, in [`abi::COUNTERS`] order (zeros before
-/// the first pod).
+/// the first pod; zeros for slots a counter map pinned by an older nsfast lacks, e.g.
+/// `spoofed`, until the host's last pod is deleted and the maps are made anew).
 pub fn counters(host: &Host) -> Result<Vec<u64>, PodError> {
     let p = host.pin_dir().join(abi::MAP_COUNTERS);
     if !p.exists() {
@@ -331,8 +332,12 @@ pub fn counters(host: &Host) -> Result<Vec<u64>, PodError> {
     let md = MapData::from_pin(&p).map_err(PodError::map(format!("open {}", p.display())))?;
     let arr: PerCpuArray<MapData, u64> =
         PerCpuArray::try_from(Map::PerCpuArray(md)).map_err(PodError::map("counter map type"))?;
+    let slots = arr.len();
     (0..abi::COUNTERS.len() as u32)
         .map(|i| {
+            if i >= slots {
+                return Ok(0);
+            }
             arr.get(&i, 0)
                 .map(|v| v.iter().sum())
                 .map_err(PodError::map("read counters"))

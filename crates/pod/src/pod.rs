@@ -180,6 +180,9 @@ pub struct AddOptions {
     /// The pod's device name.
     pub pod_if: String,
     pub cni: Option<CniAttachment>,
+    /// `--host-firewall`: the pod's traffic (to and from it) goes through the host stack and
+    /// its netfilter instead of being redirected (the source check still applies).
+    pub host_firewall: bool,
 }
 
 impl AddOptions {
@@ -194,6 +197,7 @@ impl AddOptions {
             netns: None,
             pod_if: POD_IF.into(),
             cni: None,
+            host_firewall: false,
         }
     }
 }
@@ -484,6 +488,9 @@ fn build(
     if dp == Datapath::NetkitL3 {
         flags |= abi::EP_L3;
     }
+    if opts.host_firewall {
+        flags |= abi::EP_HOST_FW;
+    }
     datapath::endpoint_insert(
         host,
         opts.ip.ip,
@@ -517,6 +524,7 @@ fn build(
         link_pins: undo.pins.clone(),
         tc_filters: undo.tc.clone(),
         cni: opts.cni.clone(),
+        host_firewall: opts.host_firewall,
     })
 }
 

@@ -514,6 +514,9 @@ pub struct PodRecord {
     /// CNI attachment, if made by nsfast-cni: (container id, network name).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cni: Option<CniAttachment>,
+    /// The pod's traffic goes through the host stack (netfilter) instead of being redirected.
+    #[serde(default)]
+    pub host_firewall: bool,
 }
 
 /// The CNI identity of a pod made by `nsfast-cni`.

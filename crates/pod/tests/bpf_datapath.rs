@@ -14,8 +14,14 @@ use nsfast_testsupport::require_root;
 use nsfast_testsupport::world::{unique, VethPair};
 
 const TC_ACT_OK: u32 = 0;
+const TC_ACT_SHOT: u32 = 2;
 const TC_ACT_REDIRECT: u32 = 7;
 const NETKIT_NEXT: u32 = u32::MAX; // -1
+const NETKIT_DROP: u32 = 2;
+/// The device a test run's skb comes from without a ctx ifindex: the throwaway namespace's
+/// loopback. Pod B, the sender of most frames here, "sits" on it: the programs accept a
+/// packet only from the device its source address belongs to.
+const LO: u32 = 1;
 
 const POD_MAC: [u8; 6] = [0x02, 0, 0, 0, 0, 0xa1];
 const HOST_MAC: [u8; 6] = [0x02, 0, 0, 0, 0, 0xb1];
@@ -51,8 +57,13 @@ impl Harness {
         m.insert(abi::ip_key(ip), ep, 0).unwrap();
     }
 
-    /// Two pods: A (destination, ifindex 100) and B (source, ifindex 101).
-    fn with_pods(mut self) -> Self {
+    /// Two pods: A (destination, ifindex 100) and B (source, on the loopback: see [`LO`]).
+    fn with_pods(self) -> Self {
+        self.with_pods_on(LO)
+    }
+
+    /// Two pods: A (destination, ifindex 100) and B (source, host-side device `src_ifindex`).
+    fn with_pods_on(mut self, src_ifindex: u32) -> Self {
         self.endpoint(
             POD_A,
             Endpoint {
@@ -65,7 +76,7 @@ impl Harness {
         self.endpoint(
             POD_B,
             Endpoint {
-                ifindex: 101,
+                ifindex: src_ifindex,
                 flags: 0,
                 pod_mac: SRC_POD_MAC,
                 host_mac: SRC_HOST_MAC,
@@ -143,6 +154,16 @@ fn ip_checksum(hdr: &[u8]) -> u16 {
     !(sum as u16)
 }
 
+/// `f` with its TTL set to `ttl` and the header checksum recomputed.
+fn with_ttl(f: &[u8], ttl: u8) -> Vec<u8> {
+    let mut v = f.to_vec();
+    v[22] = ttl;
+    v[24..26].copy_from_slice(&[0, 0]);
+    let sum = ip_checksum(&v[14..34]);
+    v[24..26].copy_from_slice(&sum.to_be_bytes());
+    v
+}
+
 /// Checks that `out` is `orig` with the TTL one lower and a valid header checksum.
 fn assert_routed(orig: &[u8], out: &[u8]) {
     assert_eq!(out[22], orig[22] - 1, "TTL decremented");
@@ -192,17 +213,24 @@ fn pod_to_local_pod_is_redirected_into_the_peer_untouched() {
         assert_eq!(h.counter(cnt::POD_TO_STACK), 0);
         // TTL 1 between local pods: delivered like a bridge would; from the wire (a routed
         // hop): left to the stack, which answers with ICMP time exceeded.
-        let mut ttl1 = f.clone();
-        ttl1[22] = 1;
-        ttl1[24..26].copy_from_slice(&[0, 0]);
-        let sum = ip_checksum(&ttl1[14..34]);
-        ttl1[24..26].copy_from_slice(&sum.to_be_bytes());
+        let ttl1 = with_ttl(&f, 1);
         assert_eq!(
             h.run(abi::PROG_FROM_CONTAINER, &ttl1, None),
             (TC_ACT_REDIRECT, ttl1.clone())
         );
         assert_eq!(h.counter(cnt::POD_TO_POD), 2);
-        assert_eq!(h.run(abi::PROG_FROM_WIRE, &ttl1, None), (TC_ACT_OK, ttl1));
+        let wire_ttl1 = with_ttl(
+            &udp_frame(
+                Ipv4Addr::new(10, 251, 2, 10),
+                POD_A,
+                [0x02, 0, 0, 0, 0, 0xee],
+            ),
+            1,
+        );
+        assert_eq!(
+            h.run(abi::PROG_FROM_WIRE, &wire_ttl1, None),
+            (TC_ACT_OK, wire_ttl1)
+        );
         assert_eq!(h.counter(cnt::WIRE_TO_POD), 0);
     });
 }
@@ -240,31 +268,234 @@ fn arp_request_from_a_pod_is_answered_with_the_host_mac() {
         assert_eq!(&out[38..42], &POD_B.octets());
         assert_eq!(h.counter(cnt::ARP_REPLY), 1);
 
-        // Gratuitous ARP and ARP from an unknown address are left to the stack.
+        // Gratuitous ARP from the pod's own address is left to the stack.
         let g = arp_request(SRC_POD_MAC, POD_B, POD_B);
         assert_eq!(h.run(abi::PROG_FROM_CONTAINER, &g, None), (TC_ACT_OK, g));
-        let u = arp_request(SRC_POD_MAC, Ipv4Addr::new(10, 9, 9, 9), gw);
-        assert_eq!(h.run(abi::PROG_FROM_CONTAINER, &u, None), (TC_ACT_OK, u));
         assert_eq!(h.counter(cnt::ARP_REPLY), 1);
+        assert_eq!(h.counter(cnt::SPOOFED), 0);
     });
 }
 
 #[test]
-fn ipv6_and_malformed_frames_pass_untouched() {
+fn arp_with_a_foreign_sender_ip_is_not_answered_and_counted_as_spoofed() {
     in_netns(|| {
         let h = Harness::new().with_pods();
+        let gw = Ipv4Addr::new(169, 254, 1, 1);
+        // Pod B (on LO) claims pod A's address (A's device is 100), then an address no pod has.
+        for (i, sip) in [POD_A, Ipv4Addr::new(10, 9, 9, 9)].into_iter().enumerate() {
+            let f = arp_request(SRC_POD_MAC, sip, gw);
+            assert_eq!(
+                h.run(abi::PROG_FROM_CONTAINER, &f, None),
+                (TC_ACT_SHOT, f.clone()),
+                "ARP request with sender {sip} from pod B's device"
+            );
+            assert_eq!(
+                h.run(abi::PROG_NETKIT_PEER_L2, &f, None).0,
+                NETKIT_DROP,
+                "netkit L2, sender {sip}"
+            );
+            assert_eq!(h.counter(cnt::SPOOFED), 3 * i as u64 + 2);
+            // Gratuitous ARP claiming the foreign address: dropped too.
+            let g = arp_request(SRC_POD_MAC, sip, sip);
+            assert_eq!(h.run(abi::PROG_FROM_CONTAINER, &g, None).0, TC_ACT_SHOT);
+            assert_eq!(h.counter(cnt::SPOOFED), 3 * i as u64 + 3);
+        }
+        assert_eq!(h.counter(cnt::ARP_REPLY), 0);
+        // The pod's own sender IP is answered.
+        let own = arp_request(SRC_POD_MAC, POD_B, gw);
+        assert_eq!(
+            h.run(abi::PROG_FROM_CONTAINER, &own, None).0,
+            TC_ACT_REDIRECT
+        );
+        assert_eq!(
+            h.run(abi::PROG_NETKIT_PEER_L2, &own, None).0,
+            TC_ACT_REDIRECT
+        );
+        assert_eq!(h.counter(cnt::ARP_REPLY), 2);
+    });
+}
+
+#[test]
+fn spoofed_source_is_dropped_and_counted_own_source_is_redirected() {
+    in_netns(|| {
+        let mut h = Harness::new().with_pods();
+        let pod_c = Ipv4Addr::new(10, 251, 1, 12);
+        h.endpoint(
+            pod_c,
+            Endpoint {
+                ifindex: 102,
+                flags: 0,
+                pod_mac: [0x02, 0, 0, 0, 0, 0xa3],
+                host_mac: [0x02, 0, 0, 0, 0, 0xb3],
+            },
+        );
+        // From pod B's device (LO): pod C's address (another local pod) and an address no pod
+        // has, to a local pod (A), a remote address and a host address.
+        let mut spoofed = 0;
+        for src in [pod_c, Ipv4Addr::new(10, 9, 9, 9)] {
+            for dst in [
+                POD_A,
+                Ipv4Addr::new(10, 77, 1, 1),
+                Ipv4Addr::new(127, 0, 0, 1),
+            ] {
+                let f = udp_frame(src, dst, SRC_HOST_MAC);
+                for (prog, drop) in [
+                    (abi::PROG_FROM_CONTAINER, TC_ACT_SHOT),
+                    (abi::PROG_NETKIT_PEER_L2, NETKIT_DROP),
+                    (abi::PROG_NETKIT_PEER_L3, NETKIT_DROP),
+                ] {
+                    assert_eq!(
+                        h.run(prog, &f, None),
+                        (drop, f.clone()),
+                        "{prog}: {src} -> {dst} from pod B's device"
+                    );
+                    spoofed += 1;
+                    assert_eq!(h.counter(cnt::SPOOFED), spoofed);
+                }
+            }
+        }
+        assert_eq!(h.counter(cnt::POD_TO_POD), 0);
+        assert_eq!(h.counter(cnt::POD_TO_STACK), 0);
+        assert_eq!(h.counter(cnt::FIB_NEIGH) + h.counter(cnt::FIB_REDIRECT), 0);
+        // Pod B's own address from its own device: redirected into pod A as before.
+        let own = udp_frame(POD_B, POD_A, SRC_HOST_MAC);
+        assert_eq!(
+            h.run(abi::PROG_FROM_CONTAINER, &own, None),
+            (TC_ACT_REDIRECT, own.clone())
+        );
+        assert_eq!(
+            h.run(abi::PROG_NETKIT_PEER_L3, &own, None).0,
+            TC_ACT_REDIRECT
+        );
+        assert_eq!(h.counter(cnt::POD_TO_POD), 2);
+        // The same frame when pod B's address belongs to another device (102) than the one it
+        // arrives on (LO): refused.
+        let mut h2 = Harness::new();
+        h2.endpoint(
+            POD_B,
+            Endpoint {
+                ifindex: 102,
+                ..Default::default()
+            },
+        );
+        assert_eq!(h2.run(abi::PROG_FROM_CONTAINER, &own, None).0, TC_ACT_SHOT);
+        assert_eq!(h2.counter(cnt::SPOOFED), 1);
+        assert_eq!(h.counter(cnt::SPOOFED), spoofed);
+    });
+}
+
+#[test]
+fn wire_frame_claiming_a_local_pod_source_is_dropped() {
+    in_netns(|| {
+        let h = Harness::new().with_pods();
+        let f = udp_frame(POD_B, POD_A, [0x02, 0, 0, 0, 0, 0xee]);
+        assert_eq!(h.run(abi::PROG_FROM_WIRE, &f, None), (TC_ACT_SHOT, f));
+        assert_eq!(h.counter(cnt::SPOOFED), 1);
+        assert_eq!(h.counter(cnt::WIRE_TO_POD), 0);
+    });
+}
+
+#[test]
+fn host_firewall_pods_go_to_the_stack_after_the_source_check() {
+    in_netns(|| {
+        let mut h = Harness::new().with_pods();
+        let to_a = udp_frame(POD_B, POD_A, SRC_HOST_MAC);
+        // Destination A asks for the host firewall: B -> A goes to the stack, untouched.
+        h.endpoint(
+            POD_A,
+            Endpoint {
+                ifindex: 100,
+                flags: abi::EP_HOST_FW,
+                pod_mac: POD_MAC,
+                host_mac: HOST_MAC,
+            },
+        );
+        assert_eq!(
+            h.run(abi::PROG_FROM_CONTAINER, &to_a, None),
+            (TC_ACT_OK, to_a.clone())
+        );
+        assert_eq!(h.run(abi::PROG_NETKIT_PEER_L2, &to_a, None).0, NETKIT_NEXT);
+        let wire = udp_frame(
+            Ipv4Addr::new(10, 251, 2, 10),
+            POD_A,
+            [0x02, 0, 0, 0, 0, 0xee],
+        );
+        assert_eq!(h.run(abi::PROG_FROM_WIRE, &wire, None), (TC_ACT_OK, wire));
+        assert_eq!(h.counter(cnt::WIRE_TO_STACK), 1);
+        assert_eq!(h.counter(cnt::WIRE_TO_POD), 0);
+        // Source B asks for it (A does not): B -> A and B -> remote go to the stack.
+        h.endpoint(
+            POD_A,
+            Endpoint {
+                ifindex: 100,
+                flags: 0,
+                pod_mac: POD_MAC,
+                host_mac: HOST_MAC,
+            },
+        );
+        h.endpoint(
+            POD_B,
+            Endpoint {
+                ifindex: LO,
+                flags: abi::EP_HOST_FW,
+                pod_mac: SRC_POD_MAC,
+                host_mac: SRC_HOST_MAC,
+            },
+        );
+        assert_eq!(
+            h.run(abi::PROG_FROM_CONTAINER, &to_a, None),
+            (TC_ACT_OK, to_a.clone())
+        );
+        let remote = udp_frame(POD_B, Ipv4Addr::new(10, 77, 1, 1), SRC_HOST_MAC);
+        assert_eq!(
+            h.run(abi::PROG_FROM_CONTAINER, &remote, None),
+            (TC_ACT_OK, remote)
+        );
+        assert_eq!(h.counter(cnt::POD_TO_STACK), 4);
+        assert_eq!(h.counter(cnt::POD_TO_POD), 0);
+        // The source check still applies: B's device claiming A's address is dropped.
+        let spoof = udp_frame(POD_A, POD_B, SRC_HOST_MAC);
+        assert_eq!(h.run(abi::PROG_FROM_CONTAINER, &spoof, None).0, TC_ACT_SHOT);
+        assert_eq!(h.counter(cnt::SPOOFED), 1);
+        // ARP is still answered for a host-firewall pod.
+        let arp = arp_request(SRC_POD_MAC, POD_B, Ipv4Addr::new(169, 254, 1, 1));
+        assert_eq!(
+            h.run(abi::PROG_FROM_CONTAINER, &arp, None).0,
+            TC_ACT_REDIRECT
+        );
+    });
+}
+
+#[test]
+fn ipv6_other_ethertypes_and_malformed_frames_from_a_pod_are_dropped() {
+    in_netns(|| {
+        let h = Harness::new().with_pods();
+        // Pods are IPv4-only; the host stack would take IPv6 with any source.
         let mut v6 = eth(SRC_HOST_MAC, SRC_POD_MAC, 0x86dd);
         v6.extend_from_slice(&[0x60; 40]);
-        assert_eq!(h.run(abi::PROG_FROM_CONTAINER, &v6, None), (TC_ACT_OK, v6));
-        assert_eq!(h.counter(cnt::NOT_IPV4), 1);
-        // An IPv4 header with a bad IHL (< 5) to a known pod: not touched.
+        assert_eq!(
+            h.run(abi::PROG_FROM_CONTAINER, &v6, None),
+            (TC_ACT_SHOT, v6.clone())
+        );
+        assert_eq!(h.run(abi::PROG_NETKIT_PEER_L3, &v6, None).0, NETKIT_DROP);
+        let mut other = eth(SRC_HOST_MAC, SRC_POD_MAC, 0x88cc); // LLDP
+        other.extend_from_slice(&[0; 40]);
+        assert_eq!(h.run(abi::PROG_FROM_CONTAINER, &other, None).0, TC_ACT_SHOT);
+        assert_eq!(h.counter(cnt::NOT_IPV4), 3);
+        // An IPv4 header with a bad IHL (< 5) to a known pod: dropped, not redirected.
         let mut bad = udp_frame(POD_B, POD_A, SRC_HOST_MAC);
         bad[14] = 0x44;
         assert_eq!(
             h.run(abi::PROG_FROM_CONTAINER, &bad, None),
-            (TC_ACT_OK, bad)
+            (TC_ACT_SHOT, bad)
         );
+        // An ARP frame that is not Ethernet/IPv4 ARP (hlen 8).
+        let mut arp = arp_request(SRC_POD_MAC, POD_B, Ipv4Addr::new(169, 254, 1, 1));
+        arp[18] = 8;
+        assert_eq!(h.run(abi::PROG_FROM_CONTAINER, &arp, None).0, TC_ACT_SHOT);
+        assert_eq!(h.counter(cnt::NOT_IPV4), 5);
         assert_eq!(h.counter(cnt::POD_TO_POD), 0);
+        assert_eq!(h.counter(cnt::SPOOFED), 0);
     });
 }
 
@@ -358,7 +589,7 @@ fn pod_to_remote_uses_the_fib_then_redirect_neigh_or_mac_rewrite() {
     .unwrap();
     w.client
         .run(|| {
-            let h = Harness::new().with_pods();
+            let h = Harness::new().with_pods_on(ifindex);
             let f = udp_frame(POD_B, remote, SRC_HOST_MAC);
 
             // Forwarding off: bpf_fib_lookup refuses (FWD_DISABLED) -> stack.
@@ -389,7 +620,7 @@ fn pod_to_remote_uses_the_fib_then_redirect_neigh_or_mac_rewrite() {
     net::add_neighbour(ns, dev, gw, gw_mac).unwrap();
     w.client
         .run(|| {
-            let h = Harness::new().with_pods();
+            let h = Harness::new().with_pods_on(ifindex);
             let f = udp_frame(POD_B, remote, SRC_HOST_MAC);
             let (rc, out) = h.run(abi::PROG_FROM_CONTAINER, &f, Some(ifindex));
             assert_eq!(rc, TC_ACT_REDIRECT);
@@ -412,7 +643,14 @@ fn netkit_link_create_attaches_on_the_primary_only() {
     use std::os::fd::AsFd;
     require_root();
     let w = VethPair::new();
-    let has_netkit = net::probe_netkit().unwrap();
+    // From the harness (NSFAST_EXPECT_NETKIT / the kernel config), not the probe under test.
+    let has_netkit =
+        nsfast_testsupport::kernel::expect(nsfast_testsupport::kernel::Feature::Netkit);
+    assert_eq!(
+        net::probe_netkit().unwrap(),
+        has_netkit,
+        "netkit probe vs kernel config"
+    );
     let pod = NetNs::create(&unique("nsft-nk")).unwrap();
     if has_netkit {
         net::create_netkit(

@@ -6,7 +6,9 @@
 //! - [`peer`]  — the `nsfast-testpeer` traffic program (bulk with hashes, echo, many
 //!   connections, ping-pong, half-close, FIONREAD, tagged servers) and helpers to run it.
 //! - [`stream`] — a deterministic byte stream for byte-exact checks.
+//! - [`kernel`] — kernel features a test expects, from the harness (env or kernel config).
 
+pub mod kernel;
 pub mod peer;
 pub mod stream;
 pub mod world;

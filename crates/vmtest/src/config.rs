@@ -7,6 +7,8 @@ use std::path::Path;
 
 use anyhow::{bail, Context, Result};
 
+use crate::checks::Checks;
+
 /// One kernel of the matrix.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct KernelSpec {
@@ -155,6 +157,9 @@ pub struct GuestTest {
     pub timeout: u32,
     /// Boot profile (extra QEMU devices); `default` has none.
     pub boot: String,
+    /// What its output must show besides exit code 0 (`tests=`, `min-tests=`, `expect=`,
+    /// `reject=`; see [`crate::checks`]).
+    pub checks: Checks,
 }
 
 impl GuestTest {
@@ -218,6 +223,40 @@ fn split_dashes(line: &str) -> Option<(Vec<&str>, &str)> {
         line[..idx].split_whitespace().collect(),
         line[idx + 4..].trim(),
     ))
+}
+
+/// Splits a test line's head into words; `"..."` keeps spaces inside one word
+/// (`expect="a b"` is the word `expect=a b`).
+fn head_words(head: &str) -> std::result::Result<Vec<String>, String> {
+    let mut words = Vec::new();
+    let mut cur = String::new();
+    let mut quoted = false;
+    let mut any = false;
+    for c in head.chars() {
+        match c {
+            '"' => {
+                quoted = !quoted;
+                any = true;
+            }
+            c if c.is_whitespace() && !quoted => {
+                if any {
+                    words.push(std::mem::take(&mut cur));
+                    any = false;
+                }
+            }
+            c => {
+                cur.push(c);
+                any = true;
+            }
+        }
+    }
+    if quoted {
+        return Err(format!("unterminated \" in {head:?}"));
+    }
+    if any {
+        words.push(cur);
+    }
+    Ok(words)
 }
 
 /// Parses the guest test list (see `tests/vm/guest-tests.txt` for the format).
@@ -306,10 +345,11 @@ pub fn parse_guest_suite(text: &str, file: &Path) -> Result<GuestSuite> {
                 "{at}: unknown directive {w:?}: expected @bin, @host-bin, @cargo-tests, @modules, @boot, @helper or @peer"
             ),
             _ => {
-                let (head, command) = split_dashes(line).with_context(|| {
-                    format!("{at}: expected `NAME [min=X.Y] [max=X.Y] [timeout=SECS] [boot=NAME] -- COMMAND`")
-                })?;
-                let name = head[0];
+                let usage = || format!("{at}: expected `NAME [min=X.Y] [max=X.Y] [timeout=SECS] [boot=NAME] [tests=N|min-tests=N] [expect=REGEX]... [reject=REGEX]... -- COMMAND`");
+                let idx = line.find(" -- ").with_context(usage)?;
+                let command = line[idx + 4..].trim();
+                let head = head_words(&line[..idx]).map_err(|e| anyhow::anyhow!("{at}: {e}"))?;
+                let name = head[0].as_str();
                 if !is_name(name) {
                     bail!("{at}: invalid test name {name:?}: use 1-64 characters from [A-Za-z0-9._-]");
                 }
@@ -326,6 +366,13 @@ pub fn parse_guest_suite(text: &str, file: &Path) -> Result<GuestSuite> {
                     max: None,
                     timeout: DEFAULT_TEST_TIMEOUT,
                     boot: "default".into(),
+                    checks: Checks::default(),
+                };
+                let count = |k: &str, v: &str| {
+                    v.parse::<u32>()
+                        .ok()
+                        .filter(|n| (1..=100_000).contains(n))
+                        .with_context(|| format!("{at}: invalid {k} {v:?}: must be a number of tests from 1 to 100000"))
                 };
                 for a in &head[1..] {
                     let (k, v) = a
@@ -344,8 +391,21 @@ pub fn parse_guest_suite(text: &str, file: &Path) -> Result<GuestSuite> {
                                 })?
                         }
                         "boot" => t.boot = v.to_string(),
-                        _ => bail!("{at}: unknown test attribute {k:?}: expected min, max, timeout or boot"),
+                        "tests" => t.checks.tests = Some(count(k, v)?),
+                        "min-tests" => t.checks.min_tests = Some(count(k, v)?),
+                        "expect" | "reject" => {
+                            crate::checks::compile(v).map_err(|e| anyhow::anyhow!("{at}: {k}: {e}"))?;
+                            if k == "expect" {
+                                t.checks.expect.push(v.to_string());
+                            } else {
+                                t.checks.reject.push(v.to_string());
+                            }
+                        }
+                        _ => bail!("{at}: unknown test attribute {k:?}: expected min, max, timeout, boot, tests, min-tests, expect or reject"),
                     }
+                }
+                if t.checks.tests.is_some() && t.checks.min_tests.is_some() {
+                    bail!("{at}: test {name:?} declares both tests= and min-tests=: keep one");
                 }
                 s.tests.push(t);
             }
@@ -449,6 +509,98 @@ rng boot=rng -- test -e /dev/hwrng
         );
         assert_eq!(s.boots["rng"].qemu_args, ["-device", "virtio-rng-pci"]);
         assert_eq!(s.boots["rng"].peer, None);
+    }
+
+    #[test]
+    fn test_lines_declare_checks() {
+        let p = Path::new("g.txt");
+        let s = parse_guest_suite(
+            "a tests=3 -- x\nb min-tests=40 timeout=9 -- y\nc expect=\"^ok +netkit\" expect=done reject=MISMATCH -- z\nd -- w\n",
+            p,
+        )
+        .unwrap();
+        assert_eq!(s.tests[0].checks.tests, Some(3));
+        assert_eq!(s.tests[1].checks.min_tests, Some(40));
+        assert_eq!(s.tests[1].timeout, 9);
+        assert_eq!(s.tests[2].checks.expect, ["^ok +netkit", "done"]);
+        assert_eq!(s.tests[2].checks.reject, ["MISMATCH"]);
+        assert_eq!(s.tests[2].command, "z");
+        assert_eq!(s.tests[3].checks, Checks::default());
+        for (line, want) in [
+            ("a tests=0 -- x\n", "invalid tests \"0\""),
+            ("a min-tests=many -- x\n", "invalid min-tests \"many\""),
+            ("a tests=1 min-tests=1 -- x\n", "both tests= and min-tests="),
+            ("a expect=( -- x\n", "invalid pattern \"(\""),
+            ("a expect=\"open -- x\n", "unterminated"),
+        ] {
+            let e = format!("{:#}", parse_guest_suite(line, p).unwrap_err());
+            assert!(e.contains("g.txt:1") && e.contains(want), "{line}: {e}");
+        }
+    }
+
+    /// The repository's list parses, and the lines that run no libtest binary (probes, the
+    /// bench) say what they check with expect=.
+    #[test]
+    fn the_repository_list_declares_its_checks() {
+        let text = include_str!("../../../tests/vm/guest-tests.txt");
+        let s = parse_guest_suite(text, Path::new("tests/vm/guest-tests.txt")).unwrap();
+        for t in &s.tests {
+            let program = t
+                .command
+                .split_whitespace()
+                .find(|w| !w.contains('='))
+                .unwrap_or("");
+            if program == "nsfast-vmcheck" || program == "nsfast" {
+                assert!(!t.checks.expect.is_empty(), "{}: no expect=", t.name);
+            }
+        }
+        let names: Vec<&str> = s.tests.iter().map(|t| t.name.as_str()).collect();
+        assert!(names.contains(&"bench-topology"), "{names:?}");
+        // The bench line's patterns against the table `nsfast bench` prints (report::table).
+        let vt = &s
+            .tests
+            .iter()
+            .find(|t| t.name == "vsock-throughput")
+            .unwrap()
+            .checks;
+        let row = |w: &str, t: &str, v: &str| {
+            format!("{w:<11} {t:<11} {v:>12} {:<7} {:>7}", "Gbit/s", "1.00")
+        };
+        let good = vec![
+            "placement same-cpu (client CPU 0, server CPU 0)".to_string(),
+            row("stream", "vsock", "3.41"),
+            row("", "vsock-relay", "2.10"),
+            row("", "vsock-socat", "0.95"),
+        ];
+        assert!(crate::checks::judge(vt, &good).is_ok(), "{good:?}");
+        let mut failed = good.clone();
+        failed[2] = row("", "vsock-relay", "–") + "  5 round(s) failed: relay gone";
+        assert!(crate::checks::judge(vt, &failed).is_err());
+        let mut skipped = good.clone();
+        skipped.remove(3);
+        skipped.push("skipped vsock-socat: socat not found on PATH".into());
+        assert!(crate::checks::judge(vt, &skipped).is_err());
+        // probe-config and vsock-loopback against what nsfast-vmcheck prints.
+        let check = |name: &str| &s.tests.iter().find(|t| t.name == name).unwrap().checks;
+        let probe_row = |verdict: &str, f: &str| {
+            format!("{verdict} {f:<20} probe=yes config=yes (CONFIG_X)  probe says: fine")
+        };
+        let rows: Vec<String> = ["netkit", "vsock", "vsock_loopback", "tcx"]
+            .iter()
+            .map(|f| probe_row("ok      ", f))
+            .collect();
+        assert!(
+            crate::checks::judge(check("probe-config"), &rows).is_ok(),
+            "{rows:?}"
+        );
+        let mut bad = rows.clone();
+        bad[3] = probe_row("MISMATCH", "tcx");
+        assert!(crate::checks::judge(check("probe-config"), &bad).is_err());
+        let echo = vec![
+            "vsock loopback CID 1 port 7000: 1048576 bytes echoed in 3.2 ms (310.0 MiB/s), 100 ping-pongs, 20.1 us each".to_string(),
+        ];
+        assert!(crate::checks::judge(check("vsock-loopback"), &echo).is_ok());
+        assert!(crate::checks::judge(check("vsock-loopback"), &[""]).is_err());
     }
 
     #[test]

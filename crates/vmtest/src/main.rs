@@ -15,6 +15,7 @@
 //! - [`report`]    — console markers, guest dmesg, kernel trouble.
 
 mod apt;
+mod checks;
 mod config;
 mod initramfs;
 mod kernel;
@@ -662,7 +663,14 @@ fn run_kernel(
         }
         for t in &tests {
             let v = match g.results.get(&t.name) {
-                Some(r) if r.pass => Verdict::Pass,
+                // Exit code 0 is not enough: the output must show what the line checked.
+                Some(r) if r.pass => match checks::judge(&t.checks, &r.output) {
+                    Ok(shown) => {
+                        println!("vmtest: {tag} {}: PASS ({shown})", t.name);
+                        Verdict::Pass
+                    }
+                    Err(why) => Verdict::Fail(format!("exit code 0, but {why}")),
+                },
                 Some(r) => Verdict::Fail(r.detail.clone()),
                 None => Verdict::Fail("no result (guest stopped or timed out first)".into()),
             };

@@ -12,6 +12,10 @@ pub struct TestResult {
     pub detail: String,
     /// Wall time on the host between the start and end markers.
     pub secs: f64,
+    /// The console lines between the start and end markers (the test's output, with any
+    /// kernel messages that landed in between), judged by [`crate::checks::judge`].
+    #[serde(skip)]
+    pub output: Vec<String>,
 }
 
 /// Everything learnt from one guest's console.
@@ -25,6 +29,9 @@ pub struct GuestRun {
     pub results: BTreeMap<String, TestResult>,
     /// The test running now (started, not ended).
     pub current: Option<(String, f64)>,
+    /// Its output so far.
+    #[serde(skip)]
+    current_output: Vec<String>,
     pub done: bool,
     #[serde(skip)]
     pub dmesg: Vec<String>,
@@ -100,7 +107,13 @@ impl GuestRun {
                 .push((name, ok, it.next().unwrap_or("").to_string()));
         } else if let Some(rest) = find_marker(line, "NSFAST-TEST-START ") {
             self.current = Some((rest.to_string(), t));
+            self.current_output.clear();
         } else if let Some(rest) = find_marker(line, "NSFAST-TEST ") {
+            // What came before the marker on its line is the test's last output.
+            let before = &line[..line.find("NSFAST-TEST ").unwrap_or(0)];
+            if !before.trim().is_empty() {
+                self.current_output.push(before.to_string());
+            }
             let mut it = rest.splitn(3, ' ');
             let name = it.next().unwrap_or("").to_string();
             let verdict = it.next().unwrap_or("");
@@ -116,6 +129,7 @@ impl GuestRun {
                     pass: verdict == "PASS",
                     detail,
                     secs: t - started,
+                    output: std::mem::take(&mut self.current_output),
                 },
             );
         } else if line.contains("NSFAST-DMESG-BEGIN") {
@@ -123,6 +137,9 @@ impl GuestRun {
         } else if line.contains("NSFAST-DONE") {
             self.done = true;
         } else {
+            if self.current.is_some() {
+                self.current_output.push(line.to_string());
+            }
             self.check_kernel_line(line);
         }
     }
@@ -179,6 +196,8 @@ mod tests {
         assert!(g.modules[0].1 && !g.modules[1].1);
         assert!(g.results["probe"].pass);
         assert_eq!(g.results["probe"].secs, 2.0);
+        assert_eq!(g.results["probe"].output, ["some output"]);
+        assert!(g.results["bad"].output.is_empty());
         assert!(!g.results["bad"].pass);
         assert_eq!(g.results["bad"].detail, "rc=1");
         assert_eq!(g.dmesg, ["[    0.100000] hello"]);
@@ -212,8 +231,22 @@ mod tests {
     #[test]
     fn markers_found_mid_line() {
         // A kernel message can land in the middle of a console line.
-        let g = feed_all("[ 1.0] random: crng initNSFAST-TEST t PASS rc=0\n");
+        let g = feed_all(
+            "NSFAST-TEST-START t\n\
+             test result: ok. 1 passed; 0 failed; 0 ignored; 0 measured; 0 filtered out\n\
+             [ 1.0] random: crng initNSFAST-TEST t PASS rc=0\n",
+        );
         assert!(g.results["t"].pass);
+        assert_eq!(
+            g.results["t"].output.len(),
+            2,
+            "{:?}",
+            g.results["t"].output
+        );
+        assert_eq!(
+            crate::checks::Count::from_output(&g.results["t"].output).ran(),
+            1
+        );
         assert_eq!(kernel_text("[    1.234567] hi"), Some("hi"));
         assert_eq!(kernel_text("[x] hi"), None);
         assert_eq!(kernel_text("plain"), None);

@@ -110,6 +110,12 @@ impl RelayProc {
                     &format!("{VPN_PORT}-{}", crate::testbed::WG_PORT),
                 ],
             )
+            // A benchmark client may open more flows than one container normally would:
+            // keep them all in the relay so a figure never mixes in Docker's path.
+            .env(
+                "VPNRELAY_MAX_FLOWS_PER_CLIENT",
+                crate::config::MAX_FLOWS.to_string(),
+            )
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null())

@@ -3,14 +3,17 @@
 //! network namespace only; host sockets come from the parent over the control socket.
 //!
 //! Control protocol (SOCK_SEQPACKET, one text message each):
-//! child → parent: `ready <text>`, `error <text>`, `done <text>`, `open <id> <server>`;
+//! child → parent: `ready <text>`, `error <text>`, `done <text>`, `open <id> <server>`,
+//! `stats <json>` (flow counters, about once a second);
 //! parent → child: `sock <id> <host-local-addr>` with the socket attached, or `fail <id> <text>`.
+//! Request IDs increase; a reply that arrives after its request timed out carries an older
+//! ID and is discarded (its socket closed), so it never answers a later request.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::io;
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, UdpSocket};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use nsfast_sys::conntrack::{Conntrack, Entry};
 use nsfast_sys::net::{self, NetError, PortRule};
@@ -112,6 +115,7 @@ fn install_rules(cfg: &Config) -> Result<(), ChildError> {
                 dport: (start, end),
                 table: cfg.rule,
                 priority: cfg.rule,
+                from: None,
             },
         )
         .map_err(err(format!(
@@ -127,6 +131,9 @@ pub fn remove_rules(cfg: &Config) -> Result<usize, ChildError> {
     let err = |what: String| move |source| ChildError::Net { what, source };
     let n = net::delete_port_rules(None, &cfg.bridge, cfg.rule, cfg.rule)
         .map_err(err(format!("delete rules of {}", cfg.bridge)))?;
+    // The hand-back rules of refused flows: those flows stay on Docker's path anyway.
+    net::delete_port_rules(None, &cfg.bridge, MAIN_TABLE, cfg.handback_priority())
+        .map_err(err(format!("delete hand-back rules of {}", cfg.bridge)))?;
     // The route is shared by all bridges using this table: keep it while other rules use it.
     let others = net::count_any_rules_to_table(None, cfg.rule)
         .map_err(err(format!("list rules to table {}", cfg.rule)))?;
@@ -172,36 +179,82 @@ fn flow_socket(
     Ok(s.into())
 }
 
-/// Asks the parent for a host socket connected to `server`.
-fn open_host(
+/// How long the child waits for the parent's answer to `open`.
+pub const PARENT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Waits until `fd` is readable, at most `left`.
+fn wait_readable(fd: BorrowedFd<'_>, left: Duration) -> io::Result<bool> {
+    use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+    let ms = u16::try_from(left.as_millis().max(1)).unwrap_or(u16::MAX);
+    let mut fds = [PollFd::new(fd, PollFlags::POLLIN)];
+    match poll(&mut fds, PollTimeout::from(ms)) {
+        Ok(n) => Ok(n > 0),
+        Err(nix::errno::Errno::EINTR) => Ok(false),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Asks the parent for a host socket connected to `server` (request `id`) and waits at most
+/// `timeout` for the reply with that ID. Replies to earlier requests (which timed out) are
+/// discarded with their socket.
+pub fn open_host(
     ctl: BorrowedFd<'_>,
     id: u64,
     server: SocketAddrV4,
+    timeout: Duration,
 ) -> io::Result<(UdpSocket, SocketAddrV4)> {
     send_msg(ctl, &format!("open {id} {server}"))?;
+    let deadline = Instant::now() + timeout;
     let mut buf = [0u8; 512];
-    let (n, fd) = udp::recv_fd(ctl, &mut buf)?;
-    if n == 0 {
-        return Err(io::Error::new(
-            io::ErrorKind::BrokenPipe,
-            "parent closed the control socket",
-        ));
-    }
-    let text = String::from_utf8_lossy(&buf[..n]).into_owned();
-    let mut it = text.splitn(3, ' ');
-    match (
-        it.next(),
-        it.next().and_then(|s| s.parse::<u64>().ok()),
-        it.next(),
-        fd,
-    ) {
-        (Some("sock"), Some(rid), Some(addr), Some(fd)) if rid == id => {
-            let local = addr
-                .parse()
-                .unwrap_or(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 0));
-            Ok((UdpSocket::from(fd), local))
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() || !wait_readable(ctl, left)? {
+            if Instant::now() < deadline {
+                continue;
+            }
+            return Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                format!(
+                    "no answer from the parent within {} s",
+                    timeout.as_secs_f64()
+                ),
+            ));
         }
-        _ => Err(io::Error::other(format!("parent: {text}"))),
+        let (n, fd) = udp::recv_fd(ctl, &mut buf)?;
+        if n == 0 {
+            return Err(io::Error::new(
+                io::ErrorKind::BrokenPipe,
+                "parent closed the control socket",
+            ));
+        }
+        let text = String::from_utf8_lossy(&buf[..n]).into_owned();
+        let mut it = text.splitn(3, ' ');
+        let (kind, rid, rest) = (
+            it.next(),
+            it.next().and_then(|s| s.parse::<u64>().ok()),
+            it.next(),
+        );
+        match rid {
+            Some(rid) if rid < id => {
+                tracing::debug!("discarding a late reply to request {rid}: {text:?}");
+                continue;
+            }
+            Some(rid) if rid == id => {}
+            _ => {
+                return Err(io::Error::other(format!(
+                    "unexpected reply from the parent: {text:?}"
+                )))
+            }
+        }
+        return match (kind, rest, fd) {
+            (Some("sock"), Some(addr), Some(fd)) => {
+                let local = addr
+                    .parse()
+                    .unwrap_or(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 0));
+                Ok((UdpSocket::from(fd), local))
+            }
+            _ => Err(io::Error::other(format!("parent: {text}"))),
+        };
     }
 }
 
@@ -247,17 +300,214 @@ pub fn offloads(cfg: &Config) -> Offloads {
     Offloads { gro, gso }
 }
 
+/// The main routing table, where a refused flow is sent back to (Docker's normal path).
+const MAIN_TABLE: u32 = 254;
+
+/// A refused flow handed back to Docker's path by a rule of its own.
+struct HandedBack {
+    /// When to look again whether it is still used and whether it could come back.
+    recheck: Instant,
+}
+
+/// Running totals of the relay (closed flows included).
+#[derive(Default, Clone, Copy)]
+struct Totals {
+    flows_opened: u64,
+    handed_back: u64,
+    refused_dropped: u64,
+    up: (u64, u64),
+    down: (u64, u64),
+}
+
 struct Relay<'a> {
     cfg: &'a Config,
     subnets: Vec<(Ipv4Addr, u8)>,
     ctl: BorrowedFd<'a>,
     offloads: Offloads,
     flows: HashMap<(SocketAddrV4, SocketAddrV4), Flow>,
-    refused: HashSet<(SocketAddrV4, SocketAddrV4)>,
+    /// Refused flows now on Docker's path (bounded: [`crate::config::MAX_HANDED_BACK`]).
+    handed: HashMap<(SocketAddrV4, SocketAddrV4), HandedBack>,
+    /// Clients whose excess flows were dropped, and until when that is not logged again
+    /// (bounded by the number of clients on the bridge; cleared when it grows past 256).
+    drop_logged: HashMap<Ipv4Addr, Instant>,
+    totals: Totals,
     next_id: u64,
+    parent_timeout: Duration,
+    last_stats: Option<String>,
+}
+
+fn udp_tuple(client: SocketAddrV4, server: SocketAddrV4) -> nsfast_sys::conntrack::Tuple {
+    nsfast_sys::conntrack::Tuple {
+        src: *client.ip(),
+        dst: *server.ip(),
+        proto: libc::IPPROTO_UDP as u8,
+        sport: client.port(),
+        dport: server.port(),
+    }
 }
 
 impl Relay<'_> {
+    fn flows_of(&self, client: Ipv4Addr) -> usize {
+        self.flows.keys().filter(|(c, _)| *c.ip() == client).count()
+    }
+
+    /// Why a new flow from `client` would be refused now, if it would.
+    fn refusal(&self, client: SocketAddrV4) -> Option<String> {
+        if self.flows.len() >= self.cfg.max_flows {
+            return Some(format!("flow limit reached ({} flows)", self.cfg.max_flows));
+        }
+        let held = self.flows_of(*client.ip());
+        if held >= self.cfg.max_flows_per_client {
+            return Some(format!(
+                "client {} holds {held} flows (VPNRELAY_MAX_FLOWS_PER_CLIENT={})",
+                client.ip(),
+                self.cfg.max_flows_per_client
+            ));
+        }
+        None
+    }
+
+    fn handback_rule(&self, client: SocketAddrV4, server: SocketAddrV4) -> PortRule {
+        PortRule {
+            iif: self.cfg.bridge.clone(),
+            ip_proto: libc::IPPROTO_UDP as u8,
+            dport: (server.port(), server.port()),
+            table: MAIN_TABLE,
+            priority: self.cfg.handback_priority(),
+            from: Some(client),
+        }
+    }
+
+    /// Sends a refused flow back to Docker's normal path: a rule `iif BRIDGE from CLIENT
+    /// sport P dport Q lookup main` before the relay's own, and its conntrack entry (made by
+    /// local delivery to the relay) reset, so its next datagram is forwarded and NATed as if
+    /// the relay were not there. Bounded; beyond the bounds the flow is dropped (logged once
+    /// per client and idle period).
+    fn hand_back(&mut self, key: (SocketAddrV4, SocketAddrV4), why: &str) {
+        let (client, server) = key;
+        let of_client = self
+            .handed
+            .keys()
+            .filter(|(c, _)| c.ip() == client.ip())
+            .count();
+        let full = if self.handed.len() >= crate::config::MAX_HANDED_BACK {
+            Some(format!(
+                "{} refused flows already on Docker's path",
+                crate::config::MAX_HANDED_BACK
+            ))
+        } else if of_client >= crate::config::MAX_HANDED_BACK_PER_CLIENT {
+            Some(format!(
+                "{of_client} refused flows of {} already on Docker's path",
+                client.ip()
+            ))
+        } else {
+            None
+        };
+        let added = match full {
+            Some(f) => Err(f),
+            None => net::add_port_rule(None, &self.handback_rule(client, server))
+                .map_err(|e| format!("hand-back rule: {e}")),
+        };
+        if let Err(e) = added {
+            self.totals.refused_dropped += 1;
+            let now = Instant::now();
+            if self.drop_logged.len() > 256 {
+                self.drop_logged.clear();
+            }
+            let due = self.drop_logged.get(client.ip()).is_none_or(|&t| t <= now);
+            if due {
+                self.drop_logged.insert(*client.ip(), now + self.cfg.idle);
+                tracing::warn!(
+                    "{why}: refusing flow {client} -> {server} and dropping it ({e}); further drops of {} are not logged for {} s",
+                    client.ip(),
+                    self.cfg.idle.as_secs()
+                );
+            }
+            return;
+        }
+        let reset = Conntrack::open()
+            .and_then(|mut ct| ct.delete(&udp_tuple(client, server), 0))
+            .map_err(|e| tracing::warn!("flow {client} -> {server}: conntrack reset: {e}"));
+        let _ = reset;
+        self.handed.insert(
+            key,
+            HandedBack {
+                recheck: Instant::now() + self.cfg.idle,
+            },
+        );
+        self.totals.handed_back += 1;
+        tracing::warn!(
+            "{why}: refusing flow {client} -> {server}: it keeps Docker's normal path ({} refused flow(s) there)",
+            self.handed.len()
+        );
+    }
+
+    /// Takes a refused flow off Docker's path again: rule first, then its (NATed) conntrack
+    /// entry, so its next datagram reaches the relay with its own source.
+    fn take_back(&mut self, key: (SocketAddrV4, SocketAddrV4), reset: bool) {
+        let (client, server) = key;
+        if let Err(e) = net::delete_port_rules_from(
+            None,
+            &self.cfg.bridge,
+            MAIN_TABLE,
+            self.cfg.handback_priority(),
+            client,
+        ) {
+            tracing::warn!("flow {client} -> {server}: removing its hand-back rule: {e}");
+            return;
+        }
+        self.handed.remove(&key);
+        if reset {
+            if let Err(e) =
+                Conntrack::open().and_then(|mut ct| ct.delete(&udp_tuple(client, server), 0))
+            {
+                tracing::warn!("flow {client} -> {server}: conntrack reset: {e}");
+            }
+        }
+    }
+
+    /// Handed-back flows due for a look: unused ones (no conntrack entry any more) lose their
+    /// rule; used ones come back to the relay if there is room now, else stay.
+    fn recheck_handed(&mut self) {
+        let now = Instant::now();
+        let due: Vec<_> = self
+            .handed
+            .iter()
+            .filter(|(_, h)| h.recheck <= now)
+            .map(|(k, _)| *k)
+            .collect();
+        if due.is_empty() {
+            return;
+        }
+        let live: Option<std::collections::HashSet<_>> = Conntrack::open()
+            .and_then(|mut ct| ct.dump())
+            .map(|v| v.into_iter().map(|e| e.orig).collect())
+            .map_err(|e| tracing::warn!("conntrack dump: {e}"))
+            .ok();
+        for key in due {
+            let used = live
+                .as_ref()
+                .is_none_or(|l| l.contains(&udp_tuple(key.0, key.1)));
+            if !used {
+                tracing::info!(
+                    "refused flow {} -> {} is gone from Docker's path",
+                    key.0,
+                    key.1
+                );
+                self.take_back(key, false);
+            } else if self.refusal(key.0).is_none() {
+                tracing::info!(
+                    "room in the relay again: moving flow {} -> {} back from Docker's path",
+                    key.0,
+                    key.1
+                );
+                self.take_back(key, true);
+            } else if let Some(h) = self.handed.get_mut(&key) {
+                h.recheck = now + self.cfg.idle;
+            }
+        }
+    }
+
     fn datagram(&mut self, data: &[u8], client: SocketAddrV4, server: SocketAddrV4) {
         // A datagram still matching a NATed conntrack entry during the hand-over arrives
         // with the rootless namespace's own address as source: not a client of the bridge.
@@ -275,27 +525,26 @@ impl Relay<'_> {
         }
         let key = (client, server);
         if let Some(f) = self.flows.get(&key) {
-            f.touch();
-            let _ = f.host.send(data);
+            f.forward(data);
             return;
         }
-        if self.flows.len() >= self.cfg.max_flows {
-            if self.refused.insert(key) {
-                tracing::warn!(
-                    "flow limit reached ({} flows): refusing flow {client} -> {server}",
-                    self.cfg.max_flows
-                );
-            }
+        if self.handed.contains_key(&key) {
+            // Sent before its hand-back rule went in: the flow is on Docker's path now.
+            return;
+        }
+        if let Some(why) = self.refusal(client) {
+            self.hand_back(key, &why);
             return;
         }
         self.next_id += 1;
-        let (host, host_local) = match open_host(self.ctl, self.next_id, server) {
-            Ok(h) => h,
-            Err(e) => {
-                tracing::warn!("flow {client} -> {server}: no host socket: {e}");
-                return;
-            }
-        };
+        let (host, host_local) =
+            match open_host(self.ctl, self.next_id, server, self.parent_timeout) {
+                Ok(h) => h,
+                Err(e) => {
+                    tracing::warn!("flow {client} -> {server}: no host socket: {e}");
+                    return;
+                }
+            };
         let local = match flow_socket(client, server, self.cfg, self.offloads.gro) {
             Ok(s) => s,
             Err(e) => {
@@ -303,18 +552,36 @@ impl Relay<'_> {
                 return;
             }
         };
-        let _ = host.send(data);
         match Flow::start(client, server, host_local, local, host, self.offloads) {
             Ok(f) => {
                 tracing::info!(
                     "flow {client} -> {server} (host socket {host_local}; {} flow(s))",
                     self.flows.len() + 1
                 );
-                f.touch();
+                f.forward(data);
+                self.totals.flows_opened += 1;
                 self.flows.insert(key, f);
             }
             Err(e) => tracing::warn!("flow {client} -> {server}: threads: {e}"),
         }
+    }
+
+    fn close(&mut self, f: Flow, why: &str) {
+        let (c, s) = (f.client, f.server);
+        let up = f.up.get();
+        let down = f.down.get();
+        f.stop();
+        self.totals.up.0 += up.0;
+        self.totals.up.1 += up.1;
+        self.totals.down.0 += down.0;
+        self.totals.down.1 += down.1;
+        tracing::info!(
+            "flow {c} -> {s} closed: {why} ({} datagrams up, {} down; {} bytes up, {} down)",
+            up.0,
+            down.0,
+            up.1,
+            down.1
+        );
     }
 
     fn reap(&mut self) {
@@ -338,15 +605,61 @@ impl Relay<'_> {
                 (f, why)
             })
             .collect();
-        if !closing.is_empty() {
-            self.refused.clear();
-        }
         for (f, why) in closing {
-            let (c, s) = (f.client, f.server);
-            let up = f.up.datagrams.load(std::sync::atomic::Ordering::Relaxed);
-            let down = f.down.datagrams.load(std::sync::atomic::Ordering::Relaxed);
-            f.stop();
-            tracing::info!("flow {c} -> {s} closed: {why} ({up} datagrams up, {down} down)");
+            self.close(f, &why);
+        }
+        self.recheck_handed();
+    }
+
+    /// The counters as JSON: totals (closed flows included) and each open flow.
+    fn stats_json(&self) -> String {
+        let mut t = self.totals;
+        let flows: Vec<serde_json::Value> = self
+            .flows
+            .values()
+            .map(|f| {
+                let (ud, ub) = f.up.get();
+                let (dd, db) = f.down.get();
+                t.up.0 += ud;
+                t.up.1 += ub;
+                t.down.0 += dd;
+                t.down.1 += db;
+                serde_json::json!({
+                    "client": f.client.to_string(),
+                    "server": f.server.to_string(),
+                    "host_socket": f.host_local.to_string(),
+                    "up_datagrams": ud, "up_bytes": ub,
+                    "down_datagrams": dd, "down_bytes": db,
+                })
+            })
+            .collect();
+        let handed: Vec<serde_json::Value> = self
+            .handed
+            .keys()
+            .map(|(c, s)| serde_json::json!({"client": c.to_string(), "server": s.to_string()}))
+            .collect();
+        serde_json::json!({
+            "bridge": self.cfg.bridge,
+            "flows_open": self.flows.len(),
+            "flows_opened": t.flows_opened,
+            "refused_handed_back": t.handed_back,
+            "refused_dropped": t.refused_dropped,
+            "up_datagrams": t.up.0, "up_bytes": t.up.1,
+            "down_datagrams": t.down.0, "down_bytes": t.down.1,
+            "flows": flows,
+            "handed_back": handed,
+        })
+        .to_string()
+    }
+
+    /// Sends the counters to the parent when they changed.
+    fn report(&mut self) {
+        let s = self.stats_json();
+        if self.last_stats.as_deref() != Some(s.as_str()) {
+            if let Err(e) = send_msg(self.ctl, &format!("stats {s}")) {
+                tracing::debug!("stats: {e}");
+            }
+            self.last_stats = Some(s);
         }
     }
 }
@@ -359,7 +672,7 @@ fn relay(cfg: &Config, ctl: BorrowedFd<'_>) -> Result<(), ChildError> {
         .map(|p| listener(p, cfg.sockbuf))
         .collect::<Result<_, _>>()?;
     // Bound until the parent answers; a dead parent must not leave us waiting.
-    udp::set_recv_timeout(ctl, Duration::from_secs(10)).map_err(ChildError::Control)?;
+    udp::set_recv_timeout(ctl, PARENT_TIMEOUT).map_err(ChildError::Control)?;
     install_rules(cfg).inspect_err(|_| {
         let _ = remove_rules(cfg);
     })?;
@@ -389,49 +702,62 @@ fn relay(cfg: &Config, ctl: BorrowedFd<'_>) -> Result<(), ChildError> {
         ctl,
         offloads,
         flows: HashMap::new(),
-        refused: HashSet::new(),
+        handed: HashMap::new(),
+        drop_logged: HashMap::new(),
+        totals: Totals::default(),
         next_id: 0,
+        parent_timeout: PARENT_TIMEOUT,
+        last_stats: None,
     };
     let mut rx = udp::RecvBatch::new(8);
-    let mut pfds: Vec<libc::pollfd> = listeners
-        .iter()
-        .map(|l| libc::pollfd {
-            fd: l.as_raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        })
-        .collect();
+    let mut next_report = Instant::now();
     let stop_signal = loop {
         if let Some(sig) = nsfast_sys::signals::pending_termination() {
             break sig;
         }
-        // SAFETY: `pfds` is a valid array of pollfd of the given length for the call.
-        let n = unsafe { libc::poll(pfds.as_mut_ptr(), pfds.len() as libc::nfds_t, 250) };
-        if n > 0 {
-            for (i, p) in pfds.iter_mut().enumerate() {
-                if p.revents & libc::POLLIN == 0 {
-                    continue;
-                }
-                p.revents = 0;
-                while let Ok(got) = rx.recv(listeners[i].as_fd()) {
-                    for k in 0..got {
-                        let (data, meta) = rx.get(k);
-                        let (Some(client), Some(server)) = (meta.src, meta.orig_dst) else {
-                            continue;
-                        };
-                        let data = data.to_vec();
-                        r.datagram(&data, client, server);
-                    }
+        use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+        let mut pfds: Vec<PollFd<'_>> = listeners
+            .iter()
+            .map(|l| PollFd::new(l.as_fd(), PollFlags::POLLIN))
+            .collect();
+        let n = poll(&mut pfds, PollTimeout::from(250u16)).unwrap_or(0);
+        let ready: Vec<usize> = if n > 0 {
+            pfds.iter()
+                .enumerate()
+                .filter(|(_, p)| p.revents().is_some_and(|r| r.contains(PollFlags::POLLIN)))
+                .map(|(i, _)| i)
+                .collect()
+        } else {
+            Vec::new()
+        };
+        drop(pfds);
+        for i in ready {
+            while let Ok(got) = rx.recv(listeners[i].as_fd()) {
+                for k in 0..got {
+                    let (data, meta) = rx.get(k);
+                    let (Some(client), Some(server)) = (meta.src, meta.orig_dst) else {
+                        continue;
+                    };
+                    let data = data.to_vec();
+                    r.datagram(&data, client, server);
                 }
             }
         }
         r.reap();
+        if Instant::now() >= next_report {
+            r.report();
+            next_report = Instant::now() + Duration::from_secs(1);
+        }
     };
     tracing::info!("{stop_signal}: handing tunnels back to Docker's path");
     let rules = remove_rules(cfg);
     let flows: Vec<Flow> = r.flows.drain().map(|(_, f)| f).collect();
     flows.iter().for_each(Flow::signal_stop);
-    flows.into_iter().for_each(Flow::stop);
+    for f in flows {
+        r.close(f, "relay stopping");
+    }
+    r.handed.clear();
+    r.report();
     drop(listeners);
     let ct = conntrack_handover(cfg, &subnets, false);
     let rules = rules?;
@@ -446,6 +772,59 @@ fn relay(cfg: &Config, ctl: BorrowedFd<'_>) -> Result<(), ChildError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn recv_request(parent: BorrowedFd<'_>) -> String {
+        let mut buf = [0u8; 256];
+        let (n, _) = udp::recv_fd(parent, &mut buf).unwrap();
+        String::from_utf8_lossy(&buf[..n]).into_owned()
+    }
+
+    fn answer(parent: BorrowedFd<'_>, id: u64) -> SocketAddrV4 {
+        let s = UdpSocket::bind((Ipv4Addr::LOCALHOST, 0)).unwrap();
+        let SocketAddr::V4(local) = s.local_addr().unwrap() else {
+            unreachable!()
+        };
+        udp::send_fd(parent, format!("sock {id} {local}").as_bytes(), s.as_fd()).unwrap();
+        local
+    }
+
+    /// The parent answers request 1 only after the child gave up on it (it has seen request
+    /// 2, which the child sends after its timeout): the late reply is discarded and requests 2
+    /// and 3 get their own sockets.
+    #[test]
+    fn a_late_parent_reply_does_not_answer_later_requests() {
+        use nix::sys::socket::{socketpair, AddressFamily, SockFlag, SockType};
+        let (child, parent) = socketpair(
+            AddressFamily::Unix,
+            SockType::SeqPacket,
+            None,
+            SockFlag::SOCK_CLOEXEC,
+        )
+        .unwrap();
+        let server = SocketAddrV4::new(Ipv4Addr::LOCALHOST, 9);
+        let fake_parent = std::thread::spawn(move || {
+            let p = parent.as_fd();
+            assert_eq!(recv_request(p), "open 1 127.0.0.1:9");
+            assert_eq!(recv_request(p), "open 2 127.0.0.1:9");
+            answer(p, 1);
+            let second = answer(p, 2);
+            assert_eq!(recv_request(p), "open 3 127.0.0.1:9");
+            let third = answer(p, 3);
+            (second, third)
+        });
+        let c = child.as_fd();
+        // Times out (the fixed code says TimedOut; any error will do here).
+        assert!(open_host(c, 1, server, Duration::from_millis(200)).is_err());
+        let two = open_host(c, 2, server, Duration::from_secs(10));
+        let three = open_host(c, 3, server, Duration::from_secs(10));
+        let (second, third) = fake_parent.join().unwrap();
+        let (sock, local) = two.expect("request 2 after a late reply to request 1");
+        assert_eq!(local, second);
+        assert_eq!(sock.local_addr().unwrap(), SocketAddr::V4(second));
+        let (sock, local) = three.expect("request 3");
+        assert_eq!(local, third);
+        assert_eq!(sock.local_addr().unwrap(), SocketAddr::V4(third));
+    }
 
     #[test]
     fn subnet_match() {

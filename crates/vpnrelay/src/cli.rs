@@ -18,7 +18,9 @@ Runs as the Docker user: no root, setuid or file capability.\n\n\
 Environment: VPNRELAY_RULE (routing table and rule priority, default 4820), VPNRELAY_SOCKBUF \
 (socket buffers, default 16M), VPNRELAY_NO_GRO=1, VPNRELAY_NO_GSO=1 (single datagrams), \
 VPNRELAY_DOCKER_STATE (RootlessKit state dir, default $XDG_RUNTIME_DIR/dockerd-rootless), \
-VPNRELAY_IDLE_TIMEOUT (seconds before an idle flow is closed, default 180), RUST_LOG."
+VPNRELAY_IDLE_TIMEOUT (seconds before an idle flow is closed, default 180), \
+VPNRELAY_MAX_FLOWS_PER_CLIENT (see --max-flows-per-client), RUST_LOG.\n\n\
+Refuses to run as root: run it as the user that runs rootless Docker."
 )]
 struct Cli {
     #[command(subcommand)]
@@ -63,6 +65,53 @@ struct Target {
     bridge: String,
     /// UDP ports of the VPN servers, e.g. 51820 or 1194,51820-51830.
     ports: String,
+    /// Flows one client (container) address may hold in the relay; its further flows keep
+    /// Docker's normal path (slirp4netns), so one container cannot take every slot.
+    #[arg(
+        long,
+        env = "VPNRELAY_MAX_FLOWS_PER_CLIENT",
+        default_value_t = crate::config::DEFAULT_FLOWS_PER_CLIENT as u16,
+        value_parser = clap::value_parser!(u16).range(1..=crate::config::MAX_FLOWS as i64),
+        value_name = "N"
+    )]
+    max_flows_per_client: u16,
+}
+
+/// The uid `uid` of our user namespace is in the initial one, by `/proc/self/uid_map`'s
+/// text (`inside outside count` lines); `None` if it is not mapped.
+pub fn host_uid(uid_map: &str, uid: u32) -> Option<u32> {
+    uid_map.lines().find_map(|l| {
+        let mut it = l.split_whitespace().map(|v| v.parse::<u64>().ok());
+        let (inside, outside, count) = (it.next()??, it.next()??, it.next()??);
+        let uid = u64::from(uid);
+        (inside <= uid && uid < inside + count)
+            .then(|| u32::try_from(outside + (uid - inside)).ok())
+            .flatten()
+    })
+}
+
+/// Our effective uid as the initial user namespace sees it (the relay's child runs as uid 0
+/// of RootlessKit's user namespace, which is the tenant outside).
+fn effective_host_uid() -> u32 {
+    let euid = nix::unistd::geteuid().as_raw();
+    std::fs::read_to_string("/proc/self/uid_map")
+        .ok()
+        .and_then(|m| host_uid(&m, euid))
+        .unwrap_or(euid)
+}
+
+/// The error when started as root, or `None` for the tenant.
+///
+/// Everything vpnrelay reads (RootlessKit's state, its lock folder) belongs to the tenant;
+/// as root it would act on files and processes the tenant controls with root's rights, and
+/// it needs no privilege: the tenant owns the namespaces it joins.
+pub fn refuse_root(euid: u32) -> Option<String> {
+    (euid == 0).then(|| {
+        "refusing to run as root (effective uid 0): vpnrelay acts on files and processes of the rootless Docker user \
+(RootlessKit's state, $XDG_RUNTIME_DIR/vpnrelay) and needs no privilege; run it as that user, \
+e.g. `sudo -u USER XDG_RUNTIME_DIR=/run/user/UID vpnrelay ...`, a systemd user unit or the user's crontab"
+            .to_string()
+    })
 }
 
 fn init_logging() {
@@ -86,6 +135,13 @@ pub fn main() -> ExitCode {
     }
     init_logging();
     let cli = Cli::parse();
+    // Only the hidden benchmark builds throwaway worlds and needs root.
+    if !matches!(cli.command, Cmd::Bench { .. }) {
+        if let Some(msg) = refuse_root(effective_host_uid()) {
+            nsfast_sys::out::errln(&format!("vpnrelay: error: {msg}"));
+            return ExitCode::FAILURE;
+        }
+    }
     let res = match cli.command {
         Cmd::Supervise(t) => config(&t).and_then(|c| crate::supervise::supervise(&c)),
         Cmd::Transparent(t) => config(&t).and_then(|c| crate::host::transparent(&c)),
@@ -113,7 +169,9 @@ pub fn main() -> ExitCode {
 }
 
 fn config(t: &Target) -> anyhow::Result<Config> {
-    Ok(Config::from_args(&t.bridge, &t.ports)?)
+    let mut c = Config::from_args(&t.bridge, &t.ports)?;
+    c.max_flows_per_client = usize::from(t.max_flows_per_client);
+    Ok(c)
 }
 
 fn child(mode: &str, t: &Target) -> ExitCode {
@@ -137,7 +195,7 @@ fn child(mode: &str, t: &Target) -> ExitCode {
         &ctl,
         nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::FD_CLOEXEC),
     );
-    let cfg = match Config::from_args(&t.bridge, &t.ports) {
+    let cfg = match config(t) {
         Ok(c) => c,
         Err(e) => {
             eprintln!("vpnrelay: error: {e}");
@@ -145,4 +203,23 @@ fn child(mode: &str, t: &Target) -> ExitCode {
         }
     };
     ExitCode::from(crate::child::run(mode, &cfg, ctl) as u8)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn uid_maps() {
+        assert_eq!(host_uid("         0          0 4294967295\n", 0), Some(0));
+        assert_eq!(
+            host_uid("         0       1000          1\n", 0),
+            Some(1000)
+        );
+        assert_eq!(host_uid("0 1000 1\n1 300000 65536\n", 5), Some(300004));
+        assert_eq!(host_uid("0 1000 1\n", 7), None);
+        assert_eq!(host_uid("garbage", 0), None);
+        assert!(refuse_root(0).unwrap().contains("refusing to run as root"));
+        assert!(refuse_root(1000).is_none());
+    }
 }

@@ -10,6 +10,13 @@ pub const DEFAULT_RULE: u32 = 4820;
 pub const DEFAULT_SOCKBUF: usize = 16 << 20;
 /// Flow table size.
 pub const MAX_FLOWS: usize = 64;
+/// Default per-client flow quota (`--max-flows-per-client`, `VPNRELAY_MAX_FLOWS_PER_CLIENT`).
+pub const DEFAULT_FLOWS_PER_CLIENT: usize = 8;
+/// Most refused flows handed back to Docker's path at once (one `ip rule` each; every rule is
+/// consulted by each routing lookup in the rootless namespace, so keep it small).
+pub const MAX_HANDED_BACK: usize = 128;
+/// Most refused flows of one client handed back at once; beyond that they are dropped.
+pub const MAX_HANDED_BACK_PER_CLIENT: usize = 64;
 /// Default idle timeout of a flow.
 pub const DEFAULT_IDLE: Duration = Duration::from_secs(180);
 /// Most ports one relay listens on (one socket per port).
@@ -44,6 +51,8 @@ pub struct Config {
     pub no_gso: bool,
     pub idle: Duration,
     pub max_flows: usize,
+    /// Flows one client address may hold in the relay; more go to Docker's normal path.
+    pub max_flows_per_client: usize,
 }
 
 fn env(name: &str) -> Option<String> {
@@ -142,7 +151,14 @@ impl Config {
             no_gso: flag("VPNRELAY_NO_GSO"),
             idle,
             max_flows: MAX_FLOWS,
+            max_flows_per_client: DEFAULT_FLOWS_PER_CLIENT,
         })
+    }
+
+    /// Priority of the rules that hand a refused flow back to Docker's path (`from CLIENT
+    /// sport P lookup main`): just before the relay's own rule.
+    pub fn handback_priority(&self) -> u32 {
+        self.rule.saturating_sub(1)
     }
 
     /// The port list as contiguous ranges (one `ip rule` each).

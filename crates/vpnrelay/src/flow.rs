@@ -24,8 +24,22 @@ pub struct Offloads {
 /// Counters of one direction.
 #[derive(Debug, Default)]
 pub struct Counters {
+    /// Datagrams handed to the kernel on the other side (GSO segments counted one by one).
     pub datagrams: AtomicU64,
+    /// Payload bytes taken for forwarding (UDP payload, GRO super-datagrams in full).
+    pub bytes: AtomicU64,
+    /// Datagrams the other side refused (send errors that do not stop the flow).
     pub dropped: AtomicU64,
+}
+
+impl Counters {
+    /// `(datagrams, bytes)`.
+    pub fn get(&self) -> (u64, u64) {
+        (
+            self.datagrams.load(Ordering::Relaxed),
+            self.bytes.load(Ordering::Relaxed),
+        )
+    }
 }
 
 /// A running flow.
@@ -70,12 +84,15 @@ fn pump(
                 }
             };
             last.store(epoch.elapsed().as_millis() as u64, Ordering::Relaxed);
+            let mut bytes = 0u64;
             for i in 0..n {
                 let (data, meta) = rx.get(i);
+                bytes += data.len() as u64;
                 tx.push(data, meta.stride, None);
             }
             match tx.flush(to.as_fd()) {
                 Ok(s) => {
+                    counters.bytes.fetch_add(bytes, Ordering::Relaxed);
                     counters
                         .datagrams
                         .fetch_add(s.datagrams as u64, Ordering::Relaxed);
@@ -162,6 +179,21 @@ impl Flow {
             down,
             threads,
         })
+    }
+
+    /// Forwards a datagram that reached the flow through the listener (before the flow's
+    /// own socket took over) and counts it.
+    pub fn forward(&self, data: &[u8]) {
+        self.touch();
+        match self.host.send(data) {
+            Ok(n) => {
+                self.up.datagrams.fetch_add(1, Ordering::Relaxed);
+                self.up.bytes.fetch_add(n as u64, Ordering::Relaxed);
+            }
+            Err(_) => {
+                self.up.dropped.fetch_add(1, Ordering::Relaxed);
+            }
+        }
     }
 
     /// Marks traffic seen now (datagrams that reached the flow through the listener).

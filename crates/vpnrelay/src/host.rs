@@ -12,7 +12,6 @@ use std::time::{Duration, Instant};
 use anyhow::{anyhow, bail, Context};
 use nix::sys::socket::{socketpair, AddressFamily, SockFlag, SockType};
 use nsfast_sys::udp;
-use nsfast_sys::userns::Target;
 
 use crate::child::Mode;
 use crate::config::Config;
@@ -27,8 +26,13 @@ struct Started {
 }
 
 fn spawn_child(mode: Mode, cfg: &Config, rl: &Rootless) -> anyhow::Result<Started> {
-    let target = Target::of_pid(rl.child_pid, rl.netns_file.as_deref())
-        .with_context(|| format!("joining RootlessKit child PID {}", rl.child_pid))?;
+    if !rl.alive() {
+        bail!(state::StateError::Dead {
+            pid: rl.child_pid,
+            file: rl.state_dir.join("child_pid"),
+        });
+    }
+    let target = rl.target();
     let (parent, child) = socketpair(
         AddressFamily::Unix,
         SockType::SeqPacket,
@@ -52,7 +56,11 @@ fn spawn_child(mode: Mode, cfg: &Config, rl: &Rootless) -> anyhow::Result<Starte
         .env(CHILD_FD_ENV, child.as_raw_fd().to_string())
         .env("VPNRELAY_RULE", cfg.rule.to_string())
         .env("VPNRELAY_SOCKBUF", cfg.sockbuf.to_string())
-        .env("VPNRELAY_IDLE_TIMEOUT", cfg.idle.as_secs().to_string());
+        .env("VPNRELAY_IDLE_TIMEOUT", cfg.idle.as_secs().to_string())
+        .env(
+            "VPNRELAY_MAX_FLOWS_PER_CLIENT",
+            cfg.max_flows_per_client.to_string(),
+        );
     target.configure_command(&mut cmd);
     let spawned = cmd.spawn();
     drop(child);
@@ -74,7 +82,8 @@ fn spawn_child(mode: Mode, cfg: &Config, rl: &Rootless) -> anyhow::Result<Starte
 }
 
 fn recv_text(ctl: BorrowedFd<'_>) -> io::Result<(String, Option<OwnedFd>)> {
-    let mut buf = [0u8; 2048];
+    // `stats` messages carry up to 64 flows and 128 handed-back ones (~25 KB).
+    let mut buf = vec![0u8; 128 << 10];
     let (n, fd) = udp::recv_fd(ctl, &mut buf)?;
     Ok((String::from_utf8_lossy(&buf[..n]).into_owned(), fd))
 }
@@ -133,8 +142,11 @@ pub fn host_socket(
     Ok((s.into(), local))
 }
 
-/// Serves host-socket requests until the child closes the control socket.
+/// Serves host-socket requests until the child closes the control socket; writes the
+/// child's flow counters to [`state::stats_path`].
 fn serve(ctl: OwnedFd, cfg: Config, gro: bool) {
+    let stats = state::stats_path(&cfg.bridge);
+    let mut stats_warned = false;
     loop {
         let text = match recv_text(ctl.as_fd()) {
             Ok((t, _)) if !t.is_empty() => t,
@@ -142,6 +154,14 @@ fn serve(ctl: OwnedFd, cfg: Config, gro: bool) {
         };
         if let Some(rest) = text.strip_prefix("done ") {
             tracing::info!("{rest}");
+            continue;
+        }
+        if let Some(json) = text.strip_prefix("stats ") {
+            if let Err(e) = state::replace_file(&stats, format!("{json}\n").as_bytes()) {
+                if !std::mem::replace(&mut stats_warned, true) {
+                    tracing::warn!("flow counters: {e}");
+                }
+            }
             continue;
         }
         let mut it = text.split(' ');

@@ -48,7 +48,11 @@ pub fn supervise(cfg: &Config) -> anyhow::Result<()> {
             .arg(cfg.ports.to_compact_string())
             .env("VPNRELAY_RULE", cfg.rule.to_string())
             .env("VPNRELAY_SOCKBUF", cfg.sockbuf.to_string())
-            .env("VPNRELAY_IDLE_TIMEOUT", cfg.idle.as_secs().to_string());
+            .env("VPNRELAY_IDLE_TIMEOUT", cfg.idle.as_secs().to_string())
+            .env(
+                "VPNRELAY_MAX_FLOWS_PER_CLIENT",
+                cfg.max_flows_per_client.to_string(),
+            );
         // A SIGKILLed supervisor must not leave an orphan relay that the next one (from cron)
         // could not replace: the relay gets SIGTERM and hands the tunnels back.
         nsfast_sys::signals::die_with_parent(&mut cmd, nix::sys::signal::Signal::SIGTERM);

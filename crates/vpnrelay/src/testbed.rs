@@ -8,6 +8,7 @@
 //!           --disable-host-loopback [--detach-netns]
 //!     rootless netns: tap0 10.0.2.100 (slirp4netns), br-vpn 172.30.0.1/24, nft masquerade
 //!       "gluetun" netns: vg0 172.30.0.2/24 on br-vpn, default via 172.30.0.1
+//!       "gluetun2" netns: vg0 172.30.0.3/24 on br-vpn (a second container)
 //! ```
 //!
 //! The tenant is one fixed user, `nsfvpn`, created idempotently (with subordinate ids) and
@@ -32,6 +33,8 @@ pub const TENANT: &str = "nsfvpn";
 pub const HOST_IP: Ipv4Addr = Ipv4Addr::new(10, 201, 0, 1);
 pub const SERVER_IP: Ipv4Addr = Ipv4Addr::new(10, 201, 0, 2);
 pub const GLUETUN_IP: Ipv4Addr = Ipv4Addr::new(172, 30, 0, 2);
+/// A second container on the same bridge (plain RootlessKit worlds only).
+pub const GLUETUN2_IP: Ipv4Addr = Ipv4Addr::new(172, 30, 0, 3);
 pub const BRIDGE: &str = "br-vpn";
 pub const VPN_PORT: u16 = 51820;
 
@@ -295,10 +298,12 @@ impl World {
         }
         w.userns_ino = std::fs::metadata(format!("/proc/{}/ns/user", w.child_pid))?.ino();
         let g = w.gluetun_path();
+        let g2 = w.gluetun2_path();
         let script = format!(
             r#"set -e
-mkdir -p {gdir}; touch {g}
+mkdir -p {gdir}; touch {g} {g2}
 unshare --net={g} true
+unshare --net={g2} true
 ip link add {br} type bridge
 ip addr add 172.30.0.1/24 dev {br}
 ip link set {br} up
@@ -307,6 +312,11 @@ ip link set vg0 netns {g}
 ip link set vb0 master {br}
 ip link set vb0 up
 nsenter --net={g} sh -c 'ip link set lo up; ip addr add {gip}/24 dev vg0; ip link set vg0 up; ip route add default via 172.30.0.1'
+ip link add vg0 type veth peer name vb1
+ip link set vg0 netns {g2}
+ip link set vb1 master {br}
+ip link set vb1 up
+nsenter --net={g2} sh -c 'ip link set lo up; ip addr add {gip2}/24 dev vg0; ip link set vg0 up; ip route add default via 172.30.0.1'
 echo 1 > /proc/sys/net/ipv4/ip_forward
 nft add table ip nat
 nft 'add chain ip nat post {{ type nat hook postrouting priority 100 ; }}'
@@ -314,8 +324,10 @@ nft add rule ip nat post ip saddr 172.30.0.0/24 oifname != {br} masquerade
 "#,
             gdir = g.parent().unwrap_or(Path::new("/run")).display(),
             g = g.display(),
+            g2 = g2.display(),
             br = BRIDGE,
             gip = GLUETUN_IP,
+            gip2 = GLUETUN2_IP,
         );
         w.rootless_sh(&script)
             .context("setting up the rootless network")?;
@@ -510,6 +522,24 @@ nft add rule ip nat post ip saddr 172.30.0.0/24 oifname != {br} masquerade
         Ok(String::from_utf8_lossy(&out.stdout).into_owned())
     }
 
+    /// The second container's namespace file, as seen inside the rootless mount namespace.
+    pub fn gluetun2_path(&self) -> PathBuf {
+        PathBuf::from(format!("/run/{}/gluetun2", self.prefix))
+    }
+
+    /// The second container's namespace ([`GLUETUN2_IP`]; plain RootlessKit worlds only).
+    pub fn gluetun2_ns(&self) -> anyhow::Result<NetNs> {
+        if self.docker.is_some() {
+            bail!("the rootless Docker world has one container");
+        }
+        let p = format!(
+            "/proc/{}/root{}",
+            self.child_pid,
+            self.gluetun2_path().display()
+        );
+        Ok(NetNs::open(&p)?)
+    }
+
     /// A command running `argv` as the tenant inside the "gluetun" namespace.
     pub fn gluetun_command(&self, argv: &[&str]) -> Command {
         let a = self.nsenter_args();
@@ -547,6 +577,16 @@ nft add rule ip nat post ip saddr 172.30.0.0/24 oifname != {br} masquerade
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .push(child);
+    }
+
+    /// The relay's flow counters for [`BRIDGE`] (`$XDG_RUNTIME_DIR/vpnrelay/relay-br-vpn.stats`,
+    /// written by a relay running as the tenant; see docs/vpnrelay.md), if there are any.
+    pub fn relay_stats(&self) -> Option<serde_json::Value> {
+        let p = self
+            .runtime_dir
+            .join("vpnrelay")
+            .join(format!("relay-{BRIDGE}.stats"));
+        serde_json::from_slice(&std::fs::read(p).ok()?).ok()
     }
 
     /// IPv4 rules in the rootless namespace (`ip rule` text).
@@ -655,6 +695,8 @@ pub struct Echo {
     pub addr: SocketAddrV4,
     stop: Arc<AtomicBool>,
     sources: Arc<Mutex<Vec<SocketAddrV4>>>,
+    /// The source each (short) payload came from, most recent first wins (bounded).
+    by_payload: Arc<Mutex<std::collections::HashMap<Vec<u8>, SocketAddrV4>>>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
@@ -664,7 +706,8 @@ impl Echo {
         sock.set_read_timeout(Some(Duration::from_millis(200)))?;
         let stop = Arc::new(AtomicBool::new(false));
         let sources = Arc::new(Mutex::new(Vec::new()));
-        let (s2, src2) = (stop.clone(), sources.clone());
+        let by_payload = Arc::new(Mutex::new(std::collections::HashMap::new()));
+        let (s2, src2, by2) = (stop.clone(), sources.clone(), by_payload.clone());
         let thread = std::thread::spawn(move || {
             let mut buf = vec![0u8; 65536];
             while !s2.load(Ordering::Relaxed) {
@@ -675,6 +718,13 @@ impl Echo {
                             v.push(from);
                         }
                     }
+                    if n <= 64 {
+                        let mut m = by2.lock().unwrap_or_else(|e| e.into_inner());
+                        if m.len() >= 8192 {
+                            m.clear();
+                        }
+                        m.insert(buf[..n].to_vec(), from);
+                    }
                     let _ = sock.send_to(&buf[..n], from);
                 }
             }
@@ -683,8 +733,18 @@ impl Echo {
             addr,
             stop,
             sources,
+            by_payload,
             thread: Some(thread),
         })
+    }
+
+    /// The source the payload `p` (at most 64 bytes) last came from.
+    pub fn source_of(&self, p: &[u8]) -> Option<SocketAddrV4> {
+        self.by_payload
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(p)
+            .copied()
     }
 
     /// Distinct consecutive sources seen so far.
@@ -826,6 +886,15 @@ pub fn wireguard_go_version() -> String {
         .unwrap_or_else(|| format!("{} (version unknown)", wireguard_go()))
 }
 
+/// One iperf3 run through the tunnel.
+#[derive(Debug, Clone, Copy)]
+pub struct Iperf3 {
+    /// Gbit/s received by the server.
+    pub gbps: f64,
+    /// TCP payload bytes received by the server.
+    pub bytes: u64,
+}
+
 /// A WireGuard tunnel, wireguard-go on both ends: the server in the server namespace (root),
 /// the client in "gluetun" (as the tenant, like gluetun in a rootless container).
 pub struct WireGuard {
@@ -956,6 +1025,11 @@ impl WireGuard {
     /// iperf3 TCP from "gluetun" (as the tenant) to the server through the tunnel; Gbit/s
     /// received.
     pub fn iperf3(&self, w: &World, secs: f64) -> anyhow::Result<f64> {
+        Ok(self.iperf3_run(w, secs)?.gbps)
+    }
+
+    /// Like [`WireGuard::iperf3`], with the bytes the server received.
+    pub fn iperf3_run(&self, w: &World, secs: f64) -> anyhow::Result<Iperf3> {
         let mut srv = Command::new("iperf3");
         srv.args(["-s", "-1", "-B", &WG_SERVER_IP.to_string(), "-p", "5201"])
             .stdin(Stdio::null())
@@ -987,7 +1061,13 @@ impl WireGuard {
         let bps = json["end"]["sum_received"]["bits_per_second"]
             .as_f64()
             .context("iperf3 JSON without end.sum_received")?;
-        Ok(bps / 1e9)
+        let bytes = json["end"]["sum_received"]["bytes"]
+            .as_u64()
+            .context("iperf3 JSON without end.sum_received.bytes")?;
+        Ok(Iperf3 {
+            gbps: bps / 1e9,
+            bytes,
+        })
     }
 
     pub fn stop(&mut self) {

@@ -95,6 +95,7 @@ pub fn server(
     report: &dyn Fn(u64),
 ) -> Result<(), BenchError> {
     let l = Listener::open(addr, sock)?;
+    tracing::info!("listening on {addr}");
     loop {
         let c = l
             .accept()

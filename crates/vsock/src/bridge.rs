@@ -27,21 +27,20 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::io;
 use std::os::fd::OwnedFd;
-use std::os::unix::fs::FileTypeExt;
-use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use nsfast_sys::vsock::{VsockAddr, VsockListener, VsockStream, VMADDR_CID_ANY, VMADDR_CID_HOST};
 use serde::Serialize;
-use tracing::{debug, warn};
+use tracing::warn;
 
 use crate::addr::UNIX_PATH_MAX;
-use crate::conn::{Conn, SockOpts};
+use crate::conn::{self, Conn, SockOpts};
 use crate::hybrid;
 use crate::relay::{self, error_chain};
+use crate::unixsock::{BindError, BoundSocket};
 
 /// Lowest CID a guest can have (0 hypervisor, 1 local, 2 host).
 pub const MIN_GUEST_CID: u32 = 3;
@@ -391,6 +390,13 @@ impl Config {
 pub struct Options {
     /// At most this many bridged connections at once; more are refused (closed and reported).
     pub max_conns: usize,
+    /// At most this many at once within one group (a connection counts in every group that
+    /// holds both its ends), so one group cannot take the slots of the others.
+    pub max_conns_per_group: usize,
+    /// At most this many at once from one source CID, so one guest cannot take its group's.
+    pub max_conns_per_cid: usize,
+    /// A bridged connection that moved no byte either way for this long is closed (zero: never).
+    pub idle_timeout: Duration,
     /// Bytes moved per call (splice pipe size or copy buffer).
     pub buffer: usize,
     pub sock: SockOpts,
@@ -403,6 +409,9 @@ impl Default for Options {
     fn default() -> Self {
         Self {
             max_conns: 256,
+            max_conns_per_group: 64,
+            max_conns_per_cid: 32,
+            idle_timeout: Duration::from_secs(3600),
             buffer: 256 << 10,
             sock: SockOpts::default(),
             connect_timeout: Duration::from_secs(10),
@@ -513,10 +522,8 @@ pub enum BridgeError {
         cid: u32,
         path: PathBuf,
         #[source]
-        source: io::Error,
+        source: BindError,
     },
-    #[error("{} exists and a process is listening on it: another bridge or relay for member {cid}?", .path.display())]
-    InUse { cid: u32, path: PathBuf },
     #[error("listen on vsock port {port} (CID any)")]
     VsockListen {
         port: u32,
@@ -525,18 +532,50 @@ pub enum BridgeError {
     },
     #[error("--max-conns must be at least 1")]
     ZeroConns,
+    #[error("--max-conns-per-group must be at least 1")]
+    ZeroPerGroup,
+    #[error("--max-conns-per-cid must be at least 1")]
+    ZeroPerCid,
 }
 
 enum Source {
     /// AF_VSOCK listener at CID_ANY:port.
     Vsock { l: VsockListener, port: u32 },
     /// A hybrid member's `PATH_port`.
-    Hybrid {
-        l: UnixListener,
-        path: PathBuf,
-        cid: u32,
-        port: u32,
-    },
+    Hybrid { l: BoundSocket, cid: u32, port: u32 },
+}
+
+/// Open connections, counted against the limits.
+#[derive(Default)]
+struct Counts {
+    total: usize,
+    per_cid: BTreeMap<u32, usize>,
+    /// Indexed like `Config::groups`.
+    per_group: Vec<usize>,
+}
+
+/// One admitted connection's place in [`Counts`], given back when dropped (on every way its
+/// thread ends, a panic in the report callback included).
+struct Slot {
+    bridge: Arc<Bridge>,
+    src: u32,
+    groups: Vec<usize>,
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        let mut c = self.bridge.counts.lock().unwrap_or_else(|e| e.into_inner());
+        c.total = c.total.saturating_sub(1);
+        if let Some(n) = c.per_cid.get_mut(&self.src) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                c.per_cid.remove(&self.src);
+            }
+        }
+        for &g in &self.groups {
+            c.per_group[g] = c.per_group[g].saturating_sub(1);
+        }
+    }
 }
 
 /// An open bridge: every listener bound. [`Bridge::serve`] runs it.
@@ -545,7 +584,7 @@ pub struct Bridge {
     opts: Options,
     sources: Vec<Source>,
     next_id: AtomicU64,
-    active: AtomicUsize,
+    counts: Mutex<Counts>,
 }
 
 /// The listening path for guest-initiated connections to `port` on a hybrid member.
@@ -553,42 +592,6 @@ pub fn hybrid_listen_path(path: &Path, port: u32) -> PathBuf {
     let mut s = path.as_os_str().to_owned();
     s.push(format!("_{port}"));
     PathBuf::from(s)
-}
-
-/// Whether a process listens on the UNIX socket `path`: its name in /proc/net/unix in state
-/// LISTEN (01), which a probe connection would not tell without waking that listener up; where
-/// /proc/net/unix cannot be read, a connect probe decides.
-fn unix_listening(path: &Path) -> bool {
-    let Ok(table) = std::fs::read_to_string("/proc/net/unix") else {
-        return UnixStream::connect(path).is_ok();
-    };
-    let want = path.as_os_str().to_string_lossy();
-    table.lines().skip(1).any(|l| {
-        let f: Vec<&str> = l.split_whitespace().collect();
-        // Num RefCount Protocol Flags Type St Inode Path
-        f.len() >= 8 && f[5] == "01" && f[7..].join(" ") == want
-    })
-}
-
-/// Binds a UNIX listener at `path`, removing a stale socket file (one nobody accepts on).
-fn bind_unix(cid: u32, path: &Path) -> Result<UnixListener, BridgeError> {
-    if let Ok(md) = std::fs::symlink_metadata(path) {
-        if md.file_type().is_socket() {
-            if unix_listening(path) {
-                return Err(BridgeError::InUse {
-                    cid,
-                    path: path.into(),
-                });
-            }
-            debug!("removing stale socket {}", path.display());
-            let _ = std::fs::remove_file(path);
-        }
-    }
-    UnixListener::bind(path).map_err(|source| BridgeError::HybridListen {
-        cid,
-        path: path.into(),
-        source,
-    })
 }
 
 impl Bridge {
@@ -599,12 +602,22 @@ impl Bridge {
         if opts.max_conns == 0 {
             return Err(BridgeError::ZeroConns);
         }
+        if opts.max_conns_per_group == 0 {
+            return Err(BridgeError::ZeroPerGroup);
+        }
+        if opts.max_conns_per_cid == 0 {
+            return Err(BridgeError::ZeroPerCid);
+        }
+        let counts = Counts {
+            per_group: vec![0; cfg.groups.len()],
+            ..Counts::default()
+        };
         let mut b = Self {
             cfg,
             opts,
             sources: Vec::new(),
             next_id: AtomicU64::new(0),
-            active: AtomicUsize::new(0),
+            counts: Mutex::new(counts),
         };
         let hybrids: Vec<(u32, PathBuf)> = b
             .cfg
@@ -629,13 +642,12 @@ impl Bridge {
             }
             for (cid, p) in &hybrids {
                 let path = hybrid_listen_path(p, port);
-                let l = bind_unix(*cid, &path)?;
-                b.sources.push(Source::Hybrid {
-                    l,
-                    path,
+                let l = BoundSocket::bind(&path).map_err(|source| BridgeError::HybridListen {
                     cid: *cid,
-                    port,
-                });
+                    path: path.clone(),
+                    source,
+                })?;
+                b.sources.push(Source::Hybrid { l, cid: *cid, port });
             }
         }
         Ok(b)
@@ -651,20 +663,60 @@ impl Bridge {
             .iter()
             .map(|s| match s {
                 Source::Vsock { port, .. } => format!("vsock CID any, port {port}"),
-                Source::Hybrid { path, cid, .. } => {
-                    format!("{} (member {cid})", path.display())
+                Source::Hybrid { l, cid, .. } => {
+                    format!("{} (member {cid})", l.path.display())
                 }
             })
             .collect()
     }
 
-    /// Removes the hybrid listening files (on shutdown; also done on drop).
+    /// Removes the hybrid listening files, those still ours (on shutdown; also done on drop).
     pub fn remove_sockets(&self) {
         for s in &self.sources {
-            if let Source::Hybrid { path, .. } = s {
-                let _ = std::fs::remove_file(path);
+            if let Source::Hybrid { l, .. } = s {
+                l.remove();
             }
         }
+    }
+
+    /// Admits a connection from `src` to `dst` under the limits, or says which one it hits.
+    fn admit(self: &Arc<Self>, src: u32, dst: u32) -> Result<Slot, String> {
+        let groups: Vec<usize> = (0..self.cfg.groups.len())
+            .filter(|&i| self.cfg.groups[i].contains(&src) && self.cfg.groups[i].contains(&dst))
+            .collect();
+        let o = &self.opts;
+        let mut c = self.counts.lock().unwrap_or_else(|e| e.into_inner());
+        let from_src = c.per_cid.get(&src).copied().unwrap_or(0);
+        if from_src >= o.max_conns_per_cid {
+            return Err(format!(
+                "{src} has {from_src} connections open (--max-conns-per-cid {})",
+                o.max_conns_per_cid
+            ));
+        }
+        if let Some(&g) = groups
+            .iter()
+            .find(|&&g| c.per_group[g] >= o.max_conns_per_group)
+        {
+            return Err(format!(
+                "group {} has {} connections open (--max-conns-per-group {})",
+                list(&self.cfg.groups[g]),
+                c.per_group[g],
+                o.max_conns_per_group
+            ));
+        }
+        if c.total >= o.max_conns {
+            return Err(format!("{} connections are open (--max-conns)", c.total));
+        }
+        c.total += 1;
+        *c.per_cid.entry(src).or_default() += 1;
+        for &g in &groups {
+            c.per_group[g] += 1;
+        }
+        Ok(Slot {
+            bridge: self.clone(),
+            src,
+            groups,
+        })
     }
 
     /// Serves forever: one accept thread per listener, one thread per bridged connection.
@@ -694,7 +746,8 @@ impl Bridge {
                     let local = s.local_addr()?;
                     Ok((OwnedFd::from(s), peer.cid, local.cid, *port))
                 }),
-                Source::Hybrid { l, cid, port, .. } => l
+                Source::Hybrid { l, cid, port } => l
+                    .listener
                     .accept()
                     .map(|(s, _)| (OwnedFd::from(s), *cid, VMADDR_CID_HOST, *port)),
             };
@@ -730,21 +783,18 @@ impl Bridge {
             Ok(d) => d,
             Err(d) => return deny(d.to_string()),
         };
-        if self.active.fetch_add(1, Ordering::SeqCst) >= self.opts.max_conns {
-            self.active.fetch_sub(1, Ordering::SeqCst);
-            return deny(format!(
-                "{} connections are open (--max-conns)",
-                self.opts.max_conns
-            ));
-        }
+        let slot = match self.admit(src, dst) {
+            Ok(s) => s,
+            Err(why) => return deny(why),
+        };
         let id = self.next_id.fetch_add(1, Ordering::SeqCst) + 1;
         let b = self.clone();
         let r = report.clone();
+        // The slot moves into the thread (or is dropped with the closure if none starts).
         let spawned = std::thread::Builder::new()
             .name(format!("conn-{id}"))
-            .spawn(move || b.bridge_one(id, fd, src, dst, dialled, port, &*r));
+            .spawn(move || b.bridge_one(slot, id, fd, src, dst, dialled, port, &*r));
         if let Err(e) = spawned {
-            self.active.fetch_sub(1, Ordering::SeqCst);
             report(&Event::Fail {
                 id,
                 src,
@@ -758,6 +808,7 @@ impl Bridge {
     #[allow(clippy::too_many_arguments)]
     fn bridge_one(
         &self,
+        slot: Slot,
         id: u64,
         fd: OwnedFd,
         src: u32,
@@ -766,13 +817,13 @@ impl Bridge {
         port: u32,
         report: &(dyn Fn(&Event) + Send + Sync),
     ) {
-        // The slot is released before the guest can see its connection end, so a guest that
-        // reconnects at once after an EOF is never refused for the connection it just lost.
-        let release = || self.active.fetch_sub(1, Ordering::SeqCst);
+        // The slot is given back before the guest can see its connection end, so a guest that
+        // reconnects at once after an EOF is never refused for the connection it just lost
+        // (where the relay's own half-close comes first, at worst for an instant).
         let target = match self.connect_target(dst, port) {
             Ok(t) => t,
             Err(e) => {
-                release();
+                drop(slot);
                 report(&Event::Fail {
                     id,
                     src,
@@ -794,8 +845,9 @@ impl Bridge {
         });
         let a = Conn::from_socket(fd, format!("{src}:{port}"));
         let b = Conn::from_socket(target, format!("{dst}:{port}"));
-        let s = relay::relay(id, a, b, self.opts.buffer);
-        release();
+        let idle = Some(self.opts.idle_timeout).filter(|d| !d.is_zero());
+        let s = relay::relay_with(id, a, b, self.opts.buffer, idle);
+        drop(slot);
         report(&Event::Close {
             id,
             src,
@@ -820,22 +872,17 @@ impl Bridge {
             .map(OwnedFd::from)
             .map_err(TargetError::Vsock),
             Transport::Hybrid(path) => {
-                let io = |source| TargetError::HybridIo {
-                    path: path.clone(),
-                    source,
-                };
-                let mut s = UnixStream::connect(path).map_err(io)?;
-                s.set_read_timeout(Some(self.opts.connect_timeout))
-                    .map_err(io)?;
-                s.set_write_timeout(Some(self.opts.connect_timeout))
-                    .map_err(io)?;
-                hybrid::connect_handshake(&mut s, port).map_err(|source| TargetError::Hybrid {
-                    path: path.clone(),
-                    source,
-                })?;
-                s.set_read_timeout(None).map_err(io)?;
-                s.set_write_timeout(None).map_err(io)?;
-                Ok(s.into())
+                match conn::hybrid_connect(path, port, Some(self.opts.connect_timeout)) {
+                    Ok(s) => Ok(s.into()),
+                    Err(hybrid::HybridError::Connect(source)) => Err(TargetError::HybridIo {
+                        path: path.clone(),
+                        source,
+                    }),
+                    Err(source) => Err(TargetError::Hybrid {
+                        path: path.clone(),
+                        source,
+                    }),
+                }
             }
         }
     }

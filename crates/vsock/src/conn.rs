@@ -3,12 +3,14 @@
 use std::io;
 use std::net::{TcpListener, TcpStream};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
-use std::os::unix::net::{UnixListener, UnixStream};
-use std::path::PathBuf;
+use std::os::unix::net::UnixStream;
+use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
 
 use crate::addr::Address;
 use crate::hybrid::{self, HybridError};
+use crate::unixsock::{BindError, BoundSocket};
 
 /// Errors opening an address; each names the address.
 #[derive(Debug, thiserror::Error)]
@@ -25,6 +27,12 @@ pub enum ConnError {
         addr: String,
         #[source]
         source: HybridError,
+    },
+    #[error("{addr}")]
+    Bind {
+        addr: String,
+        #[source]
+        source: BindError,
     },
 }
 
@@ -138,20 +146,13 @@ impl Conn {
     }
 }
 
-/// A listening address.
+/// A listening address. A UNIX listener's file is removed when it is dropped (or with
+/// [`Listener::remove_socket`]), if it is still the one bound here.
 #[derive(Debug)]
 pub enum Listener {
     Tcp(TcpListener),
-    Unix(UnixListener, PathBuf),
+    Unix(BoundSocket),
     Vsock(OwnedFd, Address),
-}
-
-impl Drop for Listener {
-    fn drop(&mut self) {
-        if let Listener::Unix(_, path) = self {
-            let _ = std::fs::remove_file(path);
-        }
-    }
 }
 
 /// Options that apply when opening sockets.
@@ -159,6 +160,10 @@ impl Drop for Listener {
 pub struct SockOpts {
     /// SO_VM_SOCKETS_BUFFER_SIZE for vsock sockets.
     pub vsock_buffer: Option<u64>,
+    /// Limit for opening a connecting address: the TCP or UNIX connect and the hybrid
+    /// `CONNECT`/`OK` handshake together (None: no limit). AF_VSOCK connects keep the kernel's
+    /// vsock connect timeout (2 s by default).
+    pub connect_timeout: Option<Duration>,
 }
 
 impl Listener {
@@ -178,8 +183,11 @@ impl Listener {
                 Ok(Listener::Tcp(l))
             }
             Address::UnixListen { path } | Address::HybridListen { path } => {
-                let l = UnixListener::bind(path).map_err(io_err(addr, "bind"))?;
-                Ok(Listener::Unix(l, path.clone()))
+                let b = BoundSocket::bind(path).map_err(|source| ConnError::Bind {
+                    addr: addr.to_string(),
+                    source,
+                })?;
+                Ok(Listener::Unix(b))
             }
             Address::VsockListen { port, cid } => {
                 let fd = vsock::listen(cid.unwrap_or(u32::MAX), *port, opts.vsock_buffer)
@@ -200,11 +208,11 @@ impl Listener {
                 let _ = s.set_nodelay(true);
                 Ok(Conn::from_socket(s.into(), format!("tcp {peer}")))
             }
-            Listener::Unix(l, path) => {
-                let (s, _) = l.accept()?;
+            Listener::Unix(b) => {
+                let (s, _) = b.listener.accept()?;
                 Ok(Conn::from_socket(
                     s.into(),
-                    format!("unix {}", path.display()),
+                    format!("unix {}", b.path.display()),
                 ))
             }
             Listener::Vsock(fd, _) => {
@@ -215,23 +223,127 @@ impl Listener {
     }
 }
 
-/// Opens a connecting address (or stdio).
+impl Listener {
+    /// Removes the listening socket file, if any and if still ours (on SIGINT/SIGTERM, when the
+    /// process exits without dropping the listener).
+    pub fn remove_socket(&self) {
+        if let Listener::Unix(b) = self {
+            b.remove();
+        }
+    }
+}
+
+fn timed_out(what: String) -> io::Error {
+    io::Error::new(io::ErrorKind::TimedOut, what)
+}
+
+/// Connects to TCP `host:port`, trying each address it resolves to, all within `timeout`.
+fn tcp_connect(host: &str, port: u16, timeout: Option<Duration>) -> io::Result<TcpStream> {
+    let Some(t) = timeout else {
+        return TcpStream::connect((host, port));
+    };
+    let deadline = Instant::now() + t;
+    let mut last = None;
+    for sa in std::net::ToSocketAddrs::to_socket_addrs(&(host, port))? {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            break;
+        }
+        match TcpStream::connect_timeout(&sa, left) {
+            Ok(s) => return Ok(s),
+            Err(e) => last = Some(e),
+        }
+    }
+    Err(match last {
+        Some(e) if e.kind() != io::ErrorKind::TimedOut => e,
+        _ => timed_out(format!(
+            "no connection within {}",
+            crate::size::fmt_duration(t)
+        )),
+    })
+}
+
+/// Connects to the UNIX socket `path` within `timeout`: a listener whose backlog is full makes
+/// connect(2) wait, bounded by SO_SNDTIMEO (which unix_stream_connect honours).
+pub fn unix_connect(path: &Path, timeout: Option<Duration>) -> io::Result<UnixStream> {
+    let Some(t) = timeout else {
+        return UnixStream::connect(path);
+    };
+    let s = socket2::Socket::new(socket2::Domain::UNIX, socket2::Type::STREAM, None)?;
+    s.set_write_timeout(Some(t))?;
+    match s.connect(&socket2::SockAddr::unix(path)?) {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+            return Err(timed_out(format!(
+                "no connection within {} (the listener's backlog is full)",
+                crate::size::fmt_duration(t)
+            )))
+        }
+        Err(e) => return Err(e),
+    }
+    s.set_write_timeout(None)?;
+    Ok(UnixStream::from(OwnedFd::from(s)))
+}
+
+/// Connects to a hybrid vsock VMM socket at `path` and performs `CONNECT port`, the connect
+/// and the reply together within `timeout`. Returns the stream, ready for data.
+pub fn hybrid_connect(
+    path: &Path,
+    port: u32,
+    timeout: Option<Duration>,
+) -> Result<UnixStream, HybridError> {
+    let start = Instant::now();
+    let mut s = unix_connect(path, timeout).map_err(HybridError::Connect)?;
+    if let Some(t) = timeout {
+        // What is left of the limit bounds the handshake's write and every read of the reply.
+        let left = t
+            .saturating_sub(start.elapsed())
+            .max(Duration::from_millis(1));
+        s.set_read_timeout(Some(left))?;
+        s.set_write_timeout(Some(left))?;
+    }
+    match hybrid::connect_handshake(&mut s, port) {
+        Ok(_) => {}
+        Err(HybridError::Io(e))
+            if timeout.is_some()
+                && matches!(
+                    e.kind(),
+                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                ) =>
+        {
+            return Err(HybridError::Timeout {
+                port,
+                timeout: timeout.unwrap_or_default(),
+            })
+        }
+        Err(e) => return Err(e),
+    }
+    if timeout.is_some() {
+        s.set_read_timeout(None)?;
+        s.set_write_timeout(None)?;
+    }
+    Ok(s)
+}
+
+/// Opens a connecting address (or stdio), within `opts.connect_timeout`.
 pub fn connect(addr: &Address, opts: SockOpts) -> Result<Conn, ConnError> {
     match addr {
         Address::Tcp { host, port } => {
-            let s = TcpStream::connect((host.as_str(), *port)).map_err(io_err(addr, "connect"))?;
+            let s =
+                tcp_connect(host, *port, opts.connect_timeout).map_err(io_err(addr, "connect"))?;
             let _ = s.set_nodelay(true);
             Ok(Conn::from_socket(s.into(), addr.to_string()))
         }
         Address::Unix { path } => {
-            let s = UnixStream::connect(path).map_err(io_err(addr, "connect"))?;
+            let s = unix_connect(path, opts.connect_timeout).map_err(io_err(addr, "connect"))?;
             Ok(Conn::from_socket(s.into(), addr.to_string()))
         }
         Address::Hybrid { path, port } => {
-            let mut s = UnixStream::connect(path).map_err(io_err(addr, "connect"))?;
-            hybrid::connect_handshake(&mut s, *port).map_err(|source| ConnError::Hybrid {
-                addr: addr.to_string(),
-                source,
+            let s = hybrid_connect(path, *port, opts.connect_timeout).map_err(|source| {
+                ConnError::Hybrid {
+                    addr: addr.to_string(),
+                    source,
+                }
             })?;
             Ok(Conn::from_socket(s.into(), addr.to_string()))
         }

@@ -20,6 +20,15 @@ pub enum HybridError {
     /// The reply was not `OK <n>`.
     #[error("hybrid vsock reply {0:?} is not \"OK <port>\"")]
     NotOk(String),
+    /// The VMM's socket could not be connected to.
+    #[error("connect to the VMM's socket")]
+    Connect(#[source] io::Error),
+    /// The VMM accepted but did not answer within the connect timeout.
+    #[error("no reply to CONNECT {port} within {}: the VMM accepted but never answered", crate::size::fmt_duration(*.timeout))]
+    Timeout {
+        port: u32,
+        timeout: std::time::Duration,
+    },
     /// An I/O error during the handshake.
     #[error("hybrid vsock handshake")]
     Io(#[from] io::Error),

@@ -5,11 +5,14 @@
 
 use std::io;
 use std::os::fd::{BorrowedFd, OwnedFd};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use nix::errno::Errno;
 use nix::fcntl::{fcntl, splice, FcntlArg, OFlag, SpliceFFlags};
+use nix::sys::socket::{setsockopt, sockopt};
+use nix::sys::time::TimeVal;
 use nix::unistd::{pipe2, read, write};
 use serde::Serialize;
 use tracing::{debug, info, warn};
@@ -92,10 +95,58 @@ fn pipe(size: usize) -> io::Result<(OwnedFd, OwnedFd)> {
 /// pipe — request/response traffic stalled; see docs/vsock.md.) A source that refuses splice
 /// (EINVAL/ENOSYS before any byte) is copied with read/write instead.
 pub fn pump(src: &Conn, dst: &Conn, buffer: usize) -> io::Result<(u64, bool)> {
+    pump_with(src, dst, buffer, None)
+}
+
+/// When a relayed connection last moved a byte, either way, for the idle timeout.
+struct Activity {
+    start: Instant,
+    last_ms: AtomicU64,
+    idle: Duration,
+}
+
+impl Activity {
+    fn touch(&self) {
+        self.last_ms
+            .store(self.start.elapsed().as_millis() as u64, Ordering::Relaxed);
+    }
+
+    /// Called when a read or write timed out (SO_RCVTIMEO / SO_SNDTIMEO, a fraction of the
+    /// idle timeout): an error once nothing moved either way for the whole idle timeout.
+    fn check(&self) -> io::Result<()> {
+        let last = Duration::from_millis(self.last_ms.load(Ordering::Relaxed));
+        if self.start.elapsed().saturating_sub(last) >= self.idle {
+            return Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                format!(
+                    "idle for {} (--idle-timeout): closed",
+                    crate::size::fmt_duration(self.idle)
+                ),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// An EAGAIN from a socket read or write: only the idle timeout's SO_RCVTIMEO / SO_SNDTIMEO
+/// produce it on these blocking sockets.
+fn timed_out(e: Errno, act: Option<&Activity>) -> io::Result<()> {
+    match act {
+        Some(a) if e == Errno::EAGAIN => a.check(),
+        _ => Err(e.into()),
+    }
+}
+
+fn pump_with(
+    src: &Conn,
+    dst: &Conn,
+    buffer: usize,
+    act: Option<&Activity>,
+) -> io::Result<(u64, bool)> {
     let mut total = 0u64;
     let mut spliced = false;
     if src.is_socket() && dst.is_socket() {
-        match splice_loop(src.reader(), dst.writer(), buffer, &mut total) {
+        match splice_loop(src.reader(), dst.writer(), buffer, &mut total, act) {
             Ok(()) => spliced = true,
             Err(e)
                 if total == 0
@@ -105,12 +156,12 @@ pub fn pump(src: &Conn, dst: &Conn, buffer: usize) -> io::Result<(u64, bool)> {
                     "splice not supported between {} and {}: {e}; copying",
                     src.label, dst.label
                 );
-                copy_loop(src.reader(), dst.writer(), buffer, &mut total)?;
+                copy_loop(src.reader(), dst.writer(), buffer, &mut total, act)?;
             }
             Err(e) => return Err(e),
         }
     } else {
-        copy_loop(src.reader(), dst.writer(), buffer, &mut total)?;
+        copy_loop(src.reader(), dst.writer(), buffer, &mut total, act)?;
     }
     dst.shutdown_write()?;
     Ok((total, spliced))
@@ -121,6 +172,7 @@ fn splice_loop(
     dst: BorrowedFd<'_>,
     buffer: usize,
     total: &mut u64,
+    act: Option<&Activity>,
 ) -> io::Result<()> {
     let (pr, pw) = pipe(buffer)?;
     let flags = SpliceFFlags::SPLICE_F_MOVE | SpliceFFlags::SPLICE_F_MORE;
@@ -129,10 +181,16 @@ fn splice_loop(
         let n = match splice(src, None, &pw, None, chunk, flags) {
             Ok(n) => n,
             Err(Errno::EINTR) => continue,
-            Err(e) => return Err(e.into()),
+            Err(e) => {
+                timed_out(e, act)?;
+                continue;
+            }
         };
         if n == 0 {
             return Ok(());
+        }
+        if let Some(a) = act {
+            a.touch();
         }
         chunk = next_chunk(chunk, n, buffer);
         let mut left = n;
@@ -144,9 +202,14 @@ fn splice_loop(
                         "splice wrote nothing",
                     ))
                 }
-                Ok(m) => left -= m,
+                Ok(m) => {
+                    left -= m;
+                    if let Some(a) = act {
+                        a.touch();
+                    }
+                }
                 Err(Errno::EINTR) => {}
-                Err(e) => return Err(e.into()),
+                Err(e) => timed_out(e, act)?,
             }
         }
         *total += n as u64;
@@ -177,23 +240,35 @@ fn copy_loop(
     dst: BorrowedFd<'_>,
     buffer: usize,
     total: &mut u64,
+    act: Option<&Activity>,
 ) -> io::Result<()> {
     let mut buf = vec![0u8; buffer];
     loop {
         let n = match read(src, &mut buf) {
             Ok(n) => n,
             Err(Errno::EINTR) => continue,
-            Err(e) => return Err(e.into()),
+            Err(e) => {
+                timed_out(e, act)?;
+                continue;
+            }
         };
         if n == 0 {
             return Ok(());
         }
+        if let Some(a) = act {
+            a.touch();
+        }
         let mut off = 0;
         while off < n {
             match write(dst, &buf[off..n]) {
-                Ok(m) => off += m,
+                Ok(m) => {
+                    off += m;
+                    if let Some(a) = act {
+                        a.touch();
+                    }
+                }
                 Err(Errno::EINTR) => {}
-                Err(e) => return Err(e.into()),
+                Err(e) => timed_out(e, act)?,
             }
         }
         *total += n as u64;
@@ -202,17 +277,45 @@ fn copy_loop(
 
 /// Relays between `a` and `b` until both directions have ended.
 pub fn relay(id: u64, a: Conn, b: Conn, buffer: usize) -> ConnStats {
+    relay_with(id, a, b, buffer, None)
+}
+
+/// The read/write timeout that lets the pumps notice an idle connection: a quarter of the
+/// idle timeout (so it is noticed within 1.25 times of it), within [10 ms, 5 s].
+fn idle_tick(idle: Duration) -> Duration {
+    (idle / 4).clamp(Duration::from_millis(10), Duration::from_secs(5))
+}
+
+/// [`relay`], and with `idle` set, the connection is torn down (an error in the stats) once no
+/// byte moved either way for that long. Enforced on sockets (SO_RCVTIMEO / SO_SNDTIMEO).
+pub fn relay_with(id: u64, a: Conn, b: Conn, buffer: usize, idle: Option<Duration>) -> ConnStats {
     let start = Instant::now();
+    let act = idle.filter(|d| !d.is_zero()).map(|idle| Activity {
+        start,
+        last_ms: AtomicU64::new(0),
+        idle,
+    });
+    if let Some(act) = &act {
+        let t = idle_tick(act.idle);
+        let tv = TimeVal::new(t.as_secs() as _, t.subsec_micros() as _);
+        for c in [&a, &b] {
+            if c.is_socket() {
+                let _ = setsockopt(&c.reader(), sockopt::ReceiveTimeout, &tv);
+                let _ = setsockopt(&c.reader(), sockopt::SendTimeout, &tv);
+            }
+        }
+    }
+    let act = act.as_ref();
     let (r_ab, r_ba) = std::thread::scope(|s| {
         let h = s.spawn(|| {
-            let r = pump(&a, &b, buffer);
+            let r = pump_with(&a, &b, buffer, act);
             if r.is_err() {
                 a.abort();
                 b.abort();
             }
             r
         });
-        let r_ba = pump(&b, &a, buffer);
+        let r_ba = pump_with(&b, &a, buffer, act);
         if r_ba.is_err() {
             a.abort();
             b.abort();
@@ -253,6 +356,154 @@ fn open_second(b: &Address, opts: &Options) -> Result<Conn, RelayError> {
     Ok(conn::connect(b, opts.sock)?)
 }
 
+/// A `--max-children` slot, given back when dropped: on every way a connection's thread ends,
+/// a panic in the report callback included.
+struct Slot<'a>(&'a (Mutex<usize>, Condvar));
+
+impl<'a> Slot<'a> {
+    /// Waits for a free slot and takes it.
+    fn take(slots: &'a (Mutex<usize>, Condvar), max: usize) -> Self {
+        let (lock, cv) = slots;
+        let mut n = lock.lock().unwrap_or_else(|e| e.into_inner());
+        while *n >= max {
+            n = cv.wait(n).unwrap_or_else(|e| e.into_inner());
+        }
+        *n += 1;
+        Slot(slots)
+    }
+}
+
+impl Drop for Slot<'_> {
+    fn drop(&mut self) {
+        let (lock, cv) = self.0;
+        let mut n = lock.lock().unwrap_or_else(|e| e.into_inner());
+        *n = n.saturating_sub(1);
+        cv.notify_one();
+    }
+}
+
+/// A relay whose first address is open (listening, for a listening address), so that a
+/// listening file can be removed from another thread on SIGINT/SIGTERM while [`Relay::serve`]
+/// runs.
+pub struct Relay {
+    a: Address,
+    b: Address,
+    opts: Options,
+    listener: Option<Listener>,
+}
+
+impl Relay {
+    /// Checks the options and opens the first address if it listens (a stale UNIX socket file
+    /// there is replaced, a live one refused).
+    pub fn open(a: &Address, b: &Address, opts: &Options) -> Result<Self, RelayError> {
+        if opts.fork {
+            if !a.is_listen() {
+                return Err(RelayError::ForkNeedsListener(a.to_string()));
+            }
+            if b.is_listen() {
+                return Err(RelayError::ForkSecondListens(b.to_string()));
+            }
+            if opts.max_children == 0 {
+                return Err(RelayError::ZeroChildren);
+            }
+        }
+        let listener = if a.is_listen() {
+            let l = Listener::open(a, opts.sock)?;
+            info!("listening on {a}, relaying to {b}");
+            Some(l)
+        } else {
+            None
+        };
+        Ok(Self {
+            a: a.clone(),
+            b: b.clone(),
+            opts: *opts,
+            listener,
+        })
+    }
+
+    /// Whether the first address listens (then serve runs until an accept fails, with
+    /// `fork` forever).
+    pub fn listens(&self) -> bool {
+        self.listener.is_some()
+    }
+
+    /// Removes the listening socket file (if any, and if still ours).
+    pub fn remove_socket(&self) {
+        if let Some(l) = &self.listener {
+            l.remove_socket();
+        }
+    }
+
+    /// Serves: one connection, or with `fork` every connection, each in its own thread;
+    /// `report` is called for every finished connection.
+    pub fn serve(&self, report: &(dyn Fn(&ConnStats) + Sync)) -> Result<(), RelayError> {
+        let (a, b, opts) = (&self.a, &self.b, &self.opts);
+        let Some(listener) = &self.listener else {
+            let ca = conn::connect(a, opts.sock)?;
+            let cb = open_second(b, opts)?;
+            report(&relay(1, ca, cb, opts.buffer));
+            return Ok(());
+        };
+        let accept = || {
+            listener.accept().map_err(|source| RelayError::Accept {
+                addr: a.to_string(),
+                source,
+            })
+        };
+        if !opts.fork {
+            let ca = accept()?;
+            let cb = open_second(b, opts)?;
+            report(&relay(1, ca, cb, opts.buffer));
+            return Ok(());
+        }
+        let slots = (Mutex::new(0usize), Condvar::new());
+        std::thread::scope(|s| -> Result<(), RelayError> {
+            let mut id = 0u64;
+            loop {
+                let slot = Slot::take(&slots, opts.max_children);
+                let ca = match listener.accept() {
+                    Ok(c) => c,
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                    Err(source) => {
+                        return Err(RelayError::Accept {
+                            addr: a.to_string(),
+                            source,
+                        })
+                    }
+                };
+                id += 1;
+                s.spawn(move || {
+                    // Held until this thread ends, however it ends.
+                    let _slot = slot;
+                    let start = Instant::now();
+                    match conn::connect(b, opts.sock) {
+                        Ok(cb) => report(&relay(id, ca, cb, opts.buffer)),
+                        // A failing peer (refused connection, bad or missing hybrid reply)
+                        // ends this connection only, never the relay.
+                        Err(e) => {
+                            warn!("connection {id} from {}: {e}", ca.label);
+                            let label = ca.label.clone();
+                            // The client sees its connection end before the report.
+                            drop(ca);
+                            report(&ConnStats {
+                                id,
+                                a: label,
+                                b: b.to_string(),
+                                bytes_a_to_b: 0,
+                                bytes_b_to_a: 0,
+                                millis: start.elapsed().as_millis() as u64,
+                                spliced: false,
+                                error: Some(error_chain(&e)),
+                            });
+                        }
+                    }
+                });
+            }
+        })
+    }
+}
+
 /// Runs a relay between addresses `a` and `b`; `report` is called for every finished
 /// connection. Without `fork` it serves one connection and returns.
 pub fn run(
@@ -261,95 +512,7 @@ pub fn run(
     opts: &Options,
     report: &(dyn Fn(&ConnStats) + Sync),
 ) -> Result<(), RelayError> {
-    if opts.fork {
-        if !a.is_listen() {
-            return Err(RelayError::ForkNeedsListener(a.to_string()));
-        }
-        if b.is_listen() {
-            return Err(RelayError::ForkSecondListens(b.to_string()));
-        }
-        if opts.max_children == 0 {
-            return Err(RelayError::ZeroChildren);
-        }
-    }
-    if !a.is_listen() {
-        let ca = conn::connect(a, opts.sock)?;
-        let cb = open_second(b, opts)?;
-        report(&relay(1, ca, cb, opts.buffer));
-        return Ok(());
-    }
-    let listener = Listener::open(a, opts.sock)?;
-    info!("listening on {a}, relaying to {b}");
-    if !opts.fork {
-        let ca = listener.accept().map_err(|source| RelayError::Accept {
-            addr: a.to_string(),
-            source,
-        })?;
-        let cb = open_second(b, opts)?;
-        report(&relay(1, ca, cb, opts.buffer));
-        return Ok(());
-    }
-    let slots = Arc::new((Mutex::new(0usize), Condvar::new()));
-    std::thread::scope(|s| -> Result<(), RelayError> {
-        let mut id = 0u64;
-        loop {
-            {
-                let (lock, cv) = &*slots;
-                let mut n = lock.lock().unwrap_or_else(|e| e.into_inner());
-                while *n >= opts.max_children {
-                    n = cv
-                        .wait_timeout(n, Duration::from_secs(1))
-                        .unwrap_or_else(|e| e.into_inner())
-                        .0;
-                }
-                *n += 1;
-            }
-            let ca = match listener.accept() {
-                Ok(c) => c,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {
-                    release(&slots);
-                    continue;
-                }
-                Err(source) => {
-                    release(&slots);
-                    return Err(RelayError::Accept {
-                        addr: a.to_string(),
-                        source,
-                    });
-                }
-            };
-            id += 1;
-            let slots = slots.clone();
-            s.spawn(move || {
-                match conn::connect(b, opts.sock) {
-                    Ok(cb) => report(&relay(id, ca, cb, opts.buffer)),
-                    // A failing peer (refused connection, bad hybrid handshake) ends this
-                    // connection only, never the relay.
-                    Err(e) => {
-                        warn!("connection {id} from {}: {e}", ca.label);
-                        report(&ConnStats {
-                            id,
-                            a: ca.label.clone(),
-                            b: b.to_string(),
-                            bytes_a_to_b: 0,
-                            bytes_b_to_a: 0,
-                            millis: 0,
-                            spliced: false,
-                            error: Some(error_chain(&e)),
-                        });
-                    }
-                }
-                release(&slots);
-            });
-        }
-    })
-}
-
-fn release(slots: &Arc<(Mutex<usize>, Condvar)>) {
-    let (lock, cv) = &**slots;
-    let mut n = lock.lock().unwrap_or_else(|e| e.into_inner());
-    *n = n.saturating_sub(1);
-    cv.notify_one();
+    Relay::open(a, b, opts)?.serve(report)
 }
 
 /// An error with its causes, `a: b: c`.
@@ -391,5 +554,59 @@ mod chunk_tests {
             1024,
             "nor below it when it is under a page"
         );
+    }
+}
+
+#[cfg(test)]
+mod slot_tests {
+    use super::*;
+    use std::io::{Read, Write};
+    use std::os::unix::net::{UnixListener, UnixStream};
+    use std::sync::atomic::AtomicUsize;
+
+    // A report callback that panics on every connection (as a println! on a closed stdout
+    // did) must not keep the connection's --max-children slot: with one child, the relay
+    // serves connection after connection.
+    #[test]
+    fn a_panicking_report_gives_its_slot_back() {
+        let d = std::env::temp_dir().join(format!("nsft-slot-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        let (front, back) = (d.join("front"), d.join("back"));
+        let l = UnixListener::bind(&back).unwrap();
+        std::thread::spawn(move || {
+            for s in l.incoming() {
+                let mut s = s.unwrap();
+                let mut v = Vec::new();
+                s.read_to_end(&mut v).unwrap();
+                s.write_all(&v).unwrap();
+            }
+        });
+        let a: Address = format!("unix-listen:{}", front.display()).parse().unwrap();
+        let b: Address = format!("unix:{}", back.display()).parse().unwrap();
+        let opts = Options {
+            fork: true,
+            max_children: 1,
+            ..Options::default()
+        };
+        let r = Relay::open(&a, &b, &opts).unwrap();
+        static REPORTS: AtomicUsize = AtomicUsize::new(0);
+        std::thread::spawn(move || {
+            let _ = r.serve(&|_| {
+                REPORTS.fetch_add(1, Ordering::SeqCst);
+                panic!("report failed");
+            });
+        });
+        for i in 0..4 {
+            let mut c = UnixStream::connect(&front).unwrap();
+            c.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+            c.write_all(b"hello").unwrap();
+            c.shutdown(std::net::Shutdown::Write).unwrap();
+            let mut v = Vec::new();
+            c.read_to_end(&mut v)
+                .unwrap_or_else(|e| panic!("connection {i}: {e} (slot kept by a panic?)"));
+            assert_eq!(v, b"hello", "connection {i}");
+        }
+        let _ = std::fs::remove_dir_all(&d);
     }
 }

@@ -56,6 +56,11 @@ pub struct AddArgs {
     /// Name of the pod's device.
     #[arg(long, default_value = nsfast_pod::pod::POD_IF)]
     ifname: String,
+    /// Send this pod's traffic (to and from it) through the host's IP stack, so the host's
+    /// netfilter rules see it, instead of redirecting it past them (slower; the source address
+    /// check still applies).
+    #[arg(long)]
+    host_firewall: bool,
     /// Print the result as JSON.
     #[arg(long)]
     json: bool,
@@ -83,6 +88,7 @@ fn run_inner(cmd: PodCmd) -> Result<()> {
             o.host = a.host;
             o.uplinks = a.uplinks;
             o.pod_if = a.ifname;
+            o.host_firewall = a.host_firewall;
             let added = nsfast_pod::add(&o)?;
             if a.json {
                 nsfast_sys::outln!("{}", serde_json::to_string_pretty(&added)?)?;
@@ -167,7 +173,11 @@ fn run_inner(cmd: PodCmd) -> Result<()> {
                     p.datapath.as_str(),
                     p.attach.as_str(),
                     p.host_if,
-                    p.netns
+                    if p.host_firewall {
+                        format!("{} (host firewall)", p.netns)
+                    } else {
+                        p.netns.clone()
+                    }
                 )?;
             }
             let c: Vec<String> = l.counters.iter().map(|(k, v)| format!("{k}={v}")).collect();

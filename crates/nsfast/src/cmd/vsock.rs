@@ -6,6 +6,7 @@ use nsfast_vsock::bridge::{self, Transport};
 use nsfast_vsock::conn::SockOpts;
 use nsfast_vsock::relay::{self, ConnStats};
 use nsfast_vsock::Address;
+use std::time::Duration;
 use tracing::{info, warn};
 
 fn parse_addr(s: &str) -> Result<Address, String> {
@@ -18,6 +19,16 @@ fn parse_buffer(s: &str) -> Result<u64, String> {
 
 fn parse_vsock_buffer(s: &str) -> Result<u64, String> {
     nsfast_vsock::size::parse_size("--vsock-buffer", s)
+}
+
+const HOUR: Duration = Duration::from_secs(3600);
+
+fn parse_connect_timeout(s: &str) -> Result<Duration, String> {
+    nsfast_vsock::size::parse_duration("--connect-timeout", s, HOUR, false)
+}
+
+fn parse_idle_timeout(s: &str) -> Result<Duration, String> {
+    nsfast_vsock::size::parse_duration("--idle-timeout", s, 24 * HOUR, true)
 }
 
 #[derive(Subcommand, Debug)]
@@ -48,6 +59,11 @@ pub enum VsockCmd {
         /// SO_VM_SOCKETS_BUFFER_SIZE for vsock sockets, e.g. 1M.
         #[arg(long, value_name = "SIZE", value_parser = parse_vsock_buffer)]
         vsock_buffer: Option<u64>,
+        /// Limit for opening a connecting address: TCP/UNIX connect and the hybrid CONNECT/OK
+        /// handshake together (e.g. 10s, 500ms; at most 1h). A connection that misses it ends,
+        /// the relay keeps serving. AF_VSOCK connects use the kernel's timeout (2 s default).
+        #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = parse_connect_timeout)]
+        connect_timeout: Duration,
         /// Print one JSON object per finished connection on stdout.
         #[arg(long)]
         json: bool,
@@ -73,19 +89,32 @@ pub enum VsockCmd {
         /// all; may be repeated). A connection to port P goes to port P of the target.
         #[arg(long, value_name = "LIST", required = true, value_parser = parse_ports)]
         ports: Vec<Vec<u32>>,
-        /// At most N bridged connections at once; more are refused (closed and logged).
+        /// At most N bridged connections at once in all; more are refused (closed and logged).
         #[arg(long, value_name = "N", default_value_t = 256)]
         max_conns: usize,
+        /// At most N at once within one group (a connection counts in each group holding both
+        /// its ends), so one group cannot lock the others out.
+        #[arg(long, value_name = "N", default_value_t = 64)]
+        max_conns_per_group: usize,
+        /// At most N at once from one guest (source CID), so one guest cannot take its
+        /// group's slots.
+        #[arg(long, value_name = "N", default_value_t = 32)]
+        max_conns_per_cid: usize,
+        /// Close a bridged connection that moved no byte either way for this long (e.g. 10m;
+        /// 0 = never; at most 24h).
+        #[arg(long, value_name = "DURATION", default_value = "1h", value_parser = parse_idle_timeout)]
+        idle_timeout: Duration,
         /// Bytes moved per call (splice pipe size / copy buffer), e.g. 256K, 1M.
         #[arg(long, value_name = "SIZE", default_value = "256K", value_parser = parse_buffer)]
         buffer: u64,
         /// SO_VM_SOCKETS_BUFFER_SIZE for vsock sockets, e.g. 1M.
         #[arg(long, value_name = "SIZE", value_parser = parse_vsock_buffer)]
         vsock_buffer: Option<u64>,
-        /// Seconds to wait for a hybrid target: connecting to the VMM's socket and its OK reply
-        /// (AF_VSOCK targets use the kernel's vsock connect timeout, 2 s by default).
-        #[arg(long, value_name = "SECS", default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..=3600))]
-        connect_timeout: u64,
+        /// Limit for a hybrid target: connecting to the VMM's socket and its OK reply (e.g.
+        /// 10s, 500ms; a bare number is seconds; at most 1h). AF_VSOCK targets use the
+        /// kernel's vsock connect timeout, 2 s by default.
+        #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = parse_connect_timeout)]
+        connect_timeout: Duration,
         /// Print one JSON object per event (listening, open, deny, fail, close) on stdout.
         #[arg(long)]
         json: bool,
@@ -177,6 +206,7 @@ pub fn run(cmd: VsockCmd) -> anyhow::Result<()> {
             max_children,
             buffer,
             vsock_buffer,
+            connect_timeout,
             json,
         } => {
             if json && (a == Address::Stdio || b == Address::Stdio) {
@@ -191,7 +221,10 @@ pub fn run(cmd: VsockCmd) -> anyhow::Result<()> {
                 fork,
                 max_children,
                 buffer: buffer as usize,
-                sock: SockOpts { vsock_buffer },
+                sock: SockOpts {
+                    vsock_buffer,
+                    connect_timeout: Some(connect_timeout),
+                },
             };
             let report = move |s: &ConnStats| {
                 if let Some(e) = &s.error {
@@ -214,13 +247,16 @@ pub fn run(cmd: VsockCmd) -> anyhow::Result<()> {
                     }
                 }
             };
-            relay::run(&a, &b, &opts, &report).context("vsock relay")
+            run_relay(&a, &b, &opts, &report)
         }
         VsockCmd::Bridge {
             groups,
             vms,
             ports,
             max_conns,
+            max_conns_per_group,
+            max_conns_per_cid,
+            idle_timeout,
             buffer,
             vsock_buffer,
             connect_timeout,
@@ -231,9 +267,15 @@ pub fn run(cmd: VsockCmd) -> anyhow::Result<()> {
             ports,
             bridge::Options {
                 max_conns,
+                max_conns_per_group,
+                max_conns_per_cid,
+                idle_timeout,
                 buffer: buffer as usize,
-                sock: SockOpts { vsock_buffer },
-                connect_timeout: std::time::Duration::from_secs(connect_timeout),
+                sock: SockOpts {
+                    vsock_buffer,
+                    connect_timeout: None,
+                },
+                connect_timeout,
             },
             json,
         ),
@@ -260,7 +302,10 @@ pub fn run(cmd: VsockCmd) -> anyhow::Result<()> {
             vsock_buffer,
             json,
         } => {
-            let sock = SockOpts { vsock_buffer };
+            let sock = SockOpts {
+                vsock_buffer,
+                ..SockOpts::default()
+            };
             if buffer > 64 << 20 {
                 anyhow::bail!("invalid size {buffer} for --buffer: at most 64M");
             }
@@ -302,6 +347,41 @@ pub fn run(cmd: VsockCmd) -> anyhow::Result<()> {
             Ok(())
         }
     }
+}
+
+/// Runs the relay. A listening first address is opened here, then the relay serves in its
+/// own thread while this one waits for SIGINT/SIGTERM/SIGHUP (blocked before any thread starts,
+/// so only this thread takes them): on one, the listening socket file is removed and the
+/// process exits 0. A relay that ends by itself (one connection served, an accept error)
+/// returns its result.
+fn run_relay(
+    a: &Address,
+    b: &Address,
+    opts: &relay::Options,
+    report: &(dyn Fn(&ConnStats) + Sync),
+) -> anyhow::Result<()> {
+    nsfast_sys::signals::block_termination().context("blocking SIGINT/SIGTERM")?;
+    let r = relay::Relay::open(a, b, opts).context("vsock relay")?;
+    std::thread::scope(|s| {
+        let h = s.spawn(|| r.serve(report));
+        loop {
+            if h.is_finished() {
+                return match h.join() {
+                    Ok(res) => res.context("vsock relay"),
+                    Err(_) => Err(anyhow::anyhow!("vsock relay: the relay thread panicked")),
+                };
+            }
+            // Bounded waits so that a relay which ended by itself is noticed soon after.
+            if let Some(sig) =
+                nsfast_sys::signals::wait_termination_timeout(Duration::from_millis(50))
+            {
+                info!("received {sig}, stopping the relay");
+                r.remove_socket();
+                // Threads blocked in accept or a transfer are not joined: the process ends.
+                std::process::exit(0);
+            }
+        }
+    })
 }
 
 fn print_modes(m: &nsfast_vsock::nsmode::Modes, json: bool) -> anyhow::Result<()> {
