@@ -6,7 +6,9 @@
 #   make install  PREFIX=/usr/local DESTDIR=: binaries, nsfast-cni, man pages, completions, units
 #   make deb      build/nsfast_<version>_<arch>.deb from the install tree
 #   make demo   install, build, run the main job (nsfast bench --quick) in throwaway namespaces
-#   make test   install, then every test: format, lints, unit + root integration tests, VM matrix
+#   make test   install, then every test: format, lints, fuzzers (short), unit + root
+#               integration tests, VM matrix
+#   make fuzz   every fuzz target for longer (FUZZ_SECS each, default 600; docs/fuzzing.md)
 #   make bench  the full benchmark
 
 SHELL := /bin/bash
@@ -22,7 +24,7 @@ DEB_VM    := qemu-system-x86 kmod xz-utils debian-archive-keyring binutils libc-
 DEB_SHIP  := man-db groff-base binutils zsh fish
 DEB_ALL   := $(DEB_BUILD) $(DEB_TEST) $(DEB_VM) $(DEB_SHIP)
 
-.PHONY: all check-cargo deps deps-build build demo test test-unit test-root test-vm lint bench clean
+.PHONY: all check-cargo deps deps-build build demo test test-unit test-root test-vm lint fuzz fuzz-ci bench clean
 
 all: build
 
@@ -59,6 +61,7 @@ demo: deps build
 
 lint: deps
 	$(CARGO) fmt --all -- --check
+	rustfmt --edition 2021 --check fuzz/fuzz_targets/*.rs
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 
 test-unit: deps
@@ -138,7 +141,17 @@ test-install: deps build
 	tests/install/check.sh
 # --- end install / package --------------------------------------------------------------------
 
-test: lint test-root test-install test-vm
+# Coverage-guided fuzzers (cargo-fuzz on the nightly toolchain; cargo-fuzz is installed into
+# build/tools once). New inputs go to build/fuzz/, never into the tree; any crash fails.
+FUZZ_SECS ?= 600
+FUZZ_CI_SECS ?= 20
+fuzz-ci: deps
+	fuzz/run.sh -t $(FUZZ_CI_SECS)
+
+fuzz: deps
+	fuzz/run.sh -t $(FUZZ_SECS) $(if $(FUZZ_MERGE),--merge)
+
+test: lint fuzz-ci test-root test-install test-vm
 
 # Longer run, both CPU placements, with the sockperf/iperf3 cross-check.
 bench: deps build

@@ -106,6 +106,18 @@ pub fn run(env: &Env, stdin: &[u8]) -> Result<Option<String>, CniError> {
     })
 }
 
+/// Every check [`run`] makes on its input before ADD, DEL, CHECK, STATUS or GC changes
+/// anything ([`parse`]), plus the decoding of a `prevResult`'s address. Touches nothing. For
+/// the fuzzers.
+#[doc(hidden)]
+pub fn check_input(env: &Env, stdin: &[u8]) -> Result<(), CniError> {
+    let req = parse(env, stdin)?;
+    if let Some(prev) = req.conf.as_ref().and_then(|(c, _)| c.prev_result.as_ref()) {
+        let _ = ipam_ipv4(prev);
+    }
+    Ok(())
+}
+
 struct Ids<'a> {
     container: &'a str,
     ifname: &'a str,

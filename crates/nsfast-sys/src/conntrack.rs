@@ -194,6 +194,81 @@ fn decode_entry(b: &[u8]) -> Option<Entry> {
     })
 }
 
+/// Walks one datagram of netlink messages answering request `seq`: calls `f` on each data
+/// message's attributes. `Some` once the answer is complete (DONE, or the error/ACK),
+/// `None` when more datagrams follow.
+fn walk_batch(mut b: &[u8], seq: u32, f: &mut impl FnMut(&[u8])) -> Option<Result<(), io::Error>> {
+    while b.len() >= 16 {
+        let len = u32::from_ne_bytes([b[0], b[1], b[2], b[3]]) as usize;
+        let ty = u16::from_ne_bytes([b[4], b[5]]);
+        let mseq = u32::from_ne_bytes([b[8], b[9], b[10], b[11]]);
+        if len < 16 || len > b.len() {
+            return Some(Err(io::Error::other("truncated netlink message")));
+        }
+        let payload = &b[16..len];
+        b = &b[((len + 3) & !3).min(b.len())..];
+        if mseq != seq {
+            continue;
+        }
+        match ty {
+            NLMSG_DONE => return Some(Ok(())),
+            NLMSG_ERROR => {
+                let code = payload
+                    .get(..4)
+                    .map(|c| i32::from_ne_bytes([c[0], c[1], c[2], c[3]]))
+                    .unwrap_or(-libc::EIO);
+                // 0 is the ACK, a negative errno a refusal; anything else names no error.
+                return Some(match code.checked_neg() {
+                    Some(0) => Ok(()),
+                    Some(errno) if errno > 0 => Err(io::Error::from_raw_os_error(errno)),
+                    _ => Err(io::Error::other(format!(
+                        "netlink error code {code} is not a negative errno"
+                    ))),
+                });
+            }
+            _ => {
+                if payload.len() >= 4 {
+                    f(&payload[4..]);
+                }
+            }
+        }
+    }
+    None
+}
+
+/// Decodes one datagram of a dump answer to `seq` as [`Conntrack::dump`] does: the entries it
+/// holds and whether the dump is complete (`Some`: DONE or an error). For the fuzzers.
+#[doc(hidden)]
+pub fn decode_dump_batch(b: &[u8], seq: u32) -> (Vec<Entry>, Option<Result<(), io::Error>>) {
+    let mut out = Vec::new();
+    let end = walk_batch(b, seq, &mut |a| {
+        if let Some(e) = decode_entry(a) {
+            out.push(e);
+        }
+    });
+    (out, end)
+}
+
+/// Encodes `e` as the attributes of a ctnetlink entry message (for tests and fuzz seeds).
+#[doc(hidden)]
+pub fn encode_entry(e: &Entry) -> Vec<u8> {
+    let mut out = Vec::new();
+    push_attr(
+        &mut out,
+        CTA_TUPLE_ORIG | NLA_F_NESTED,
+        &encode_tuple(&e.orig),
+    );
+    push_attr(
+        &mut out,
+        CTA_TUPLE_REPLY | NLA_F_NESTED,
+        &encode_tuple(&e.reply),
+    );
+    if e.zone != 0 {
+        push_attr(&mut out, CTA_ZONE, &e.zone.to_be_bytes());
+    }
+    out
+}
+
 impl Conntrack {
     /// Opens a ctnetlink socket in the calling thread's network namespace.
     pub fn open() -> Result<Self, ConntrackError> {
@@ -232,38 +307,8 @@ impl Conntrack {
                     Err(e) => return Err(e),
                 }
             };
-            let mut b = &buf[..n];
-            while b.len() >= 16 {
-                let len = u32::from_ne_bytes([b[0], b[1], b[2], b[3]]) as usize;
-                let ty = u16::from_ne_bytes([b[4], b[5]]);
-                let mseq = u32::from_ne_bytes([b[8], b[9], b[10], b[11]]);
-                if len < 16 || len > b.len() {
-                    return Err(io::Error::other("truncated netlink message"));
-                }
-                let payload = &b[16..len];
-                b = &b[((len + 3) & !3).min(b.len())..];
-                if mseq != seq {
-                    continue;
-                }
-                match ty {
-                    NLMSG_DONE => return Ok(()),
-                    NLMSG_ERROR => {
-                        let code = payload
-                            .get(..4)
-                            .map(|c| i32::from_ne_bytes([c[0], c[1], c[2], c[3]]))
-                            .unwrap_or(-libc::EIO);
-                        return if code == 0 {
-                            Ok(())
-                        } else {
-                            Err(io::Error::from_raw_os_error(-code))
-                        };
-                    }
-                    _ => {
-                        if payload.len() >= 4 {
-                            f(&payload[4..]);
-                        }
-                    }
-                }
+            if let Some(r) = walk_batch(&buf[..n], seq, &mut f) {
+                return r;
             }
         }
     }
@@ -359,5 +404,30 @@ mod tests {
         assert_eq!(e.reply, r);
         assert_eq!(e.zone, 7);
         assert!(e.is_src_nat());
+    }
+
+    /// Found by fuzz/fuzz_targets/conntrack_dump.rs (fuzz/corpus/conntrack_dump/
+    /// regress-error-code-i32-min): an NLMSG_ERROR whose code is i32::MIN panicked with
+    /// "attempt to negate with overflow".
+    #[test]
+    fn error_code_that_is_no_errno_is_an_error() {
+        let mut msg = Vec::new();
+        msg.extend_from_slice(&20u32.to_ne_bytes());
+        msg.extend_from_slice(&NLMSG_ERROR.to_ne_bytes());
+        msg.extend_from_slice(&5u16.to_ne_bytes());
+        msg.extend_from_slice(&0u32.to_ne_bytes()); // seq
+        msg.extend_from_slice(&0u32.to_ne_bytes()); // pid
+        msg.extend_from_slice(&i32::MIN.to_ne_bytes());
+        let (entries, end) = decode_dump_batch(&msg, 0);
+        assert!(entries.is_empty());
+        let e = end.expect("an error ends the answer").unwrap_err();
+        assert!(e.to_string().contains("-2147483648"), "{e}");
+        // A positive code is no errno either; a real one still comes through.
+        msg[16..20].copy_from_slice(&7i32.to_ne_bytes());
+        let e = decode_dump_batch(&msg, 0).1.unwrap().unwrap_err();
+        assert!(e.to_string().contains('7'), "{e}");
+        msg[16..20].copy_from_slice(&(-libc::ENOENT).to_ne_bytes());
+        let e = decode_dump_batch(&msg, 0).1.unwrap().unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::ENOENT));
     }
 }

@@ -171,6 +171,59 @@ pub struct RecvMeta {
 
 const CTRL: usize = 128;
 
+/// What the control messages of one received datagram say.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CmsgInfo {
+    /// `UDP_GRO`: the size of each datagram in a coalesced super-datagram.
+    pub gro_stride: Option<usize>,
+    /// `IP_ORIGDSTADDR`: the datagram's original destination.
+    pub orig_dst: Option<SocketAddrV4>,
+}
+
+/// Walks a control buffer as `recvmsg` filled it (`msg_control`, `msg_controllen` bytes).
+/// Every header and payload is checked against the buffer first: a header whose `cmsg_len`
+/// is shorter than itself or runs past the end stops the walk.
+#[doc(hidden)]
+pub fn parse_cmsgs(ctrl: &[u8]) -> CmsgInfo {
+    // CMSG_ALIGN: headers and payloads start at multiples of size_t.
+    let align = |n: usize| n.checked_next_multiple_of(size_of::<usize>());
+    let hdr_len = size_of::<libc::cmsghdr>();
+    let data_off = align(hdr_len).unwrap_or(usize::MAX);
+    let mut info = CmsgInfo::default();
+    let mut rest = ctrl;
+    while rest.len() >= data_off {
+        // SAFETY: `rest` holds at least one cmsghdr; it is plain data, read unaligned.
+        let c: libc::cmsghdr = unsafe { std::ptr::read_unaligned(rest.as_ptr().cast()) };
+        let len = c.cmsg_len as usize;
+        if len < data_off || len > rest.len() {
+            break;
+        }
+        let data = &rest[data_off..len];
+        match (c.cmsg_level, c.cmsg_type) {
+            (libc::SOL_UDP, UDP_GRO) if data.len() >= size_of::<libc::c_int>() => {
+                let s = libc::c_int::from_ne_bytes([data[0], data[1], data[2], data[3]]);
+                if s > 0 {
+                    info.gro_stride = Some(s as usize);
+                }
+            }
+            (libc::SOL_IP, libc::IP_ORIGDSTADDR)
+                if data.len() >= size_of::<libc::sockaddr_in>() =>
+            {
+                // SAFETY: `data` holds at least a sockaddr_in (checked above); plain data,
+                // read unaligned.
+                let a: libc::sockaddr_in =
+                    unsafe { std::ptr::read_unaligned(data.as_ptr().cast()) };
+                if a.sin_family == libc::AF_INET as libc::sa_family_t {
+                    info.orig_dst = Some(sockaddr_v4(&a));
+                }
+            }
+            _ => {}
+        }
+        rest = align(len).and_then(|next| rest.get(next..)).unwrap_or(&[]);
+    }
+    info
+}
+
 /// A reusable `recvmmsg` batch: `n` slots of [`SLOT`] bytes.
 pub struct RecvBatch {
     bufs: Vec<u8>,
@@ -254,34 +307,16 @@ impl RecvBatch {
             {
                 m.src = Some(sockaddr_v4(&self.names[i]));
             }
-            let hdr = &self.hdrs[i].msg_hdr;
-            // SAFETY: `hdr` was filled by recvmmsg; CMSG_* walk its control buffer within
-            // msg_controllen, and each payload read is bounds-checked by cmsg_len.
-            unsafe {
-                let mut c = libc::CMSG_FIRSTHDR(hdr);
-                while !c.is_null() {
-                    let data = libc::CMSG_DATA(c);
-                    let dlen = (*c).cmsg_len as usize - (data as usize - c as usize);
-                    match ((*c).cmsg_level, (*c).cmsg_type) {
-                        (libc::SOL_UDP, UDP_GRO) if dlen >= size_of::<libc::c_int>() => {
-                            let s = std::ptr::read_unaligned(data.cast::<libc::c_int>());
-                            if s > 0 {
-                                m.stride = s as usize;
-                            }
-                        }
-                        (libc::SOL_IP, libc::IP_ORIGDSTADDR)
-                            if dlen >= size_of::<libc::sockaddr_in>() =>
-                        {
-                            let a = std::ptr::read_unaligned(data.cast::<libc::sockaddr_in>());
-                            if a.sin_family == libc::AF_INET as libc::sa_family_t {
-                                m.orig_dst = Some(sockaddr_v4(&a));
-                            }
-                        }
-                        _ => {}
-                    }
-                    c = libc::CMSG_NXTHDR(hdr, c);
-                }
+            #[allow(clippy::unnecessary_cast)] // size_t on glibc, socklen_t on musl
+            let clen = (self.hdrs[i].msg_hdr.msg_controllen as usize).min(CTRL);
+            // SAFETY: `ctrl[i]` is CTRL bytes of plain integers; viewing them as bytes is valid.
+            let ctrl =
+                unsafe { std::slice::from_raw_parts(self.ctrl[i].as_ptr().cast::<u8>(), clen) };
+            let info = parse_cmsgs(ctrl);
+            if let Some(s) = info.gro_stride {
+                m.stride = s;
             }
+            m.orig_dst = info.orig_dst;
             self.meta[i] = m;
         }
         Ok(got)
@@ -719,5 +754,84 @@ mod tests {
         assert_eq!(&buf[..n], b"hello");
         let u2 = UdpSocket::from(fd.unwrap());
         assert_eq!(u2.local_addr().unwrap(), u.local_addr().unwrap());
+    }
+
+    fn cmsg(level: i32, ty: i32, data: &[u8]) -> Vec<u8> {
+        let hdr = size_of::<libc::cmsghdr>();
+        let mut b = vec![0u8; hdr];
+        // SAFETY: `b` holds a whole cmsghdr; an unaligned write of plain data.
+        unsafe {
+            let mut c: libc::cmsghdr = zeroed();
+            c.cmsg_len = (hdr + data.len()) as _;
+            c.cmsg_level = level;
+            c.cmsg_type = ty;
+            std::ptr::write_unaligned(b.as_mut_ptr().cast(), c);
+        }
+        b.extend_from_slice(data);
+        while !b.len().is_multiple_of(size_of::<usize>()) {
+            b.push(0);
+        }
+        b
+    }
+
+    fn sin(a: Ipv4Addr, port: u16) -> Vec<u8> {
+        let mut b = (libc::AF_INET as u16).to_ne_bytes().to_vec();
+        b.extend_from_slice(&port.to_be_bytes());
+        b.extend_from_slice(&a.octets());
+        b.extend_from_slice(&[0; 8]);
+        b
+    }
+
+    #[test]
+    fn cmsgs_give_gro_stride_and_orig_dst() {
+        let mut buf = cmsg(libc::SOL_UDP, UDP_GRO, &1420i32.to_ne_bytes());
+        buf.extend(cmsg(
+            libc::SOL_IP,
+            libc::IP_ORIGDSTADDR,
+            &sin(Ipv4Addr::new(10, 201, 0, 2), 51820),
+        ));
+        let info = parse_cmsgs(&buf);
+        assert_eq!(info.gro_stride, Some(1420));
+        assert_eq!(
+            info.orig_dst,
+            Some(SocketAddrV4::new(Ipv4Addr::new(10, 201, 0, 2), 51820))
+        );
+        assert_eq!(parse_cmsgs(&[]), CmsgInfo::default());
+    }
+
+    /// Found by fuzz/fuzz_targets/udp_cmsg.rs (fuzz/corpus/udp_cmsg/regress-len-past-end):
+    /// a first header whose cmsg_len runs past the buffer made the walker read a sockaddr_in
+    /// beyond it (AddressSanitizer: heap-buffer-overflow); one whose cmsg_len is below the
+    /// header size underflowed ("attempt to subtract with overflow").
+    #[test]
+    fn cmsg_walker_stays_inside_the_buffer() {
+        // The buffer the walker is given is the first 17 bytes; what follows is a valid
+        // address that must not be read.
+        let mut outer = cmsg(
+            libc::SOL_IP,
+            libc::IP_ORIGDSTADDR,
+            &sin(Ipv4Addr::new(1, 2, 3, 4), 99),
+        );
+        let hdr = size_of::<libc::cmsghdr>();
+        outer[hdr..hdr + 2].copy_from_slice(&(libc::AF_INET as u16).to_ne_bytes());
+        assert_eq!(
+            parse_cmsgs(&outer).orig_dst.map(|a| *a.ip()),
+            Some(Ipv4Addr::new(1, 2, 3, 4))
+        );
+        assert_eq!(parse_cmsgs(&outer[..hdr + 1]), CmsgInfo::default());
+        // cmsg_len smaller than the header itself.
+        let mut short = cmsg(libc::SOL_UDP, UDP_GRO, &1420i32.to_ne_bytes());
+        short[..size_of::<usize>()].copy_from_slice(&4usize.to_ne_bytes());
+        assert_eq!(parse_cmsgs(&short), CmsgInfo::default());
+        // A truncated second message is ignored; the first still counts.
+        let mut two = cmsg(libc::SOL_UDP, UDP_GRO, &1000i32.to_ne_bytes());
+        let first = two.len();
+        two.extend(cmsg(
+            libc::SOL_IP,
+            libc::IP_ORIGDSTADDR,
+            &sin(Ipv4Addr::new(1, 2, 3, 4), 99),
+        ));
+        let info = parse_cmsgs(&two[..first + hdr + 4]);
+        assert_eq!((info.gro_stride, info.orig_dst), (Some(1000), None));
     }
 }
