@@ -666,30 +666,15 @@ fn build(
     )?;
     undo.endpoint = Some((opts.ip.ip, host_ifindex));
     crash_point("endpoint");
+    // The intent record with what only building could tell: index, MACs, what was attached.
     Ok(PodRecord {
-        name: opts.name.clone(),
-        ip: opts.ip.ip,
-        prefix: opts.ip.prefix,
-        gateway: GATEWAY,
-        datapath: dp,
-        host: host.display.clone(),
-        netns: String::new(),
-        netns_owned: false,
-        host_if,
         host_ifindex,
-        pod_if: opts.pod_if.clone(),
         pod_mac: mac_str(pod_mac),
         host_mac: mac_str(host_mac),
-        attach: if dp == Datapath::Veth {
-            attach
-        } else {
-            AttachMethod::Netkit
-        },
         link_pins: undo.pins.clone(),
         tc_filters: undo.tc.clone(),
-        cni: opts.cni.clone(),
-        host_firewall: opts.host_firewall,
         pending: false,
+        ..intent(host, opts, dp, attach)
     })
 }
 
