@@ -11,7 +11,8 @@ bins=("$root"/usr/bin/nsfast "$root"/usr/bin/vpnrelay "$root"/usr/lib/cni/nsfast
 declare -A pkgs=()
 for b in "${bins[@]}"; do
 	for lib in $(objdump -p "$b" | awk '/NEEDED/ {print $2}'); do
-		path=$(ldconfig -p | awk -v l="$lib" '$1 == l {print $NF; exit}')
+		# No early exit in awk: under pipefail a SIGPIPE'd ldconfig fails the script (it did in CI).
+		path=$(ldconfig -p | awk -v l="$lib" '$1 == l && !seen {print $NF; seen = 1}')
 		[ -n "$path" ] || { echo "deb-control: $lib (needed by $b) not found" >&2; exit 1; }
 		pkg=$(dpkg -S "$(readlink -f "$path")" 2>/dev/null || dpkg -S "$path" 2>/dev/null) ||
 			{ echo "deb-control: no package owns $path" >&2; exit 1; }
