@@ -505,12 +505,40 @@ fn example_conflist_is_accepted() {
     let rig = Rig::new();
     let p = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../examples/cni/10-nsfast.conflist");
     let list: Value = serde_json::from_slice(&std::fs::read(&p).unwrap()).unwrap();
-    let mut conf = list["plugins"][0].clone();
-    conf["cniVersion"] = list["cniVersion"].clone();
-    conf["name"] = list["name"].clone();
-    assert_eq!(conf["type"], "nsfast-cni");
-    let out = rig.invoke(&cni_bin(), "STATUS", &[], conf.to_string().as_bytes());
-    assert!(out.ok, "STATUS with {}: {}", p.display(), out.raw);
+    // CNI 1.1 version negotiation: `cniVersion` for older runtimes, `cniVersions` for newer
+    // ones (they pick the highest they support); the plugin speaks every one of them.
+    assert_eq!(list["cniVersion"], "1.0.0");
+    assert_eq!(list["cniVersions"], json!(["1.0.0", "1.1.0"]));
+    let version = rig.invoke(&cni_bin(), "VERSION", &[], br#"{"cniVersion":"1.1.0"}"#);
+    for v in list["cniVersions"].as_array().unwrap() {
+        assert!(
+            version.json["supportedVersions"]
+                .as_array()
+                .unwrap()
+                .contains(v),
+            "{v} not in {}",
+            version.raw
+        );
+    }
+    for v in list["cniVersions"].as_array().unwrap() {
+        let mut conf = list["plugins"][0].clone();
+        conf["cniVersion"] = v.clone();
+        conf["name"] = list["name"].clone();
+        assert_eq!(conf["type"], "nsfast-cni");
+        // The example logs to /var/log: this test's log goes to its own directory.
+        assert_eq!(conf["logFile"], "/var/log/nsfast-cni.log");
+        let log = rig.data_dir.join("example.log");
+        conf["logFile"] = json!(log.display().to_string());
+        let out = rig.invoke(&cni_bin(), "STATUS", &[], conf.to_string().as_bytes());
+        assert!(out.ok, "STATUS with {} at {v}: {}", p.display(), out.raw);
+        let text = std::fs::read_to_string(&log).unwrap();
+        assert!(
+            text.lines().last().is_some_and(
+                |l| l.contains(" INFO STATUS network \"nsfast\"") && l.ends_with(": ok")
+            ),
+            "{text}"
+        );
+    }
 }
 
 /// The `cni-ptp` bench baseline: ptp pods on two hosts reach each other over the wire, and
