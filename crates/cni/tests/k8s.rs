@@ -26,7 +26,7 @@ fn object<'a>(docs: &'a [Yaml], kind: &str) -> &'a Yaml {
         .unwrap_or_else(|| panic!("no {kind} in the manifest"))
 }
 
-fn s<'a>(v: &'a Yaml) -> &'a str {
+fn s(v: &Yaml) -> &str {
     v.as_str().unwrap_or_else(|| panic!("not a string: {v:?}"))
 }
 
