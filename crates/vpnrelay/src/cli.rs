@@ -258,9 +258,28 @@ pub fn main_with_version(version: &'static str) -> ExitCode {
 }
 
 fn config(t: &Target) -> anyhow::Result<Config> {
-    let mut c = Config::from_args(&t.bridge, &t.ports)?;
+    let mut c = Config::from_args(&t.bridge, &t.ports)
+        .map_err(|e| anyhow::anyhow!("{}", with_flag_name(e.to_string())))?;
     c.max_flows_per_client = usize::from(t.max_flows_per_client);
     Ok(c)
+}
+
+/// The flag that stands for each variable (see [`Target`]).
+const FLAG_OF_ENV: &[(&str, &str)] = &[
+    ("VPNRELAY_RULE", "--rule"),
+    ("VPNRELAY_SOCKBUF", "--sockbuf"),
+    ("VPNRELAY_IDLE_TIMEOUT", "--idle-timeout"),
+];
+
+/// A configuration error that names a variable (`invalid VPNRELAY_SOCKBUF="9": ...`) also
+/// names its flag, which may be where the value came from.
+fn with_flag_name(msg: String) -> String {
+    for (var, flag) in FLAG_OF_ENV {
+        if msg.starts_with(&format!("invalid {var}=")) {
+            return format!("{msg} ({flag} or {var})");
+        }
+    }
+    msg
 }
 
 fn child(mode: &str, t: &Target) -> ExitCode {
@@ -340,6 +359,24 @@ mod tests {
                     "vpnrelay {sub} --help does not name {var}:\n{help}"
                 );
             }
+        }
+    }
+
+    #[test]
+    fn config_errors_name_the_flag_too() {
+        assert_eq!(
+            with_flag_name("invalid VPNRELAY_SOCKBUF=\"9\": bytes between 4096 and 1G".into()),
+            "invalid VPNRELAY_SOCKBUF=\"9\": bytes between 4096 and 1G (--sockbuf or VPNRELAY_SOCKBUF)"
+        );
+        assert_eq!(with_flag_name("invalid port".into()), "invalid port");
+        // Every flag named there exists.
+        let c = command();
+        let t = c.find_subcommand("transparent").unwrap();
+        for (_, flag) in FLAG_OF_ENV {
+            assert!(
+                t.get_arguments().any(|a| a.get_long() == Some(&flag[2..])),
+                "{flag}"
+            );
         }
     }
 
