@@ -10,8 +10,9 @@
 //! `logLevel` is `error`, `warn`, `info` or `debug` (default `info` for the file; without
 //! `RUST_LOG` it also sets stderr's level, default `warn`). The file is opened with
 //! `O_APPEND|O_CREAT|O_NOFOLLOW|O_CLOEXEC` (and `O_NONBLOCK|O_NOCTTY` until it is checked),
-//! mode 0600 when created; the path must be absolute, and one that is a symbolic link or not
-//! a regular file (a directory, FIFO, device or socket) is refused before anything changes.
+//! mode 0600 when created; the path must be absolute, and one that is a symbolic link, not
+//! a regular file (a directory, FIFO, device or socket), another user's file or a file with
+//! more than one name (a hard link) is refused before anything is written.
 //! Each line is one `write(2)` to an `O_APPEND` file, so concurrent invocations interleave
 //! whole lines.
 
@@ -174,6 +175,27 @@ pub fn open_log_file(path: &Path) -> Result<File, CniError> {
             "nothing was written to it",
         ));
     }
+    // A regular file, but maybe not ours to write: one planted by another user (in a
+    // world-writable directory), or a second name of another file (a hard link, e.g. to
+    // /etc/shadow where fs.protected_hardlinks is off).
+    use std::os::unix::fs::MetadataExt;
+    let euid = nix::unistd::geteuid().as_raw();
+    let refuse = |why: String| {
+        CniError::new(
+            code::INVALID_CONFIG,
+            format!("\"logFile\" {shown:?} {why}: refused"),
+            "nothing was written to it; expected a file of the plugin's own user with one name",
+        )
+    };
+    if meta.uid() != euid {
+        return Err(refuse(format!(
+            "is owned by uid {}, not the plugin's uid {euid}",
+            meta.uid()
+        )));
+    }
+    if meta.nlink() != 1 {
+        return Err(refuse(format!("has {} hard links", meta.nlink())));
+    }
     // Back to blocking writes for the regular file.
     nix::fcntl::fcntl(
         &file,
@@ -326,6 +348,20 @@ mod tests {
         let e = open_log_file(Path::new("/dev/null")).unwrap_err();
         assert_eq!(e.code, code::INVALID_CONFIG);
         assert!(e.msg.contains("is a device"), "{e:?}");
+
+        // A second name of another file, and a file of another user.
+        let alias = d.0.join("alias");
+        std::fs::hard_link(&target, &alias).unwrap();
+        let e = open_log_file(&alias).unwrap_err();
+        assert_eq!(e.code, code::INVALID_CONFIG);
+        assert!(e.msg.contains("has 2 hard links"), "{e:?}");
+        std::fs::remove_file(&alias).unwrap();
+        if nix::unistd::geteuid().is_root() {
+            std::os::unix::fs::chown(&target, Some(65534), None).unwrap();
+            let e = open_log_file(&target).unwrap_err();
+            assert!(e.msg.contains("is owned by uid 65534"), "{e:?}");
+        }
+        assert_eq!(std::fs::read_to_string(&target).unwrap(), "keep\n");
 
         let e = open_log_file(&d.0.join("no/such/dir.log")).unwrap_err();
         assert_eq!(e.code, code::IO_FAILURE);
