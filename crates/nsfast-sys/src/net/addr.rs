@@ -69,7 +69,8 @@ impl Netlink {
             };
             let msg = match dst {
                 IpAddr::V4(d) => {
-                    let mut b = RouteMessageBuilder::<Ipv4Addr>::new().destination_prefix(d, prefix);
+                    let mut b =
+                        RouteMessageBuilder::<Ipv4Addr>::new().destination_prefix(d, prefix);
                     if let Some(IpAddr::V4(g)) = gateway {
                         b = b.gateway(g);
                     }
@@ -79,7 +80,8 @@ impl Netlink {
                     b.build()
                 }
                 IpAddr::V6(d) => {
-                    let mut b = RouteMessageBuilder::<Ipv6Addr>::new().destination_prefix(d, prefix);
+                    let mut b =
+                        RouteMessageBuilder::<Ipv6Addr>::new().destination_prefix(d, prefix);
                     if let Some(IpAddr::V6(g)) = gateway {
                         b = b.gateway(g);
                     }
@@ -135,7 +137,12 @@ impl Netlink {
     pub fn delete_local_default_route(&self, table: u32) -> Result<(), NetError> {
         self.run(|h| async move {
             let lo = index_of(h, "lo").await?;
-            match h.route().del(local_default_route(table, lo)).execute().await {
+            match h
+                .route()
+                .del(local_default_route(table, lo))
+                .execute()
+                .await
+            {
                 Ok(()) => Ok(()),
                 Err(rtnetlink::Error::NetlinkError(e))
                     if e.raw_code() == -libc::ESRCH || e.raw_code() == -libc::ENOENT =>

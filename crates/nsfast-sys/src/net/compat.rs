@@ -9,7 +9,7 @@
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddrV4};
 
-use super::{NetError, Netlink, NetkitMode, PortRule, TcFilterInfo};
+use super::{NetError, NetkitMode, Netlink, PortRule, TcFilterInfo};
 use crate::netns::NetNs;
 
 /// [`Netlink::link_index`] in `ns`.
@@ -75,12 +75,20 @@ pub fn create_netkit(
 }
 
 /// [`Netlink::add_address`] in `ns`.
-pub fn add_address(ns: Option<&NetNs>, name: &str, addr: IpAddr, prefix: u8) -> Result<(), NetError> {
+pub fn add_address(
+    ns: Option<&NetNs>,
+    name: &str,
+    addr: IpAddr,
+    prefix: u8,
+) -> Result<(), NetError> {
     Netlink::of(ns)?.add_address(name, addr, prefix)
 }
 
 /// [`Netlink::link_ipv4_addresses`] in `ns`.
-pub fn link_ipv4_addresses(ns: Option<&NetNs>, name: &str) -> Result<Vec<(Ipv4Addr, u8)>, NetError> {
+pub fn link_ipv4_addresses(
+    ns: Option<&NetNs>,
+    name: &str,
+) -> Result<Vec<(Ipv4Addr, u8)>, NetError> {
     Netlink::of(ns)?.link_ipv4_addresses(name)
 }
 
@@ -96,17 +104,31 @@ pub fn add_route(
 }
 
 /// [`Netlink::add_link_route`] in `ns`.
-pub fn add_link_route(ns: Option<&NetNs>, dst: Ipv4Addr, prefix: u8, dev: &str) -> Result<(), NetError> {
+pub fn add_link_route(
+    ns: Option<&NetNs>,
+    dst: Ipv4Addr,
+    prefix: u8,
+    dev: &str,
+) -> Result<(), NetError> {
     Netlink::of(ns)?.add_link_route(dst, prefix, dev)
 }
 
 /// [`Netlink::add_neighbour`] in `ns`.
-pub fn add_neighbour(ns: Option<&NetNs>, dev: &str, ip: IpAddr, mac: [u8; 6]) -> Result<(), NetError> {
+pub fn add_neighbour(
+    ns: Option<&NetNs>,
+    dev: &str,
+    ip: IpAddr,
+    mac: [u8; 6],
+) -> Result<(), NetError> {
     Netlink::of(ns)?.add_neighbour(dev, ip, mac)
 }
 
 /// [`Netlink::tc_filters`] in `ns`.
-pub fn tc_filters(ns: Option<&NetNs>, ifname: &str, ingress: bool) -> Result<Vec<TcFilterInfo>, NetError> {
+pub fn tc_filters(
+    ns: Option<&NetNs>,
+    ifname: &str,
+    ingress: bool,
+) -> Result<Vec<TcFilterInfo>, NetError> {
     Netlink::of(ns)?.tc_filters(ifname, ingress)
 }
 
@@ -128,7 +150,11 @@ pub fn tc_filter_delete(
 }
 
 /// [`Netlink::delete_clsact`] in `ns`.
-pub fn delete_clsact(ns: Option<&NetNs>, ifname: &str, ifindex: Option<u32>) -> Result<bool, NetError> {
+pub fn delete_clsact(
+    ns: Option<&NetNs>,
+    ifname: &str,
+    ifindex: Option<u32>,
+) -> Result<bool, NetError> {
     Netlink::of(ns)?.delete_clsact(ifname, ifindex)
 }
 
@@ -138,7 +164,12 @@ pub fn add_port_rule(ns: Option<&NetNs>, r: &PortRule) -> Result<(), NetError> {
 }
 
 /// [`Netlink::delete_port_rules`] in `ns`.
-pub fn delete_port_rules(ns: Option<&NetNs>, iif: &str, table: u32, priority: u32) -> Result<usize, NetError> {
+pub fn delete_port_rules(
+    ns: Option<&NetNs>,
+    iif: &str,
+    table: u32,
+    priority: u32,
+) -> Result<usize, NetError> {
     Netlink::of(ns)?.delete_port_rules(iif, table, priority)
 }
 
@@ -154,7 +185,12 @@ pub fn delete_port_rules_from(
 }
 
 /// [`Netlink::count_port_rules`] in `ns`.
-pub fn count_port_rules(ns: Option<&NetNs>, iif: &str, table: u32, priority: u32) -> Result<usize, NetError> {
+pub fn count_port_rules(
+    ns: Option<&NetNs>,
+    iif: &str,
+    table: u32,
+    priority: u32,
+) -> Result<usize, NetError> {
     Netlink::of(ns)?.count_port_rules(iif, table, priority)
 }
 

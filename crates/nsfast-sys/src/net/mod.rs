@@ -142,7 +142,12 @@ impl Netlink {
         }
     }
 
-    fn assemble(rt: tokio::runtime::Runtime, (conn, handle): Conn, ns: OwnedFd, ns_name: String) -> Self {
+    fn assemble(
+        rt: tokio::runtime::Runtime,
+        (conn, handle): Conn,
+        ns: OwnedFd,
+        ns_name: String,
+    ) -> Self {
         OPENED.fetch_add(1, Ordering::SeqCst);
         let conn = rt.spawn(conn);
         Self {

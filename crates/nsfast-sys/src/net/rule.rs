@@ -120,7 +120,12 @@ impl Netlink {
 
     /// Deletes every IPv4 rule with this iif, table and priority (whatever its ports).
     /// Returns how many were deleted.
-    pub fn delete_port_rules(&self, iif: &str, table: u32, priority: u32) -> Result<usize, NetError> {
+    pub fn delete_port_rules(
+        &self,
+        iif: &str,
+        table: u32,
+        priority: u32,
+    ) -> Result<usize, NetError> {
         self.run(|h| async move {
             let found = port_rules(h, iif, table, priority).await?;
             let n = found.len();
@@ -159,7 +164,12 @@ impl Netlink {
     }
 
     /// Counts IPv4 rules with this iif, table and priority.
-    pub fn count_port_rules(&self, iif: &str, table: u32, priority: u32) -> Result<usize, NetError> {
+    pub fn count_port_rules(
+        &self,
+        iif: &str,
+        table: u32,
+        priority: u32,
+    ) -> Result<usize, NetError> {
         self.run(|h| async move { Ok(port_rules(h, iif, table, priority).await?.len()) })
     }
 

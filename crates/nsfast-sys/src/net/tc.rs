@@ -99,8 +99,6 @@ async fn filters_of(
     Ok(out)
 }
 
-
-
 async fn tc_request(
     h: &Handle,
     msg: netlink_packet_route::RouteNetlinkMessage,
@@ -212,11 +210,7 @@ impl Netlink {
 
     /// Deletes `ifname`'s clsact qdisc (and with it every filter on both hooks), if the
     /// device (with index `ifindex`, when given) and the qdisc exist. Returns whether it was deleted.
-    pub fn delete_clsact(
-        &self,
-        ifname: &str,
-        ifindex: Option<u32>,
-    ) -> Result<bool, NetError> {
+    pub fn delete_clsact(&self, ifname: &str, ifindex: Option<u32>) -> Result<bool, NetError> {
         use netlink_packet_route::tc::{TcAttribute, TcMessage};
         self.run(|h| async move {
             let Some(idx) = current_index(h, ifname, ifindex).await? else {
