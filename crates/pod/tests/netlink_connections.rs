@@ -43,7 +43,10 @@ fn add_check_del(host: &str, pod_name: &str, attach: AttachRequest) {
     opts.host = Some(host.to_string());
     let (added, n) = opened_by(|| pod::add(&opts));
     let added = added.expect("pod add");
-    assert_eq!(n, 2, "{attach:?} pod add: one connection to the host, one to the pod");
+    assert_eq!(
+        n, 2,
+        "{attach:?} pod add: one connection to the host, one to the pod"
+    );
     assert!(!added.record.pending);
 
     // check reads the host device (and tc filters) and the pod's addresses: one each.
@@ -52,7 +55,10 @@ fn add_check_del(host: &str, pod_name: &str, attach: AttachRequest) {
         pod::check(&host, &added.record)
     });
     assert!(problems.is_empty(), "{problems:?}");
-    assert_eq!(n, 2, "{attach:?} check: one connection to the host, one to the pod");
+    assert_eq!(
+        n, 2,
+        "{attach:?} check: one connection to the host, one to the pod"
+    );
 
     // del touches only the host (deleting the host end of the pair takes the pod's with it).
     let (gone, n) = opened_by(|| pod::del(pod_name, Some(host)));
