@@ -192,7 +192,6 @@ pub fn parse_vm(s: &str) -> Result<(u32, Transport), ArgError> {
     Ok((cid, t))
 }
 
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -98,7 +98,6 @@ impl std::fmt::Display for Event {
     }
 }
 
-
 #[cfg(test)]
 mod tests {
     use super::*;

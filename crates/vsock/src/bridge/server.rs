@@ -454,7 +454,6 @@ enum TargetError {
     },
 }
 
-
 #[cfg(test)]
 mod tests {
     use super::*;
