@@ -12,7 +12,7 @@
 
 use std::fs::File;
 use std::io;
-use std::os::fd::{AsFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
 
 use nix::errno::Errno;
@@ -224,14 +224,7 @@ fn read_bounded(fd: &OwnedFd, max: usize) -> io::Result<Vec<u8>> {
 }
 
 fn pidfd_open(pid: u32) -> io::Result<OwnedFd> {
-    // SAFETY: pidfd_open takes a PID and flags and returns a new descriptor or -1; no memory
-    // is passed. nix 0.32 has no wrapper for it.
-    let r = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0) };
-    if r < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: the kernel just returned this descriptor to us; nothing else owns it.
-    Ok(unsafe { OwnedFd::from_raw_fd(r as i32) })
+    nsfast_sys::pidfd::open(pid)
 }
 
 /// True while the process a pidfd refers to has not exited (a pidfd polls readable once it
