@@ -16,10 +16,10 @@ use crate::BenchError;
 pub const AGREEMENT: f64 = 0.15;
 
 /// Alternating runs of the tool and of ours; medians are compared (this machine is noisy).
-pub const REPS: usize = 3;
+pub(crate) const REPS: usize = 3;
 
 /// sockperf's default message size, used for both sides of the latency comparison.
-pub const SOCKPERF_MSG: u32 = 14;
+pub(crate) const SOCKPERF_MSG: u32 = 14;
 
 /// Finds `prog` on PATH.
 pub fn which(prog: &str) -> Option<PathBuf> {
@@ -30,7 +30,7 @@ pub fn which(prog: &str) -> Option<PathBuf> {
 }
 
 /// Parses sockperf's `percentile 50.000 = X` line (µs).
-pub fn parse_sockperf_p50(out: &str) -> Option<f64> {
+pub(crate) fn parse_sockperf_p50(out: &str) -> Option<f64> {
     out.lines().find_map(|l| {
         let (_, rest) = l.split_once("percentile 50.000 =")?;
         rest.trim().parse().ok()
@@ -38,7 +38,7 @@ pub fn parse_sockperf_p50(out: &str) -> Option<f64> {
 }
 
 /// Parses iperf3 `-J` output: end.sum_received.bits_per_second, as Gbit/s.
-pub fn parse_iperf3_gbps(out: &str) -> Option<f64> {
+pub(crate) fn parse_iperf3_gbps(out: &str) -> Option<f64> {
     let v: serde_json::Value = serde_json::from_str(out).ok()?;
     let bps = v
         .get("end")?

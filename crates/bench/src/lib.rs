@@ -8,7 +8,7 @@
 //! - [`proc`]       — start workers in a namespace + cgroup, pinned; kill-on-drop guards; signals.
 //! - [`model`]      — the data a run produces: samples, CPU cost, skips, machine, cross-checks, outcome.
 //! - [`runner`]     — warm-up, interleaved rounds, samples.
-//! - [`cputime`]    — CPU accounting around one measurement (cgroups, softirq, ksoftirqd).
+//! - `cputime`      — CPU accounting around one measurement (cgroups, softirq, ksoftirqd).
 //! - [`stats`]      — medians, ratios to `host`, spread.
 //! - [`report`]     — terminal table, JSON document, machine description.
 //! - [`svg`]        — one bar chart per workload and placement, with min–max whiskers.
@@ -19,7 +19,7 @@
 
 #![forbid(unsafe_code)]
 
-pub mod cputime;
+pub(crate) mod cputime;
 pub mod crosscheck;
 pub mod evidence;
 pub mod load;

@@ -243,7 +243,11 @@ impl Runner {
     }
 
     /// Starts a worker of `role` on `b`, pinned to `cpu`.
-    pub fn spawn_worker(&self, b: &Built, spec: &WorkerSpec) -> Result<ChildGuard, BenchError> {
+    pub(crate) fn spawn_worker(
+        &self,
+        b: &Built,
+        spec: &WorkerSpec,
+    ) -> Result<ChildGuard, BenchError> {
         let (ns, cg) = match spec.role {
             Role::Server | Role::Relay => (b.server_ns(), &b.server.cgroup),
             Role::Client => (b.client_ns(), &b.client.cgroup),

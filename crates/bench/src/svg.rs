@@ -9,7 +9,7 @@ use crate::spec::{Placement, Workload};
 use crate::stats::Row;
 
 /// Escapes text for XML.
-pub fn esc(s: &str) -> String {
+pub(crate) fn esc(s: &str) -> String {
     s.replace('&', "&amp;")
         .replace('<', "&lt;")
         .replace('>', "&gt;")
@@ -170,7 +170,7 @@ pub fn chart(workload: Workload, placement: Placement, rows: &[&Row], machine: &
 
 /// Where the chart for `workload`/`placement` goes: next to the JSON file,
 /// `<stem>-<workload>-<placement>.svg`.
-pub fn chart_path(json: &Path, workload: Workload, placement: Placement) -> PathBuf {
+pub(crate) fn chart_path(json: &Path, workload: Workload, placement: Placement) -> PathBuf {
     let stem = json
         .file_stem()
         .map(|s| s.to_string_lossy().into_owned())

@@ -82,7 +82,7 @@ fn is_tunnel(cfg: &Config, subnets: &[(Ipv4Addr, u8)], e: &Entry) -> bool {
 
 /// Deletes the bridge's tunnel entries that are wrong for the path now in force: NATed ones
 /// (Docker's path) when the relay takes over, un-NATed ones (the relay's) when it hands back.
-pub fn conntrack_handover(
+pub(crate) fn conntrack_handover(
     cfg: &Config,
     subnets: &[(Ipv4Addr, u8)],
     to_relay: bool,
@@ -127,7 +127,7 @@ fn install_rules(cfg: &Config) -> Result<(), ChildError> {
 }
 
 /// Removes the rules and the table's route; returns how many rules there were.
-pub fn remove_rules(cfg: &Config) -> Result<usize, ChildError> {
+pub(crate) fn remove_rules(cfg: &Config) -> Result<usize, ChildError> {
     let err = |what: String| move |source| ChildError::Net { what, source };
     let n = net::delete_port_rules(None, &cfg.bridge, cfg.rule, cfg.rule)
         .map_err(err(format!("delete rules of {}", cfg.bridge)))?;
@@ -180,7 +180,7 @@ fn flow_socket(
 }
 
 /// How long the child waits for the parent's answer to `open`.
-pub const PARENT_TIMEOUT: Duration = Duration::from_secs(10);
+pub(crate) const PARENT_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Waits until `fd` is readable, at most `left`.
 fn wait_readable(fd: BorrowedFd<'_>, left: Duration) -> io::Result<bool> {
@@ -197,7 +197,7 @@ fn wait_readable(fd: BorrowedFd<'_>, left: Duration) -> io::Result<bool> {
 /// Asks the parent for a host socket connected to `server` (request `id`) and waits at most
 /// `timeout` for the reply with that ID. Replies to earlier requests (which timed out) are
 /// discarded with their socket.
-pub fn open_host(
+pub(crate) fn open_host(
     ctl: BorrowedFd<'_>,
     id: u64,
     server: SocketAddrV4,

@@ -473,18 +473,18 @@ pub enum TryLock {
 }
 
 /// `$XDG_RUNTIME_DIR/vpnrelay`.
-pub fn lock_dir() -> PathBuf {
+pub(crate) fn lock_dir() -> PathBuf {
     runtime_dir().join("vpnrelay")
 }
 
 /// The lock file for `what` (`relay` or `supervise`) on `bridge`.
-pub fn lock_path(what: &str, bridge: &str) -> PathBuf {
+pub(crate) fn lock_path(what: &str, bridge: &str) -> PathBuf {
     lock_dir().join(format!("{what}-{bridge}.lock"))
 }
 
 /// The relay's flow counters for `bridge` (JSON, rewritten about once a second while the
 /// relay runs; see docs/vpnrelay.md).
-pub fn stats_path(bridge: &str) -> PathBuf {
+pub(crate) fn stats_path(bridge: &str) -> PathBuf {
     lock_dir().join(format!("relay-{bridge}.stats"))
 }
 
@@ -520,7 +520,7 @@ fn file_name(path: &Path) -> Result<&Path, StateError> {
 impl Lock {
     /// Takes the lock without waiting. The file is opened without following links and
     /// without truncating; it is truncated through the descriptor once it is ours.
-    pub fn try_take(path: &Path) -> Result<TryLock, StateError> {
+    pub(crate) fn try_take(path: &Path) -> Result<TryLock, StateError> {
         let err = |source| StateError::Lock {
             path: path.to_path_buf(),
             source,
@@ -572,7 +572,7 @@ impl Lock {
 /// Replaces `path` (in vpnrelay's own, checked folder) with `data`: written to a fresh
 /// temporary file (`O_EXCL | O_NOFOLLOW`) and renamed over it, so a reader sees the old or
 /// the new content and a planted link is replaced, never written through.
-pub fn replace_file(path: &Path, data: &[u8]) -> Result<(), StateError> {
+pub(crate) fn replace_file(path: &Path, data: &[u8]) -> Result<(), StateError> {
     let err = |source| StateError::Io {
         what: format!("write {}", path.display()),
         source,

@@ -275,7 +275,7 @@ pub fn unix_connect(path: &Path, timeout: Option<Duration>) -> io::Result<UnixSt
 
 /// Connects to a hybrid vsock VMM socket at `path` and performs `CONNECT port`, the connect
 /// and the reply together within `timeout`. Returns the stream, ready for data.
-pub fn hybrid_connect(
+pub(crate) fn hybrid_connect(
     path: &Path,
     port: u32,
     timeout: Option<Duration>,

@@ -25,10 +25,10 @@
 //! the connection is closed and reported.
 //!
 //! Module map (after Firecracker's vsock muxer: one concern per file):
-//! - [`args`]   — `--ports`, `--group`, `--vm` values; a member's [`Transport`].
-//! - [`policy`] — the validated [`Config`] and its routing ([`Config::route`], [`Deny`]).
-//! - [`events`] — [`Event`]: what happened to a connection, as a log line or JSON.
-//! - [`server`] — [`Bridge`]: listeners, accept threads, connection limits, relaying.
+//! - `args`   — `--ports`, `--group`, `--vm` values; a member's [`Transport`].
+//! - `policy` — the validated [`Config`] and its routing ([`Config::route`], [`Deny`]).
+//! - `events` — [`Event`]: what happened to a connection, as a log line or JSON.
+//! - `server` — [`Bridge`]: listeners, accept threads, connection limits, relaying.
 
 mod args;
 mod events;
