@@ -113,48 +113,7 @@ pub fn table(outcome: &Outcome) -> String {
                 r.workload.name().to_string()
             };
             last_w = Some(r.workload);
-            let f = |v: Option<f64>| v.map(fmt_value).unwrap_or_else(|| "–".into());
-            let ratio = r
-                .ratio_to_host
-                .map(|x| format!("{x:.2}"))
-                .unwrap_or_else(|| "–".into());
-            let spread = r
-                .spread_pct
-                .map(|x| format!("±{:.1}%", x / 2.0))
-                .unwrap_or_else(|| "–".into());
-            let cpu = r
-                .cpu_per_unit
-                .map(|x| format!("{} {}", fmt_value(x), short_cpu_unit(&r.cpu_unit)))
-                .unwrap_or_else(|| "–".into());
-            let mut notes = Vec::new();
-            if let Some(l) = r.loss {
-                notes.push(format!("loss {:.1}%", l * 100.0));
-            }
-            if let Some(p99) = r.p99_us {
-                if r.workload == crate::spec::Workload::Ping {
-                    notes.push(format!("p99 {} µs", fmt_value(p99)));
-                }
-            }
-            if r.failed_rounds > 0 {
-                notes.push(format!(
-                    "{} round(s) failed: {}",
-                    r.failed_rounds,
-                    r.error.clone().unwrap_or_default()
-                ));
-            }
-            let _ = writeln!(
-                out,
-                "{:<11} {:<tw$} {:>12} {:<7} {:>7} {:>8}  {:<22} {:>10}  {}",
-                w,
-                r.topology,
-                f(r.median),
-                r.unit,
-                ratio,
-                spread,
-                format!("{} – {}", f(r.min), f(r.max)),
-                cpu,
-                notes.join("; ")
-            );
+            write_row(&mut out, r, &w, tw);
         }
     }
     let _ = writeln!(
@@ -170,6 +129,53 @@ CPU cost = client + server cgroup CPU time + ksoftirqd time on the pinned CPUs{}
         let _ = writeln!(out, "skipped {}: {}", s.topology, s.reason);
     }
     out
+}
+
+/// One row of the terminal table; `w` is the workload column (empty under the first row of a
+/// workload), `tw` the topology column's width.
+fn write_row(out: &mut String, r: &Row, w: &str, tw: usize) {
+    let f = |v: Option<f64>| v.map(fmt_value).unwrap_or_else(|| "–".into());
+    let ratio = r
+        .ratio_to_host
+        .map(|x| format!("{x:.2}"))
+        .unwrap_or_else(|| "–".into());
+    let spread = r
+        .spread_pct
+        .map(|x| format!("±{:.1}%", x / 2.0))
+        .unwrap_or_else(|| "–".into());
+    let cpu = r
+        .cpu_per_unit
+        .map(|x| format!("{} {}", fmt_value(x), short_cpu_unit(&r.cpu_unit)))
+        .unwrap_or_else(|| "–".into());
+    let mut notes = Vec::new();
+    if let Some(l) = r.loss {
+        notes.push(format!("loss {:.1}%", l * 100.0));
+    }
+    if let Some(p99) = r.p99_us {
+        if r.workload == crate::spec::Workload::Ping {
+            notes.push(format!("p99 {} µs", fmt_value(p99)));
+        }
+    }
+    if r.failed_rounds > 0 {
+        notes.push(format!(
+            "{} round(s) failed: {}",
+            r.failed_rounds,
+            r.error.clone().unwrap_or_default()
+        ));
+    }
+    let _ = writeln!(
+        out,
+        "{:<11} {:<tw$} {:>12} {:<7} {:>7} {:>8}  {:<22} {:>10}  {}",
+        w,
+        r.topology,
+        f(r.median),
+        r.unit,
+        ratio,
+        spread,
+        format!("{} – {}", f(r.min), f(r.max)),
+        cpu,
+        notes.join("; ")
+    );
 }
 
 /// The cross-check table: tool figure, ours, difference.
