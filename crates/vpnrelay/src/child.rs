@@ -673,16 +673,7 @@ fn relay(cfg: &Config, ctl: BorrowedFd<'_>) -> Result<(), ChildError> {
         .collect::<Result<_, _>>()?;
     // Bound until the parent answers; a dead parent must not leave us waiting.
     udp::set_recv_timeout(ctl, PARENT_TIMEOUT).map_err(ChildError::Control)?;
-    install_rules(cfg).inspect_err(|_| {
-        let _ = remove_rules(cfg);
-    })?;
-    let handed = match conntrack_handover(cfg, &subnets, true) {
-        Ok(n) => n,
-        Err(e) => {
-            let _ = remove_rules(cfg);
-            return Err(e);
-        }
-    };
+    let handed = take_over(cfg, &subnets)?;
     let offloads = offloads(cfg);
     send_msg(
         ctl,
@@ -709,13 +700,36 @@ fn relay(cfg: &Config, ctl: BorrowedFd<'_>) -> Result<(), ChildError> {
         parent_timeout: PARENT_TIMEOUT,
         last_stats: None,
     };
+    let stop_signal = serve(&mut r, &listeners);
+    tracing::info!("{stop_signal}: handing tunnels back to Docker's path");
+    hand_back(r, listeners, &subnets)
+}
+
+/// Installs the steering rule and moves the bridge's live tunnels' conntrack entries to the
+/// relay; returns how many were moved. On error the rule is removed again.
+fn take_over(cfg: &Config, subnets: &[(Ipv4Addr, u8)]) -> Result<usize, ChildError> {
+    install_rules(cfg).inspect_err(|_| {
+        let _ = remove_rules(cfg);
+    })?;
+    match conntrack_handover(cfg, subnets, true) {
+        Ok(n) => Ok(n),
+        Err(e) => {
+            let _ = remove_rules(cfg);
+            Err(e)
+        }
+    }
+}
+
+/// Relays datagrams from the transparent listeners until SIGINT/SIGTERM; reaps dead flows and
+/// reports once a second. Returns the signal.
+fn serve(r: &mut Relay<'_>, listeners: &[UdpSocket]) -> nix::sys::signal::Signal {
+    use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
     let mut rx = udp::RecvBatch::new(8);
     let mut next_report = Instant::now();
-    let stop_signal = loop {
+    loop {
         if let Some(sig) = nsfast_sys::signals::pending_termination() {
-            break sig;
+            return sig;
         }
-        use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
         let mut pfds: Vec<PollFd<'_>> = listeners
             .iter()
             .map(|l| PollFd::new(l.as_fd(), PollFlags::POLLIN))
@@ -748,8 +762,17 @@ fn relay(cfg: &Config, ctl: BorrowedFd<'_>) -> Result<(), ChildError> {
             r.report();
             next_report = Instant::now() + Duration::from_secs(1);
         }
-    };
-    tracing::info!("{stop_signal}: handing tunnels back to Docker's path");
+    }
+}
+
+/// Hands the tunnels back to Docker's path: the rule goes, every flow stops, the listeners
+/// close, the relay's conntrack entries are reset; the parent gets a `done` line.
+fn hand_back(
+    mut r: Relay<'_>,
+    listeners: Vec<UdpSocket>,
+    subnets: &[(Ipv4Addr, u8)],
+) -> Result<(), ChildError> {
+    let (cfg, ctl) = (r.cfg, r.ctl);
     let rules = remove_rules(cfg);
     let flows: Vec<Flow> = r.flows.drain().map(|(_, f)| f).collect();
     flows.iter().for_each(Flow::signal_stop);
@@ -759,7 +782,7 @@ fn relay(cfg: &Config, ctl: BorrowedFd<'_>) -> Result<(), ChildError> {
     r.handed.clear();
     r.report();
     drop(listeners);
-    let ct = conntrack_handover(cfg, &subnets, false);
+    let ct = conntrack_handover(cfg, subnets, false);
     let rules = rules?;
     let ct = ct?;
     let _ = send_msg(

@@ -241,6 +241,61 @@ fn pidfd_alive(pidfd: BorrowedFd<'_>) -> bool {
     }
 }
 
+/// Reads the PID in `name` under `at` (shown as `shown` in errors): opened without following
+/// links, owner and mode checked, at most 64 bytes.
+fn read_pid_file(at: Option<BorrowedFd<'_>>, name: &str, shown: &Path) -> Result<u32, OpenErr> {
+    let fd = open_checked(
+        at,
+        Path::new(name),
+        shown,
+        OFlag::O_RDONLY | OFlag::O_NONBLOCK,
+        Mode::empty(),
+        false,
+    )?;
+    let text = read_bounded(&fd, 64).map_err(|e| {
+        OpenErr::Other(StateError::Io {
+            what: format!("read {}", shown.display()),
+            source: e,
+        })
+    })?;
+    parse_pid(&text).map_err(|why| {
+        OpenErr::Other(StateError::NoState {
+            dir: shown.parent().unwrap_or(Path::new("/")).to_path_buf(),
+            why: format!("{} holds {why}", shown.display()),
+        })
+    })
+}
+
+/// Docker < 23 (Debian 12's 20.10) starts RootlessKit without --state-dir (it picks
+/// /tmp/rootlesskitNNN): then dockerd's own PID, from $XDG_RUNTIME_DIR/docker.pid, is in the
+/// same user, mount and network namespaces as RootlessKit's child. `child_pid` is the state
+/// file that was missing (named in the error when docker.pid is missing too).
+fn pid_from_docker(
+    child_pid: &Path,
+    no_state: impl Fn(String) -> StateError,
+) -> Result<(u32, PathBuf), StateError> {
+    let rt = runtime_dir();
+    let docker_pid = rt.join("docker.pid");
+    let rt_fd = match open_checked(None, &rt, &rt, OFlag::O_RDONLY, Mode::empty(), true) {
+        Ok(fd) => fd,
+        Err(OpenErr::Missing(e)) => {
+            return Err(no_state(format!(
+                "cannot read {}: {e}",
+                child_pid.display()
+            )))
+        }
+        Err(OpenErr::Other(e)) => return Err(e),
+    };
+    match read_pid_file(Some(rt_fd.as_fd()), "docker.pid", &docker_pid) {
+        Ok(pid) => Ok((pid, docker_pid)),
+        Err(OpenErr::Missing(e)) => Err(no_state(format!(
+            "cannot read {}: {e}",
+            child_pid.display()
+        ))),
+        Err(OpenErr::Other(e)) => Err(e),
+    }
+}
+
 impl Rootless {
     /// Reads `child_pid` (no links followed, owner and mode checked), pins the process by
     /// pidfd, checks its owner and opens its namespaces.
@@ -252,29 +307,6 @@ impl Rootless {
             dir: dir.clone(),
             why,
         };
-        let read_pid_file =
-            |at: Option<BorrowedFd<'_>>, name: &str, shown: &Path| -> Result<u32, OpenErr> {
-                let fd = open_checked(
-                    at,
-                    Path::new(name),
-                    shown,
-                    OFlag::O_RDONLY | OFlag::O_NONBLOCK,
-                    Mode::empty(),
-                    false,
-                )?;
-                let text = read_bounded(&fd, 64).map_err(|e| {
-                    OpenErr::Other(StateError::Io {
-                        what: format!("read {}", shown.display()),
-                        source: e,
-                    })
-                })?;
-                parse_pid(&text).map_err(|why| {
-                    OpenErr::Other(StateError::NoState {
-                        dir: shown.parent().unwrap_or(Path::new("/")).to_path_buf(),
-                        why: format!("{} holds {why}", shown.display()),
-                    })
-                })
-            };
         let state_fd = match open_checked(None, &dir, &dir, OFlag::O_RDONLY, Mode::empty(), true) {
             Ok(fd) => Some(fd),
             Err(OpenErr::Missing(_)) => None,
@@ -294,31 +326,7 @@ impl Rootless {
             // Docker < 23 (Debian 12's 20.10) starts RootlessKit without --state-dir (it picks
             // /tmp/rootlesskitNNN): then dockerd's own PID, from $XDG_RUNTIME_DIR/docker.pid,
             // is in the same user, mount and network namespaces as RootlessKit's child.
-            None if !explicit => {
-                let rt = runtime_dir();
-                let docker_pid = rt.join("docker.pid");
-                let rt_fd = match open_checked(None, &rt, &rt, OFlag::O_RDONLY, Mode::empty(), true)
-                {
-                    Ok(fd) => fd,
-                    Err(OpenErr::Missing(e)) => {
-                        return Err(no_state(format!(
-                            "cannot read {}: {e}",
-                            child_pid.display()
-                        )))
-                    }
-                    Err(OpenErr::Other(e)) => return Err(e),
-                };
-                match read_pid_file(Some(rt_fd.as_fd()), "docker.pid", &docker_pid) {
-                    Ok(pid) => (pid, docker_pid),
-                    Err(OpenErr::Missing(e)) => {
-                        return Err(no_state(format!(
-                            "cannot read {}: {e}",
-                            child_pid.display()
-                        )))
-                    }
-                    Err(OpenErr::Other(e)) => return Err(e),
-                }
-            }
+            None if !explicit => pid_from_docker(&child_pid, no_state)?,
             None => {
                 return Err(no_state(format!(
                     "cannot read {}: {}",
