@@ -18,6 +18,7 @@
 //! - [`udp`]     — batched IPv4 UDP: recvmmsg + GRO, sendmmsg + GSO, transparent sockets, SCM_RIGHTS.
 //! - [`conntrack`] — ctnetlink: dump IPv4 conntrack entries, delete by tuple.
 //! - [`out`]     — stdout output that returns errors instead of panicking (closed stdout).
+//! - [`pidfd`]   — `pidfd_open(2)`: a handle on a process that a reused PID cannot redirect.
 //! - [`userns`]  — join a rootless user/mount/network namespace set (RootlessKit child) before exec.
 //!
 //! All `unsafe` in nsfast's plumbing lives in this crate, each block with a `// SAFETY:` note.
@@ -30,6 +31,7 @@ pub mod kernel;
 pub mod net;
 pub mod netns;
 pub mod out;
+pub mod pidfd;
 pub mod ports;
 pub mod probe;
 pub mod procstat;
