@@ -12,6 +12,7 @@
 //! - [`stats`]      — medians, ratios to `host`, spread.
 //! - [`report`]     — terminal table, JSON document, machine description.
 //! - [`svg`]        — one bar chart per workload and placement, with min–max whiskers.
+//! - [`export`]     — CSV, HdrHistogram `.hgrm` latency distributions, where a run's files go.
 //! - [`evidence`]   — the fast path's own counters around every sample ("fast path idle").
 //! - [`crosscheck`] — run sockperf and iperf3 on the same topology and compare.
 //! - [`sockmap_hook`] — where the `sockmap` topology attaches crate nsfast-sockmap.
@@ -22,6 +23,7 @@
 pub(crate) mod cputime;
 pub mod crosscheck;
 pub mod evidence;
+pub mod export;
 pub mod load;
 pub mod model;
 pub mod proc;

@@ -152,6 +152,10 @@ pub struct ClientResult {
     pub datagrams: u64,
     /// Per-transaction latency (rr, crr, ping).
     pub latency_us: Option<Latency>,
+    /// The latency histogram itself: every recorded `[nanoseconds, count]` (rr, crr, ping),
+    /// for `nsfast bench --hgrm-dir`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub latency_ns_recorded: Vec<[u64; 2]>,
 }
 
 /// What the server counted.
@@ -549,6 +553,10 @@ pub fn run_client_to(
     }
     r.elapsed_s = start.elapsed().as_secs_f64();
     r.latency_us = Latency::from_histogram(&hist);
+    r.latency_ns_recorded = hist
+        .iter_recorded()
+        .map(|v| [v.value_iterated_to(), v.count_at_value()])
+        .collect();
     Ok(r)
 }
 

@@ -141,7 +141,7 @@ fn write_row(out: &mut String, r: &Row, w: &str, tw: usize) {
         .unwrap_or_else(|| "–".into());
     let spread = r
         .spread_pct
-        .map(|x| format!("±{:.1}%", x / 2.0))
+        .map(|x| format!("±{x:.1}%"))
         .unwrap_or_else(|| "–".into());
     let cpu = r
         .cpu_per_unit

@@ -21,6 +21,15 @@ pub fn median(v: &[f64]) -> Option<f64> {
     })
 }
 
+/// The spread of a row: (max − min) / 2 around the median, in percent of the median. The
+/// table (`±x%`), the JSON summary and the CSV all use this one figure.
+pub fn spread_pct(median: Option<f64>, min: Option<f64>, max: Option<f64>) -> Option<f64> {
+    match (median, min, max) {
+        (Some(m), Some(lo), Some(hi)) if m > 0.0 => Some((hi - lo) / 2.0 / m * 100.0),
+        _ => None,
+    }
+}
+
 /// One row of the summary: a topology × workload × placement over all rounds.
 #[derive(Debug, Clone, Serialize)]
 pub struct Row {
@@ -37,7 +46,8 @@ pub struct Row {
     /// round); the baseline is `host`, or the first topology when `host` did not run
     /// ([`baseline`]).
     pub ratio_to_host: Option<f64>,
-    /// (max - min) / median, in percent.
+    /// The spread the table prints as `±x%`: half the min–max range around the median, in
+    /// percent of the median ([`spread_pct`]).
     pub spread_pct: Option<f64>,
     /// Median CPU cost in the workload's CPU unit.
     pub cpu_per_unit: Option<f64>,
@@ -96,10 +106,7 @@ pub fn summarize(samples: &[Sample], topologies: &[String]) -> Vec<Row> {
             let m = median(&vals);
             let min = vals.iter().copied().reduce(f64::min);
             let max = vals.iter().copied().reduce(f64::max);
-            let spread = match (m, min, max) {
-                (Some(m), Some(lo), Some(hi)) if m > 0.0 => Some((hi - lo) / m * 100.0),
-                _ => None,
-            };
+            let spread = spread_pct(m, min, max);
             // Only rounds with a figure count (an idle fast path's CPU and latency are the
             // ordinary path's).
             let counted = || mine.iter().filter(|s| s.value.is_some());
@@ -143,6 +150,13 @@ mod tests {
         assert_eq!(median(&[3.0, 1.0, 2.0]), Some(2.0));
         assert_eq!(median(&[4.0, 1.0, 2.0, 3.0]), Some(2.5));
         assert_eq!(median(&[f64::NAN, 1.0]), Some(1.0));
+    }
+
+    #[test]
+    fn spread_is_half_the_range_in_percent_of_the_median() {
+        assert_eq!(spread_pct(Some(100.0), Some(90.0), Some(110.0)), Some(10.0));
+        assert_eq!(spread_pct(Some(0.0), Some(0.0), Some(1.0)), None);
+        assert_eq!(spread_pct(None, Some(1.0), Some(2.0)), None);
     }
 
     #[test]

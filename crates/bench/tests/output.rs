@@ -44,6 +44,7 @@ fn outcome() -> Outcome {
                             p999: 40.0,
                             max: 90.0,
                         }),
+                        latency_ns_recorded: vec![[9_000, 900], [20_000, 99], [90_000, 1]],
                     }),
                     server: Some(ServerCounts {
                         transactions: 1000,
@@ -196,4 +197,82 @@ fn idle_fast_path_samples_are_failed_rounds_with_their_evidence() {
         .unwrap();
     assert_eq!(s["fast_path"]["carried"]["redirected_bytes"], 0, "{s}");
     assert!(s["value"].is_null(), "{s}");
+}
+
+/// The spread the JSON summary gives is the one the table prints (one function computes it).
+#[test]
+fn json_spread_equals_the_tables() {
+    let o = outcome();
+    let t = report::table(&o);
+    let v: serde_json::Value = serde_json::from_str(&Document::new(&o).to_json()).unwrap();
+    let rows = v["summary"].as_array().unwrap();
+    assert_eq!(rows.len(), 9);
+    for r in rows {
+        let json = format!("±{:.1}%", r["spread_pct"].as_f64().unwrap());
+        let line = table_row(
+            &t,
+            r["workload"].as_str().unwrap(),
+            r["topology"].as_str().unwrap(),
+        )
+        .unwrap_or_else(|| panic!("no table row for {r}\n{t}"));
+        assert!(
+            line.split_whitespace().any(|c| c == json),
+            "JSON spread {json} not in the table row {line:?}"
+        );
+    }
+}
+
+/// The table line of `workload` × `topology` (the workload column is blank under its first row).
+pub fn table_row<'a>(table: &'a str, workload: &str, topology: &str) -> Option<&'a str> {
+    let mut current = String::new();
+    for line in table.lines() {
+        if line.is_empty() || line.starts_with(' ') {
+            if let Some(t) = line.split_whitespace().next() {
+                if t == topology && current == workload {
+                    return Some(line);
+                }
+            }
+            continue;
+        }
+        let mut cols = line.split_whitespace();
+        current = cols.next().unwrap_or_default().to_string();
+        if current == workload && cols.next() == Some(topology) {
+            return Some(line);
+        }
+    }
+    None
+}
+
+/// CSV: a header, one line per sample and one per summary row, the summary's spread and ratio
+/// as in the JSON; .hgrm: one distribution per topology × workload × placement with latencies.
+#[test]
+fn csv_and_hgrm_exports() {
+    let o = outcome();
+    let csv = nsfast_bench::export::csv(&o);
+    let lines: Vec<&str> = csv.lines().collect();
+    assert_eq!(lines[0], nsfast_bench::export::CSV_HEADER);
+    assert_eq!(lines.len(), 1 + o.samples.len() + 9, "{csv}");
+    let veth_rr = lines
+        .iter()
+        .find(|l| l.starts_with("median,,veth,rr,same-cpu,"))
+        .unwrap();
+    let cols: Vec<&str> = veth_rr.split(',').collect();
+    let row = summarize(&o.samples, &o.topologies)
+        .into_iter()
+        .find(|r| r.topology == "veth" && r.workload == Workload::Rr)
+        .unwrap();
+    assert_eq!(cols[7].parse::<f64>().unwrap(), row.spread_pct.unwrap());
+    assert!(
+        (cols[8].parse::<f64>().unwrap() - 0.5).abs() < 1e-9,
+        "{veth_rr}"
+    );
+    let files = nsfast_bench::export::hgrm(&o);
+    assert_eq!(files.len(), 9);
+    let (name, text) = &files[0];
+    assert_eq!(name, "host-rr-same-cpu.hgrm");
+    // Three rounds of 900 × 9 µs, 99 × 20 µs, 1 × 90 µs.
+    assert!(
+        text.contains("#[Max     =       90.047, Total count    =         3000]"),
+        "{text}"
+    );
 }
