@@ -311,3 +311,76 @@ fn vsock_topologies_are_skipped_outside_a_guest() {
     let text = String::from_utf8_lossy(&list.stdout);
     assert!(text.contains("vsock-relay"), "{text}");
 }
+
+/// `--output -`: the JSON document alone on stdout (the table on stderr), with the table's
+/// spreads; `--csv`, `--hgrm-dir` and `--svg-dir` write where they are told.
+#[test]
+fn output_to_stdout_with_csv_hgrm_and_svg_dir() {
+    require_root();
+    let dir = std::env::temp_dir().join(format!("nsfb-out-{}", std::process::id()));
+    let csv = dir.join("run.csv");
+    let (hgrm, svgs) = (dir.join("hgrm"), dir.join("svg"));
+    let out = bench(&[
+        "--topologies",
+        "host,veth",
+        "--workloads",
+        "ping,stream",
+        "--rounds",
+        "3",
+        "--duration",
+        "0.2",
+        "--warmup",
+        "0",
+        "--no-progress",
+        "--output",
+        "-",
+        "--csv",
+        csv.to_str().unwrap(),
+        "--hgrm-dir",
+        hgrm.to_str().unwrap(),
+        "--svg-dir",
+        svgs.to_str().unwrap(),
+    ]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    let v: serde_json::Value = serde_json::from_str(&stdout).expect("stdout is one JSON document");
+    assert!(stderr.contains("placement same-cpu"), "{stderr}");
+    let rows = v["summary"].as_array().unwrap();
+    assert_eq!(rows.len(), 4, "{v}");
+    // The table's spread column is the JSON's spread_pct.
+    let mut workload = String::new();
+    let mut seen = 0;
+    for line in stderr.lines() {
+        let cols: Vec<&str> = line.split_whitespace().collect();
+        let topology = match cols.as_slice() {
+            [w @ ("ping" | "stream"), t @ ("host" | "veth"), ..] => {
+                workload = w.to_string();
+                *t
+            }
+            [t @ ("host" | "veth"), ..] if line.starts_with(' ') => *t,
+            _ => continue,
+        };
+        let r = rows
+            .iter()
+            .find(|r| r["topology"] == topology && r["workload"] == workload.as_str())
+            .unwrap();
+        let spread = format!("±{:.1}%", r["spread_pct"].as_f64().unwrap());
+        assert!(cols.contains(&spread.as_str()), "{spread} not in {line:?}");
+        seen += 1;
+    }
+    assert_eq!(seen, 4, "{stderr}");
+    let csv = std::fs::read_to_string(&csv).unwrap();
+    assert_eq!(csv.lines().count(), 1 + 3 * 2 * 2 + 4, "{csv}");
+    for t in ["host", "veth"] {
+        let h = std::fs::read_to_string(hgrm.join(format!("{t}-ping-same-cpu.hgrm"))).unwrap();
+        assert!(h.starts_with("       Value     Percentile TotalCount 1/(1-Percentile)"));
+        assert!(h.contains("#[Buckets ="), "{h}");
+    }
+    // stream has no latency distribution.
+    assert!(!hgrm.join("host-stream-same-cpu.hgrm").exists());
+    for w in ["ping", "stream"] {
+        assert!(svgs.join(format!("bench-{w}-same-cpu.svg")).exists());
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

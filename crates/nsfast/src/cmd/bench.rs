@@ -8,7 +8,7 @@ use nsfast_bench::proc::Launcher;
 use nsfast_bench::report::{self, Document};
 use nsfast_bench::runner::{Runner, StderrObserver};
 use nsfast_bench::spec::{self, Config, Placement, Sizes, Workload, MAX_DATAGRAM, MAX_MESSAGE};
-use nsfast_bench::{svg, topology, BenchError};
+use nsfast_bench::{export, topology, BenchError};
 
 /// Every path side by side: host, veth, routed, sockmap (and later ones), in one run.
 #[derive(Args, Debug)]
@@ -51,8 +51,26 @@ pub struct BenchArgs {
     pub udp_size: Option<String>,
     /// Write every round's raw figures plus machine and kernel as JSON to FILE, and one SVG
     /// chart per workload and placement next to it (FILE-stem-WORKLOAD-PLACEMENT.svg).
-    #[arg(long, value_name = "FILE")]
+    #[arg(long, value_name = "FILE", conflicts_with = "output")]
     pub json: Option<PathBuf>,
+    /// Write the JSON document to FILE (as --json), or to stdout with `-`: then the table and
+    /// the "wrote" lines go to stderr.
+    #[arg(long, value_name = "FILE|-")]
+    pub output: Option<PathBuf>,
+    /// Write the SVG charts into DIR (default: next to the JSON file; none without one).
+    #[arg(long, value_name = "DIR", conflicts_with = "no_charts")]
+    pub svg_dir: Option<PathBuf>,
+    /// No SVG charts.
+    #[arg(long)]
+    pub no_charts: bool,
+    /// Write every sample and every summary figure as CSV to FILE (topology, workload,
+    /// placement, value, unit, spread, ratio).
+    #[arg(long, value_name = "FILE")]
+    pub csv: Option<PathBuf>,
+    /// Write one HdrHistogram percentile distribution (.hgrm, µs) per topology × workload ×
+    /// placement with latencies (rr, crr, ping) into DIR.
+    #[arg(long, value_name = "DIR")]
+    pub hgrm_dir: Option<PathBuf>,
     /// Also run sockperf and iperf3 (when installed) on host and veth and compare.
     #[arg(long)]
     pub cross_check: bool,
@@ -74,6 +92,14 @@ pub struct BenchArgs {
 pub struct WorkerArgs {
     /// The worker spec as JSON.
     pub spec: String,
+}
+
+/// The JSON document's file: `--json FILE` or `--output FILE` (not `--output -`).
+fn json_file(a: &BenchArgs) -> Option<&PathBuf> {
+    a.json
+        .as_ref()
+        .or(a.output.as_ref())
+        .filter(|p| p.as_os_str() != "-")
 }
 
 fn config(a: &BenchArgs) -> Result<Config, BenchError> {
@@ -123,7 +149,7 @@ fn config(a: &BenchArgs) -> Result<Config, BenchError> {
         duration,
         warmup,
         sizes,
-        json: a.json.clone(),
+        json: json_file(a).cloned(),
         cross_check: a.cross_check,
         quick: a.quick,
     })
@@ -167,16 +193,39 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
         }
         Err(e) => return Err(e.into()),
     };
-    nsfast_sys::out!("{}", report::table(&outcome))?;
-    nsfast_sys::outln!("run took {:.0} s", started.elapsed().as_secs_f64())?;
-    if let Some(path) = &a.json {
-        let doc = Document::new(&outcome);
-        nsfast_bench::runner::write_file(path, &doc.to_json())?;
-        nsfast_sys::outln!("wrote {}", path.display())?;
-        for (p, text) in svg::charts(path, &doc.summary, &outcome.machine) {
-            nsfast_bench::runner::write_file(&p, &text)?;
-            nsfast_sys::outln!("wrote {}", p.display())?;
+    let to_stdout = a.output.as_deref().is_some_and(|p| p.as_os_str() == "-");
+    // With `--output -` stdout is the JSON document's alone; the table goes to stderr.
+    let say = |line: String| -> anyhow::Result<()> {
+        if to_stdout {
+            eprint!("{line}");
+        } else {
+            nsfast_sys::out!("{line}")?;
         }
+        Ok(())
+    };
+    say(report::table(&outcome))?;
+    say(format!(
+        "run took {:.0} s\n",
+        started.elapsed().as_secs_f64()
+    ))?;
+    let targets = export::Targets {
+        json_file: json_file(&a).cloned(),
+        svg_dir: a.svg_dir.clone(),
+        no_charts: a.no_charts,
+        csv: a.csv.clone(),
+        hgrm_dir: a.hgrm_dir.clone(),
+    };
+    let doc = Document::new(&outcome);
+    if let Some(path) = &targets.json_file {
+        nsfast_bench::runner::write_file(path, &doc.to_json())?;
+        say(format!("wrote {}\n", path.display()))?;
+    }
+    for (p, text) in targets.files(&outcome, &doc.summary) {
+        nsfast_bench::runner::write_file(&p, &text)?;
+        say(format!("wrote {}\n", p.display()))?;
+    }
+    if to_stdout {
+        nsfast_sys::outln!("{}", doc.to_json())?;
     }
     Ok(())
 }
