@@ -919,3 +919,31 @@ fn stdio_end_sees_eof_on_stdout_while_stdin_still_flows() {
     let st = relay.take().wait().unwrap();
     assert!(st.success(), "relay exit: {st}");
 }
+
+/// socat's spelling: `TCP4-LISTEN:P,fork,reuseaddr` forks without `--fork` (three connections
+/// at once, each echoed), `TCP4:` connects, and an unknown option is refused by name.
+#[test]
+fn socat_tcp_listen_fork_reuseaddr_relays_every_connection() {
+    require_root();
+    let w = World::new();
+    tcp_echo_server(&w, 7105);
+    let _relay = w.relay(&["TCP4-LISTEN:7104,fork,reuseaddr", "TCP4:127.0.0.1:7105"]);
+    wait_listening(&w, 7104);
+    // Three connections open at once: without fork the relay serves only the first.
+    let conns: Vec<TcpStream> = (0..3).map(|_| tcp_connect(&w, 7104)).collect();
+    for (i, s) in conns.into_iter().enumerate().rev() {
+        let msg = format!("hello {i}").into_bytes();
+        let back = echo_round_trip(s, |s| s.shutdown(std::net::Shutdown::Write).unwrap(), &msg);
+        assert_eq!(back, msg, "connection {i}");
+    }
+    let out = Command::new(nsfast_bin())
+        .args(["vsock", "relay", "tcp-listen:7106,fork,nodelay", "stdio"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let e = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        e.contains("unknown option \"nodelay\": tcp-listen takes bind=ADDR, fork, reuseaddr"),
+        "{e}"
+    );
+}

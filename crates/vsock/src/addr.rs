@@ -9,8 +9,37 @@ pub const ANY: u32 = u32::MAX;
 pub const UNIX_PATH_MAX: usize = 107;
 
 pub const FORMS: &str = "vsock-listen:PORT[,cid=CID], vsock-connect:CID:PORT[,to-host], \
-tcp-listen:PORT[,bind=ADDR], tcp:HOST:PORT, unix-listen:PATH, unix:PATH, hybrid:PATH:PORT, \
-hybrid-listen:PATH[:PORT], stdio";
+tcp-listen:PORT[,bind=ADDR][,fork][,reuseaddr] (tcp4-listen, tcp6-listen), tcp:HOST:PORT \
+(tcp4, tcp6, tcp-connect), unix-listen:PATH, unix:PATH (unix-connect, unix-client), \
+hybrid:PATH:PORT, hybrid-listen:PATH[:PORT], stdio";
+
+/// The options `tcp-listen` takes.
+const TCP_LISTEN_OPTIONS: &str = "bind=ADDR, fork, reuseaddr";
+
+/// An IP family a `tcp4`/`tcp6` address is restricted to (socat's TCP4, TCP6).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IpFamily {
+    V4,
+    V6,
+}
+
+impl IpFamily {
+    /// Whether `ip` is of this family.
+    pub fn has(self, ip: std::net::IpAddr) -> bool {
+        matches!(
+            (self, ip),
+            (IpFamily::V4, std::net::IpAddr::V4(_)) | (IpFamily::V6, std::net::IpAddr::V6(_))
+        )
+    }
+
+    fn suffix(family: Option<Self>) -> &'static str {
+        match family {
+            None => "",
+            Some(IpFamily::V4) => "4",
+            Some(IpFamily::V6) => "6",
+        }
+    }
+}
 
 /// One end of a relay.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -19,13 +48,21 @@ pub enum Address {
     VsockListen { port: u32, cid: Option<u32> },
     /// Connect to CID:PORT; `to_host` sets VMADDR_FLAG_TO_HOST (sibling VMs through the host).
     VsockConnect { cid: u32, port: u32, to_host: bool },
-    /// Accept TCP connections on PORT (bound to `bind`, default all addresses).
+    /// Accept TCP connections on PORT (bound to `bind`, default all addresses of `family`,
+    /// or of both). `fork` (socat's option) asks for the relay's `--fork`; `reuseaddr` is
+    /// accepted and always on (std's listeners set SO_REUSEADDR).
     TcpListen {
         port: u16,
         bind: Option<std::net::IpAddr>,
+        family: Option<IpFamily>,
+        fork: bool,
     },
-    /// Connect to HOST:PORT.
-    Tcp { host: String, port: u16 },
+    /// Connect to HOST:PORT (only to `family`'s addresses of HOST when set).
+    Tcp {
+        host: String,
+        port: u16,
+        family: Option<IpFamily>,
+    },
     /// Accept connections on a UNIX socket.
     UnixListen { path: PathBuf },
     /// Connect to a UNIX socket.
@@ -172,15 +209,19 @@ impl FromStr for Address {
         match kind.as_str() {
             "vsock-listen" => vsock_listen(&parts),
             "vsock-connect" => vsock_connect(&parts),
-            "tcp-listen" => tcp_listen(&parts),
-            "tcp" | "tcp-connect" => tcp_connect(&parts),
+            "tcp-listen" => tcp_listen(&parts, None),
+            "tcp4-listen" => tcp_listen(&parts, Some(IpFamily::V4)),
+            "tcp6-listen" => tcp_listen(&parts, Some(IpFamily::V6)),
+            "tcp" | "tcp-connect" => tcp_connect(&parts, None),
+            "tcp4" | "tcp4-connect" => tcp_connect(&parts, Some(IpFamily::V4)),
+            "tcp6" | "tcp6-connect" => tcp_connect(&parts, Some(IpFamily::V6)),
             "unix-listen" => {
                 parts.no_opts("unix-listen")?;
                 Ok(Address::UnixListen {
                     path: unix_path(input, parts.main)?,
                 })
             }
-            "unix" | "unix-connect" => {
+            "unix" | "unix-connect" | "unix-client" => {
                 parts.no_opts("unix")?;
                 Ok(Address::Unix {
                     path: unix_path(input, parts.main)?,
@@ -228,27 +269,47 @@ fn vsock_connect(a: &Parts) -> Result<Address, AddressError> {
     })
 }
 
-/// `tcp-listen:PORT[,bind=ADDR]`
-fn tcp_listen(a: &Parts) -> Result<Address, AddressError> {
+/// `tcp-listen:PORT[,bind=ADDR][,fork][,reuseaddr]` (and `tcp4-listen`, `tcp6-listen`)
+fn tcp_listen(a: &Parts, family: Option<IpFamily>) -> Result<Address, AddressError> {
     let port = tcp_port(a.input, a.main)?;
     let mut bind = None;
-    for o in &a.options {
+    let mut fork = false;
+    for &o in &a.options {
         match o.split_once('=') {
             Some(("bind", v)) => {
-                bind = Some(
-                    v.trim_matches(|c| c == '[' || c == ']')
-                        .parse()
-                        .map_err(|_| a.err(format!("bind address {v:?} is not an IP address")))?,
-                )
+                let ip: std::net::IpAddr = v
+                    .trim_matches(|c| c == '[' || c == ']')
+                    .parse()
+                    .map_err(|_| a.err(format!("bind address {v:?} is not an IP address")))?;
+                if let Some(f) = family.filter(|f| !f.has(ip)) {
+                    return Err(a.err(format!(
+                        "bind address {v:?} is not an IPv{} address (tcp{}-listen)",
+                        IpFamily::suffix(Some(f)),
+                        IpFamily::suffix(Some(f))
+                    )));
+                }
+                bind = Some(ip);
             }
-            _ => return Err(a.err(format!("unknown option {o:?}: tcp-listen takes bind=ADDR"))),
+            None if o == "fork" => fork = true,
+            // SO_REUSEADDR is set on every TCP listener already.
+            None if o == "reuseaddr" => {}
+            _ => {
+                return Err(a.err(format!(
+                    "unknown option {o:?}: tcp-listen takes {TCP_LISTEN_OPTIONS}"
+                )))
+            }
         }
     }
-    Ok(Address::TcpListen { port, bind })
+    Ok(Address::TcpListen {
+        port,
+        bind,
+        family,
+        fork,
+    })
 }
 
-/// `tcp:HOST:PORT` (`[v6]` brackets allowed)
-fn tcp_connect(a: &Parts) -> Result<Address, AddressError> {
+/// `tcp:HOST:PORT` (`[v6]` brackets allowed; and `tcp4:`, `tcp6:`)
+fn tcp_connect(a: &Parts, family: Option<IpFamily>) -> Result<Address, AddressError> {
     a.no_opts("tcp")?;
     let Some((h, p)) = a.main.rsplit_once(':') else {
         return Err(a.err("expected tcp:HOST:PORT"));
@@ -257,9 +318,19 @@ fn tcp_connect(a: &Parts) -> Result<Address, AddressError> {
     if host.is_empty() {
         return Err(a.err("empty host in tcp:HOST:PORT"));
     }
+    if let (Some(f), Ok(ip)) = (family, host.parse::<std::net::IpAddr>()) {
+        if !f.has(ip) {
+            return Err(a.err(format!(
+                "{host} is not an IPv{} address (tcp{})",
+                IpFamily::suffix(family),
+                IpFamily::suffix(family)
+            )));
+        }
+    }
     Ok(Address::Tcp {
         host: host.to_string(),
         port: tcp_port(a.input, p)?,
+        family,
     })
 }
 
@@ -304,6 +375,12 @@ impl Address {
         )
     }
 
+    /// Whether the address carries socat's `fork` option (`tcp-listen:P,fork`): the relay's
+    /// `--fork`.
+    pub fn forks(&self) -> bool {
+        matches!(self, Address::TcpListen { fork: true, .. })
+    }
+
     /// Whether opening this address creates an AF_VSOCK socket.
     pub fn is_vsock(&self) -> bool {
         matches!(
@@ -325,13 +402,29 @@ impl std::fmt::Display for Address {
                     if *to_host { ",to-host" } else { "" }
                 )
             }
-            Address::TcpListen { port, bind: None } => write!(f, "tcp-listen:{port}"),
             Address::TcpListen {
                 port,
-                bind: Some(b),
-            } => write!(f, "tcp-listen:{port},bind={b}"),
-            Address::Tcp { host, port } if host.contains(':') => write!(f, "tcp:[{host}]:{port}"),
-            Address::Tcp { host, port } => write!(f, "tcp:{host}:{port}"),
+                bind,
+                family,
+                fork,
+            } => {
+                write!(f, "tcp{}-listen:{port}", IpFamily::suffix(*family))?;
+                if let Some(b) = bind {
+                    write!(f, ",bind={b}")?;
+                }
+                if *fork {
+                    write!(f, ",fork")?;
+                }
+                Ok(())
+            }
+            Address::Tcp { host, port, family } => {
+                let v = IpFamily::suffix(*family);
+                if host.contains(':') {
+                    write!(f, "tcp{v}:[{host}]:{port}")
+                } else {
+                    write!(f, "tcp{v}:{host}:{port}")
+                }
+            }
             Address::UnixListen { path } => write!(f, "unix-listen:{}", path.display()),
             Address::Unix { path } => write!(f, "unix:{}", path.display()),
             Address::Hybrid { path, port } => write!(f, "hybrid:{}:{port}", path.display()),
@@ -386,28 +479,34 @@ mod tests {
             p("tcp-listen:8080"),
             Address::TcpListen {
                 port: 8080,
-                bind: None
+                bind: None,
+                family: None,
+                fork: false
             }
         );
         assert_eq!(
             p("tcp-listen:8080,bind=127.0.0.1"),
             Address::TcpListen {
                 port: 8080,
-                bind: Some("127.0.0.1".parse().unwrap())
+                bind: Some("127.0.0.1".parse().unwrap()),
+                family: None,
+                fork: false
             }
         );
         assert_eq!(
             p("tcp:localhost:80"),
             Address::Tcp {
                 host: "localhost".into(),
-                port: 80
+                port: 80,
+                family: None
             }
         );
         assert_eq!(
             p("tcp:[::1]:80"),
             Address::Tcp {
                 host: "::1".into(),
-                port: 80
+                port: 80,
+                family: None
             }
         );
         assert_eq!(
@@ -476,6 +575,71 @@ mod tests {
         assert!("tcp::80".parse::<Address>().is_err());
     }
 
+    #[test]
+    fn socat_forms_and_options() {
+        assert_eq!(
+            p("TCP-LISTEN:80,fork,reuseaddr"),
+            Address::TcpListen {
+                port: 80,
+                bind: None,
+                family: None,
+                fork: true
+            }
+        );
+        assert_eq!(
+            p("tcp4-listen:80,reuseaddr"),
+            Address::TcpListen {
+                port: 80,
+                bind: None,
+                family: Some(IpFamily::V4),
+                fork: false
+            }
+        );
+        assert_eq!(
+            p("TCP6-LISTEN:80,bind=[::1],fork"),
+            Address::TcpListen {
+                port: 80,
+                bind: Some("::1".parse().unwrap()),
+                family: Some(IpFamily::V6),
+                fork: true
+            }
+        );
+        assert_eq!(
+            p("TCP4:localhost:80"),
+            Address::Tcp {
+                host: "localhost".into(),
+                port: 80,
+                family: Some(IpFamily::V4)
+            }
+        );
+        assert_eq!(
+            p("tcp6:[::1]:80"),
+            Address::Tcp {
+                host: "::1".into(),
+                port: 80,
+                family: Some(IpFamily::V6)
+            }
+        );
+        assert_eq!(
+            p("UNIX-CLIENT:/run/x.sock"),
+            Address::Unix {
+                path: "/run/x.sock".into()
+            }
+        );
+        let e = "tcp-listen:80,fork,nodelay".parse::<Address>().unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "invalid address \"tcp-listen:80,fork,nodelay\": unknown option \"nodelay\": \
+tcp-listen takes bind=ADDR, fork, reuseaddr"
+        );
+        let e = "tcp4:::1:80".parse::<Address>().unwrap_err();
+        assert!(e.to_string().contains("::1 is not an IPv4 address"), "{e}");
+        let e = "tcp6-listen:80,bind=127.0.0.1"
+            .parse::<Address>()
+            .unwrap_err();
+        assert!(e.to_string().contains("not an IPv6 address"), "{e}");
+    }
+
     proptest! {
         // The parser never panics, whatever it is given.
         #[test]
@@ -490,7 +654,11 @@ mod tests {
             let addrs = [
                 Address::VsockConnect { cid, port, to_host },
                 Address::VsockListen { port, cid: Some(cid) },
-                Address::Tcp { host: "10.0.0.1".into(), port: tcp },
+                Address::Tcp { host: "10.0.0.1".into(), port: tcp, family: None },
+                Address::Tcp { host: "10.0.0.1".into(), port: tcp, family: Some(IpFamily::V4) },
+                Address::Tcp { host: "::1".into(), port: tcp, family: Some(IpFamily::V6) },
+                Address::TcpListen { port: tcp, bind: None, family: Some(IpFamily::V6), fork: to_host },
+                Address::TcpListen { port: tcp, bind: Some("127.0.0.1".parse().unwrap()), family: None, fork: true },
                 Address::Hybrid { path: PathBuf::from(format!("/{name}")), port },
                 Address::Unix { path: PathBuf::from(format!("/{name}")) },
             ];

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use socket2::SockRef;
 
-use crate::addr::Address;
+use crate::addr::{Address, IpFamily};
 use crate::hybrid::{self, HybridError};
 use crate::unixsock::{BindError, BoundSocket};
 
@@ -157,11 +157,17 @@ pub struct SockOpts {
 impl Listener {
     pub fn open(addr: &Address, opts: SockOpts) -> Result<Self, ConnError> {
         match addr {
-            Address::TcpListen { port, bind } => {
-                let ip = bind.unwrap_or(std::net::IpAddr::V6(std::net::Ipv6Addr::UNSPECIFIED));
+            Address::TcpListen {
+                port, bind, family, ..
+            } => {
+                let ip = bind.unwrap_or(match family {
+                    Some(IpFamily::V4) => std::net::IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED),
+                    _ => std::net::IpAddr::V6(std::net::Ipv6Addr::UNSPECIFIED),
+                });
+                // std's TcpListener sets SO_REUSEADDR (socat's `reuseaddr`).
                 let l = TcpListener::bind((ip, *port))
                     .or_else(|e| {
-                        if bind.is_none() {
+                        if bind.is_none() && family.is_none() {
                             TcpListener::bind((std::net::Ipv4Addr::UNSPECIFIED, *port))
                         } else {
                             Err(e)
@@ -226,13 +232,31 @@ fn timed_out(what: String) -> io::Error {
 }
 
 /// Connects to TCP `host:port`, trying each address it resolves to, all within `timeout`.
-fn tcp_connect(host: &str, port: u16, timeout: Option<Duration>) -> io::Result<TcpStream> {
+fn tcp_connect(
+    host: &str,
+    port: u16,
+    family: Option<IpFamily>,
+    timeout: Option<Duration>,
+) -> io::Result<TcpStream> {
+    let addrs: Vec<std::net::SocketAddr> = std::net::ToSocketAddrs::to_socket_addrs(&(host, port))?
+        .filter(|sa| family.is_none_or(|f| f.has(sa.ip())))
+        .collect();
+    if addrs.is_empty() {
+        return Err(io::Error::new(
+            io::ErrorKind::NotFound,
+            match family {
+                Some(IpFamily::V4) => format!("{host} has no IPv4 address"),
+                Some(IpFamily::V6) => format!("{host} has no IPv6 address"),
+                None => format!("{host} resolves to no address"),
+            },
+        ));
+    }
     let Some(t) = timeout else {
-        return TcpStream::connect((host, port));
+        return TcpStream::connect(&addrs[..]);
     };
     let deadline = Instant::now() + t;
     let mut last = None;
-    for sa in std::net::ToSocketAddrs::to_socket_addrs(&(host, port))? {
+    for sa in addrs {
         let left = deadline.saturating_duration_since(Instant::now());
         if left.is_zero() {
             break;
@@ -316,9 +340,9 @@ pub(crate) fn hybrid_connect(
 /// Opens a connecting address (or stdio), within `opts.connect_timeout`.
 pub fn connect(addr: &Address, opts: SockOpts) -> Result<Conn, ConnError> {
     match addr {
-        Address::Tcp { host, port } => {
-            let s =
-                tcp_connect(host, *port, opts.connect_timeout).map_err(io_err(addr, "connect"))?;
+        Address::Tcp { host, port, family } => {
+            let s = tcp_connect(host, *port, *family, opts.connect_timeout)
+                .map_err(io_err(addr, "connect"))?;
             let _ = s.set_nodelay(true);
             Ok(Conn::from_socket(s.into(), addr.to_string()))
         }

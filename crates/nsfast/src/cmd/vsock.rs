@@ -223,8 +223,14 @@ pub fn run(cmd: VsockCmd) -> anyhow::Result<()> {
             if buffer > 64 << 20 {
                 anyhow::bail!("invalid size {buffer} for --buffer: at most 64M");
             }
+            if b.forks() {
+                anyhow::bail!(
+                    "invalid address {b}: fork applies to the first address, the one that listens"
+                );
+            }
             let opts = relay::Options {
-                fork,
+                // socat's `TCP-LISTEN:P,fork` is --fork.
+                fork: fork || a.forks(),
                 max_children,
                 buffer: buffer as usize,
                 sock: SockOpts {
