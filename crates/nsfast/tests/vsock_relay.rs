@@ -947,3 +947,60 @@ fn socat_tcp_listen_fork_reuseaddr_relays_every_connection() {
         "{e}"
     );
 }
+
+/// `vsock bench` over TCP on loopback (no AF_VSOCK): iperf3-style interval lines before the
+/// result line, none with --quiet.
+#[test]
+fn bench_prints_interval_lines_unless_quiet() {
+    require_root();
+    let w = World::new();
+    for quiet in [false, true] {
+        let mut server = Command::new(nsfast_bin());
+        server.args([
+            "vsock",
+            "bench",
+            "--server",
+            "--once",
+            "--listen",
+            "tcp-listen:5211,bind=127.0.0.1",
+        ]);
+        w.ns.configure_command(&mut server, None);
+        let mut server = KillOnDrop::new(server.stderr(Stdio::null()).spawn().unwrap());
+        wait_listening(&w, 5211);
+        let mut client = Command::new(nsfast_bin());
+        client.args([
+            "vsock",
+            "bench",
+            "--connect",
+            "tcp:127.0.0.1:5211",
+            "--bytes",
+            "64M",
+        ]);
+        if quiet {
+            client.arg("--quiet");
+        }
+        w.ns.configure_command(&mut client, None);
+        let out = client.output().unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "{stdout}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let lines: Vec<&str> = stdout.lines().collect();
+        let (last, intervals) = lines.split_last().unwrap();
+        assert!(last.contains("67108864 bytes in"), "{stdout}");
+        if quiet {
+            assert!(intervals.is_empty(), "{stdout}");
+        } else {
+            assert!(intervals[0].starts_with("[  0.00-"), "{stdout}");
+            for l in intervals {
+                assert!(
+                    l.starts_with('[') && l.contains(" s]  ") && l.ends_with("bit/s"),
+                    "{l}"
+                );
+            }
+        }
+        assert!(server.take().wait().unwrap().success());
+    }
+}

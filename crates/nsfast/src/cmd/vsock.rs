@@ -151,9 +151,12 @@ pub enum VsockCmd {
         /// SO_VM_SOCKETS_BUFFER_SIZE for vsock sockets.
         #[arg(long, value_name = "SIZE", value_parser = parse_vsock_buffer)]
         vsock_buffer: Option<u64>,
-        /// Print the result as JSON.
+        /// Print the result as JSON (no interval lines).
         #[arg(long)]
         json: bool,
+        /// Client: no iperf3-style interval lines while it runs, the result line only.
+        #[arg(long, short)]
+        quiet: bool,
     },
 }
 
@@ -313,6 +316,7 @@ pub fn run(cmd: VsockCmd) -> anyhow::Result<()> {
             buffer,
             vsock_buffer,
             json,
+            quiet,
         } => {
             let sock = SockOpts {
                 vsock_buffer,
@@ -340,7 +344,19 @@ pub fn run(cmd: VsockCmd) -> anyhow::Result<()> {
                     anyhow::bail!("give --cid CID (or --connect ADDR) for the client, or --server")
                 }
             };
-            let r = nsfast_vsock::bench::client(&addr, bytes, buffer as usize, sock)?;
+            // Interval lines on stdout, as iperf3; a closed stdout loses them, not the run.
+            let mut interval = |line: &str| {
+                if !json && !quiet {
+                    let _ = nsfast_sys::outln!("{line}");
+                }
+            };
+            let r = nsfast_vsock::bench::client_with_intervals(
+                &addr,
+                bytes,
+                buffer as usize,
+                sock,
+                &mut interval,
+            )?;
             if json {
                 nsfast_sys::outln!("{}", serde_json::to_string_pretty(&r)?)?;
             } else {
