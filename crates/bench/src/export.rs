@@ -115,6 +115,14 @@ pub fn hgrm(outcome: &Outcome) -> Vec<(String, String)> {
     out
 }
 
+/// Drops the recorded latency histograms from the samples (after [`hgrm`]): the JSON document
+/// keeps their percentiles, not every bucket.
+pub fn drop_histograms(outcome: &mut Outcome) {
+    for c in outcome.samples.iter_mut().filter_map(|s| s.client.as_mut()) {
+        c.latency_ns_recorded = Vec::new();
+    }
+}
+
 /// HdrHistogram's standard percentile distribution text (`outputPercentileDistribution` with
 /// 5 ticks per half distance), values divided by `scale` (1000: nanoseconds → µs).
 pub fn percentile_distribution(h: &Histogram<u64>, scale: f64) -> String {

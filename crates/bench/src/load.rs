@@ -153,7 +153,7 @@ pub struct ClientResult {
     /// Per-transaction latency (rr, crr, ping).
     pub latency_us: Option<Latency>,
     /// The latency histogram itself: every recorded `[nanoseconds, count]` (rr, crr, ping),
-    /// for `nsfast bench --hgrm-dir`.
+    /// for `nsfast bench --hgrm-dir` (left out of the JSON document).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub latency_ns_recorded: Vec<[u64; 2]>,
 }

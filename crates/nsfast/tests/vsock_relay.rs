@@ -965,7 +965,7 @@ fn bench_prints_interval_lines_unless_quiet() {
             "tcp-listen:5211,bind=127.0.0.1",
         ]);
         w.ns.configure_command(&mut server, None);
-        let mut server = KillOnDrop::new(server.stderr(Stdio::null()).spawn().unwrap());
+        let server = KillOnDrop::new(server.stderr(Stdio::null()).spawn().unwrap());
         wait_listening(&w, 5211);
         let mut client = Command::new(nsfast_bin());
         client.args([

@@ -8,6 +8,7 @@ use nsfast_bench::proc::Launcher;
 use nsfast_bench::report::{self, Document};
 use nsfast_bench::runner::{Runner, StderrObserver};
 use nsfast_bench::spec::{self, Config, Placement, Sizes, Workload, MAX_DATAGRAM, MAX_MESSAGE};
+use nsfast_bench::stats::summarize;
 use nsfast_bench::{export, topology, BenchError};
 
 /// Every path side by side: host, veth, routed, sockmap (and later ones), in one run.
@@ -215,12 +216,17 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
         csv: a.csv.clone(),
         hgrm_dir: a.hgrm_dir.clone(),
     };
+    let mut outcome = outcome;
+    let files = targets.files(&outcome, &summarize(&outcome.samples, &outcome.topologies));
+    // The histograms are the .hgrm files' (the worker's report carries them); the JSON keeps
+    // their percentiles and stays small.
+    export::drop_histograms(&mut outcome);
     let doc = Document::new(&outcome);
     if let Some(path) = &targets.json_file {
         nsfast_bench::runner::write_file(path, &doc.to_json())?;
         say(format!("wrote {}\n", path.display()))?;
     }
-    for (p, text) in targets.files(&outcome, &doc.summary) {
+    for (p, text) in files {
         nsfast_bench::runner::write_file(&p, &text)?;
         say(format!("wrote {}\n", p.display()))?;
     }
