@@ -19,14 +19,7 @@ use std::process::ExitCode;
 
 /// Entry point of the `nsfast-cni` binary.
 pub fn main() -> ExitCode {
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
-        )
-        .with_writer(std::io::stderr)
-        .with_target(false)
-        .try_init();
+    nsfast_sys::logging::init("warn");
     let env = spec::Env::from_process();
     if env.command.is_none() {
         // Run by hand: say what we are, as the reference plugins do; stdin is not read.

@@ -22,14 +22,11 @@ pub fn pod_name(network: &str, container_id: &str, ifname: &str) -> String {
 
 fn pod_err(code: u32, what: &str) -> impl FnOnce(PodError) -> CniError + '_ {
     move |e| {
-        let mut chain = e.to_string();
-        let mut src = std::error::Error::source(&e);
-        while let Some(s) = src {
-            chain.push_str(": ");
-            chain.push_str(&s.to_string());
-            src = s.source();
-        }
-        CniError::new(code, format!("{what}: {e}"), chain)
+        CniError::new(
+            code,
+            format!("{what}: {e}"),
+            nsfast_sys::report::error_chain(&e),
+        )
     }
 }
 
@@ -133,11 +130,11 @@ fn ids<'a>(env: &'a Env) -> Result<Ids<'a>, CniError> {
         ));
     }
     let ifname = env.need("CNI_IFNAME", &env.ifname)?;
-    if ifname.is_empty() || ifname.len() > 15 || ifname.contains('/') || ifname.contains(' ') {
+    if let Err(e) = nsfast_sys::args::ifname::check("CNI_IFNAME", ifname) {
         return Err(CniError::new(
             code::INVALID_ENV,
             format!("invalid CNI_IFNAME {ifname:?}"),
-            "expected 1-15 characters without '/' or spaces",
+            e.reason,
         ));
     }
     Ok(Ids { container, ifname })

@@ -114,22 +114,6 @@ e.g. `sudo -u USER XDG_RUNTIME_DIR=/run/user/UID vpnrelay ...`, a systemd user u
     })
 }
 
-fn init_logging() {
-    use tracing_subscriber::EnvFilter;
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
-    let fmt = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_target(false);
-    // Under systemd the journal adds the timestamp and shows no colour.
-    let _ = if nsfast_sys::systemd::stderr_is_journal() {
-        fmt.with_ansi(false).without_time().try_init()
-    } else {
-        fmt.with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-            .try_init()
-    };
-}
-
 /// The clap definition (for man pages and completions).
 pub fn command() -> clap::Command {
     Cli::command()
@@ -148,7 +132,7 @@ pub fn main_with_version(version: &'static str) -> ExitCode {
         eprintln!("vpnrelay: error: blocking signals: {e}");
         return ExitCode::FAILURE;
     }
-    init_logging();
+    nsfast_sys::logging::init("info");
     let cli = match Cli::from_arg_matches(&Cli::command().version(version).get_matches()) {
         Ok(c) => c,
         Err(e) => e.exit(),

@@ -9,14 +9,6 @@ use nsfast_sockmap::{Options, Shortcut};
 use nsfast_sys::ports::PortList;
 use tracing::info;
 
-fn parse_ports(s: &str) -> Result<PortList, String> {
-    PortList::parse("--ports", s).map_err(|e| e.to_string())
-}
-
-fn parse_exclude_ports(s: &str) -> Result<PortList, String> {
-    PortList::parse("--exclude-ports", s).map_err(|e| e.to_string())
-}
-
 #[derive(Subcommand, Debug)]
 pub enum SockmapCmd {
     /// Attach the shortcut to a cgroup and run until SIGINT/SIGTERM, then detach.
@@ -38,10 +30,10 @@ pub enum SockmapCmd {
         slice: Option<String>,
         /// Only connections to these server ports take the shortcut, e.g. 80,443,8000-8100
         /// [default: all ports].
-        #[arg(long, value_name = "LIST", value_parser = parse_ports)]
+        #[arg(long, value_name = "LIST", value_parser = PortList::arg("--ports"))]
         ports: Option<PortList>,
         /// Connections to these server ports never take the shortcut.
-        #[arg(long, value_name = "LIST", value_parser = parse_exclude_ports)]
+        #[arg(long, value_name = "LIST", value_parser = PortList::arg("--exclude-ports"))]
         exclude_ports: Option<PortList>,
         /// Log the counters every SECS seconds while running (0: only at exit).
         #[arg(long, value_name = "SECS", default_value_t = 0)]
