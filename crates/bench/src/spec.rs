@@ -10,6 +10,23 @@ use serde::{Deserialize, Serialize};
 
 use crate::BenchError;
 
+/// The one of `all` whose `name` is `s`; the error names `flag`, `s` and the valid names.
+fn by_name<T: Copy>(
+    flag: &'static str,
+    s: &str,
+    all: &[T],
+    name: fn(T) -> &'static str,
+) -> Result<T, BenchError> {
+    all.iter()
+        .copied()
+        .find(|&v| name(v) == s)
+        .ok_or_else(|| BenchError::BadArg {
+            flag,
+            value: s.into(),
+            valid: all.iter().map(|&v| name(v)).collect::<Vec<_>>().join(", "),
+        })
+}
+
 /// A load pattern of the built-in load generator.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
@@ -72,14 +89,7 @@ impl Workload {
     }
 
     pub fn parse(s: &str) -> Result<Self, BenchError> {
-        Self::ALL
-            .into_iter()
-            .find(|w| w.name() == s)
-            .ok_or_else(|| BenchError::BadArg {
-                flag: "--workloads",
-                value: s.into(),
-                valid: Self::ALL.map(|w| w.name()).join(", "),
-            })
+        by_name("--workloads", s, &Self::ALL, Self::name)
     }
 }
 
@@ -113,14 +123,7 @@ impl Placement {
     }
 
     pub fn parse(s: &str) -> Result<Self, BenchError> {
-        Self::ALL
-            .into_iter()
-            .find(|p| p.name() == s)
-            .ok_or_else(|| BenchError::BadArg {
-                flag: "--placement",
-                value: s.into(),
-                valid: Self::ALL.map(|p| p.name()).join(", "),
-            })
+        by_name("--placement", s, &Self::ALL, Self::name)
     }
 
     /// (client CPU, server CPU) chosen from the CPUs this process may use; `None` is unpinned.

@@ -36,46 +36,24 @@ fn bench(args: &[&str]) -> std::process::Output {
 /// clap's hint.
 #[test]
 fn bad_arguments_give_one_clear_error() {
-    for (args, want) in [
-        (
-            vec!["--topologies", "host,vxlan"],
-            "error: invalid value 'vxlan' for '--topologies <LIST>'",
-        ),
-        (
-            vec!["--rounds", "0"],
-            "error: invalid value '0' for '--rounds <N>'",
-        ),
-        (
-            vec!["--request-size", "-5"],
-            "error: invalid value '-5' for '--request-size <SIZE>'",
-        ),
-        (
-            vec!["--udp-size", "-1"],
-            "error: invalid value '-1' for '--udp-size <SIZE>'",
-        ),
-        (
-            vec!["--stream-size", "12Q"],
-            "error: invalid value '12Q' for '--stream-size <SIZE>'",
-        ),
-        (
-            vec!["--duration", "0"],
-            "error: invalid value '0' for '--duration <DURATION>'",
-        ),
-        (
-            vec!["--workloads", "tcp_rr"],
-            "error: invalid value 'tcp_rr' for '--workloads <LIST>'",
-        ),
-        (
-            vec!["--placement", "numa"],
-            "error: invalid value 'numa' for '--placement <LIST>'",
-        ),
+    for (flag, value, bad, meta) in [
+        ("--topologies", "host,vxlan", "vxlan", "LIST"),
+        ("--rounds", "0", "0", "N"),
+        ("--request-size", "-5", "-5", "SIZE"),
+        ("--udp-size", "-1", "-1", "SIZE"),
+        ("--stream-size", "12Q", "12Q", "SIZE"),
+        ("--duration", "0", "0", "DURATION"),
+        ("--workloads", "tcp_rr", "tcp_rr", "LIST"),
+        ("--placement", "numa", "numa", "LIST"),
     ] {
+        let args = [flag, value];
+        let want = format!("error: invalid value '{bad}' for '{flag} <{meta}>'");
         let out = bench(&args);
         let err = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
         let lines: Vec<&str> = err.lines().filter(|l| !l.trim().is_empty()).collect();
         assert_eq!(lines.len(), 2, "{args:?}: one error line expected: {err}");
-        assert!(lines[0].starts_with(want), "{args:?}: {err}");
+        assert!(lines[0].starts_with(&want), "{args:?}: {err}");
         assert_eq!(lines[1], "For more information, try '--help'.", "{err}");
     }
 }

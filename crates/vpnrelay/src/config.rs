@@ -61,7 +61,8 @@ fn env(name: &str) -> Option<String> {
     std::env::var(name).ok().filter(|v| !v.is_empty())
 }
 
-/// Largest idle timeout (`VPNRELAY_IDLE_TIMEOUT`).
+/// Shortest and longest idle timeout (`VPNRELAY_IDLE_TIMEOUT`).
+pub const MIN_IDLE: Duration = Duration::from_secs(1);
 pub const MAX_IDLE: Duration = Duration::from_secs(86400);
 
 /// Validates the bridge's interface name ([`nsfast_sys::args::ifname`]).
@@ -107,7 +108,16 @@ impl Config {
         };
         let idle = match env("VPNRELAY_IDLE_TIMEOUT") {
             None => DEFAULT_IDLE,
-            Some(v) => duration::parse("VPNRELAY_IDLE_TIMEOUT", &v, MAX_IDLE, false)?,
+            Some(v) => match duration::parse("VPNRELAY_IDLE_TIMEOUT", &v, MAX_IDLE, false)? {
+                d if d < MIN_IDLE => {
+                    return Err(ConfigError::Env {
+                        name: "VPNRELAY_IDLE_TIMEOUT",
+                        value: v,
+                        valid: "at least 1s (a bare number is seconds), at most 24h",
+                    })
+                }
+                d => d,
+            },
         };
         Ok(Self {
             bridge: bridge.into(),
@@ -165,6 +175,14 @@ mod tests {
         let e = from(None, Some("0")).unwrap_err();
         assert!(e.contains("\"0\" for VPNRELAY_IDLE_TIMEOUT: zero"), "{e}");
         assert!(from(None, Some("2d")).is_err());
+        assert!(from(None, Some("25h")).unwrap_err().contains("too long"));
+        assert!(from(None, Some("500ms"))
+            .unwrap_err()
+            .contains("at least 1s"));
+        assert_eq!(
+            from(None, Some("1.5")),
+            Ok((DEFAULT_SOCKBUF, Duration::from_millis(1500)))
+        );
     }
 
     #[test]
