@@ -488,6 +488,27 @@ mod tests {
     }
 
     #[test]
+    fn ifnames_follow_the_shared_rule() {
+        let env = |ifname: &str| Env {
+            command: Some("DEL".into()),
+            container_id: Some("c1".into()),
+            ifname: Some(ifname.into()),
+            ..Default::default()
+        };
+        for ok in ["eth0", "net1", "eth0.100"] {
+            assert!(ids(&env(ok)).is_ok(), "{ok}");
+        }
+        // ':' and a tab passed the old check; the kernel refuses both.
+        for bad in ["eth:0", "a\tb", "a b", "a/b", "..", "sixteen-chars-xx"] {
+            let e = ids(&env(bad))
+                .err()
+                .unwrap_or_else(|| panic!("{bad:?} accepted"));
+            assert_eq!(e.code, code::INVALID_ENV, "{bad:?}");
+            assert!(e.msg.contains(&format!("{bad:?}")), "{}", e.msg);
+        }
+    }
+
+    #[test]
     fn version_needs_no_config() {
         let env = Env {
             command: Some("VERSION".into()),
