@@ -202,6 +202,9 @@ pub fn parse_conf(stdin: &[u8]) -> Result<(NetConf, Value), CniError> {
         )
     })?;
     check_version(&conf.cni_version)?;
+    // logFile / logLevel were applied before the command ran; checked here as well, so that
+    // every input check is in one place.
+    crate::log::Settings::from_conf(&raw)?;
     Ok((conf, raw))
 }
 

@@ -3,8 +3,8 @@
 //! Module map:
 //! - [`netns`]   — create, open, enter and delete network namespaces; run code or commands inside.
 //! - [`cgroup`]  — find the cgroup2 mount, create/remove cgroups, move processes, cgroup ids.
-//! - [`net`]     — rtnetlink helpers: veth and netkit pairs, links, addresses, routes, neighbours,
-//!   netkit probe (sync wrappers).
+//! - [`net`]     — rtnetlink through a handle bound to one namespace ([`netns::NetNs::netlink`]),
+//!   split by concern: links (veth, netkit pairs, probe), addresses/routes, rules, tc, neighbours.
 //! - [`args`]    — one parser each for sizes, durations, interface names (and [`ports`]:
 //!   port lists such as `80,443,8000-8100`), used by every CLI and config reader.
 //! - [`report`]  — an error with its causes on one line; [`logging`] — the one log setup.
