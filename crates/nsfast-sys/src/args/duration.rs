@@ -11,9 +11,24 @@ const WHAT: &str = "duration";
 /// Parses a duration of at most `max`; zero only when `zero_ok` (where it means "off").
 /// `flag` names the option (or variable) in the error.
 pub fn parse(flag: &str, s: &str, max: Duration, zero_ok: bool) -> Result<Duration, ArgError> {
+    let min = if zero_ok {
+        Duration::ZERO
+    } else {
+        Duration::from_millis(1)
+    };
+    parse_in(flag, s, min, max)
+}
+
+/// Parses a duration in `min..=max` (`min` zero: 0 means "off").
+pub fn parse_in(flag: &str, s: &str, min: Duration, max: Duration) -> Result<Duration, ArgError> {
+    let zero_ok = min.is_zero();
     let valid = format!(
         "expected a number with an optional unit ms, s (the default), m or h, e.g. 10s, 0.5 or 500ms; {}at most {}",
-        if zero_ok { "0 for off, " } else { "above 0, " },
+        match min.as_millis() {
+            0 => "0 for off, ".to_string(),
+            1 => "above 0, ".to_string(),
+            _ => format!("at least {}, ", format(min)),
+        },
         format(max)
     );
     let err = |why: &str| ArgError::new(flag, WHAT, s, format!("{why} ({valid})"));
@@ -59,6 +74,9 @@ pub fn parse(flag: &str, s: &str, max: Duration, zero_ok: bool) -> Result<Durati
     if ms == 0 && !zero_ok {
         return Err(err("zero"));
     }
+    if ms < min.as_millis() {
+        return Err(err("too short"));
+    }
     u64::try_from(ms)
         .map(Duration::from_millis)
         .map_err(|_| err("too long"))
@@ -71,6 +89,15 @@ pub fn arg(
     zero_ok: bool,
 ) -> impl Fn(&str) -> Result<Duration, ArgError> + Clone + Send + Sync + 'static {
     move |s| parse(flag, s, max, zero_ok)
+}
+
+/// [`arg`] for a duration in `min..=max`.
+pub fn arg_in(
+    flag: &'static str,
+    min: Duration,
+    max: Duration,
+) -> impl Fn(&str) -> Result<Duration, ArgError> + Clone + Send + Sync + 'static {
+    move |s| parse_in(flag, s, min, max)
 }
 
 /// A duration the way [`parse`] reads it, in whole milliseconds: `1s`, `500ms`, `1500ms`,
@@ -127,6 +154,20 @@ mod tests {
             "invalid duration \"2h\" for --connect-timeout: too long (expected a number with an optional unit ms, s (the default), m or h, e.g. 10s, 0.5 or 500ms; above 0, at most 1h)"
         );
         assert_eq!(parse("--idle-timeout", "0", H, true), Ok(Duration::ZERO));
+        let one = Duration::from_secs(1);
+        assert_eq!(
+            parse_in("x", "1.5", one, H),
+            Ok(Duration::from_millis(1500))
+        );
+        let e = parse_in("VPNRELAY_IDLE_TIMEOUT", "500ms", one, H).unwrap_err();
+        assert!(
+            e.reason.starts_with("too short (") && e.reason.contains("at least 1s"),
+            "{e}"
+        );
+        assert!(parse_in("x", "0", one, H)
+            .unwrap_err()
+            .reason
+            .starts_with("zero"));
         for d in ["1s", "500ms", "1500ms", "2m", "1h", "0s"] {
             assert_eq!(format(parse("x", d, H, true).unwrap()), d);
         }
