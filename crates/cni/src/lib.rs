@@ -1,7 +1,8 @@
 //! nsfast-cni: a CNI 1.1 plugin that makes nsfast pods.
 //!
 //! Module map:
-//! - [`spec`]   — CNI protocol types: config, environment, results, error JSON and codes.
+//! - [`error`]  — the CNI error object and codes (a leaf: every other module may use it).
+//! - [`spec`]   — CNI protocol types: config, environment, results (re-exports [`error`]).
 //! - [`ipam`]   — delegation to the IPAM plugin (e.g. `host-local`) found on `CNI_PATH`.
 //! - [`log`]    — `logFile` / `logLevel`: the plugin's log lines appended to a file.
 //! - [`plugin`] — ADD, DEL, CHECK, STATUS, GC, VERSION on top of `nsfast_pod`.
@@ -11,6 +12,7 @@
 //! The runtime executes the plugin in the host network namespace with `CNI_*` variables and
 //! the network configuration on stdin; the result (or an error object) goes to stdout.
 
+pub mod error;
 pub mod ipam;
 pub mod log;
 pub mod plugin;

@@ -23,7 +23,7 @@ use std::path::{Path, PathBuf};
 use serde_json::Value;
 use tracing_subscriber::filter::LevelFilter;
 
-use crate::spec::{code, CniError};
+use crate::error::{code, CniError};
 
 /// `logLevel`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -20,6 +20,7 @@
 //! - [`udp`]     — batched IPv4 UDP: recvmmsg + GRO, sendmmsg + GSO, transparent sockets, SCM_RIGHTS.
 //! - [`conntrack`] — ctnetlink: dump IPv4 conntrack entries, delete by tuple.
 //! - [`out`]     — stdout output that returns errors instead of panicking (closed stdout).
+//! - [`pidfd`]   — `pidfd_open(2)`: a handle on a process that a reused PID cannot redirect.
 //! - [`userns`]  — join a rootless user/mount/network namespace set (RootlessKit child) before exec.
 //!
 //! All `unsafe` in nsfast's plumbing lives in this crate, each block with a `// SAFETY:` note.
@@ -34,6 +35,7 @@ pub mod logging;
 pub mod net;
 pub mod netns;
 pub mod out;
+pub mod pidfd;
 pub mod ports;
 pub mod probe;
 pub mod procstat;

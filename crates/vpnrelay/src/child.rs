@@ -82,7 +82,7 @@ fn is_tunnel(cfg: &Config, subnets: &[(Ipv4Addr, u8)], e: &Entry) -> bool {
 
 /// Deletes the bridge's tunnel entries that are wrong for the path now in force: NATed ones
 /// (Docker's path) when the relay takes over, un-NATed ones (the relay's) when it hands back.
-pub fn conntrack_handover(
+pub(crate) fn conntrack_handover(
     cfg: &Config,
     subnets: &[(Ipv4Addr, u8)],
     to_relay: bool,
@@ -133,7 +133,7 @@ fn install_rules(nl: &Netlink, cfg: &Config) -> Result<(), ChildError> {
 }
 
 /// Removes the rules and the table's route; returns how many rules there were.
-pub fn remove_rules(nl: &Netlink, cfg: &Config) -> Result<usize, ChildError> {
+pub(crate) fn remove_rules(nl: &Netlink, cfg: &Config) -> Result<usize, ChildError> {
     let err = |what: String| move |source| ChildError::Net { what, source };
     let n = nl
         .delete_port_rules(&cfg.bridge, cfg.rule, cfg.rule)
@@ -188,7 +188,7 @@ fn flow_socket(
 }
 
 /// How long the child waits for the parent's answer to `open`.
-pub const PARENT_TIMEOUT: Duration = Duration::from_secs(10);
+pub(crate) const PARENT_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Waits until `fd` is readable, at most `left`.
 fn wait_readable(fd: BorrowedFd<'_>, left: Duration) -> io::Result<bool> {
@@ -205,7 +205,7 @@ fn wait_readable(fd: BorrowedFd<'_>, left: Duration) -> io::Result<bool> {
 /// Asks the parent for a host socket connected to `server` (request `id`) and waits at most
 /// `timeout` for the reply with that ID. Replies to earlier requests (which timed out) are
 /// discarded with their socket.
-pub fn open_host(
+pub(crate) fn open_host(
     ctl: BorrowedFd<'_>,
     id: u64,
     server: SocketAddrV4,
@@ -685,16 +685,7 @@ fn relay(cfg: &Config, ctl: BorrowedFd<'_>) -> Result<(), ChildError> {
         .collect::<Result<_, _>>()?;
     // Bound until the parent answers; a dead parent must not leave us waiting.
     udp::set_recv_timeout(ctl, PARENT_TIMEOUT).map_err(ChildError::Control)?;
-    install_rules(&nl, cfg).inspect_err(|_| {
-        let _ = remove_rules(&nl, cfg);
-    })?;
-    let handed = match conntrack_handover(cfg, &subnets, true) {
-        Ok(n) => n,
-        Err(e) => {
-            let _ = remove_rules(&nl, cfg);
-            return Err(e);
-        }
-    };
+    let handed = take_over(&nl, cfg, &subnets)?;
     let offloads = offloads(cfg);
     send_msg(
         ctl,
@@ -722,13 +713,36 @@ fn relay(cfg: &Config, ctl: BorrowedFd<'_>) -> Result<(), ChildError> {
         parent_timeout: PARENT_TIMEOUT,
         last_stats: None,
     };
+    let stop_signal = serve(&mut r, &listeners);
+    tracing::info!("{stop_signal}: handing tunnels back to Docker's path");
+    hand_back(r, listeners, &subnets)
+}
+
+/// Installs the steering rule and moves the bridge's live tunnels' conntrack entries to the
+/// relay; returns how many were moved. On error the rule is removed again.
+fn take_over(nl: &Netlink, cfg: &Config, subnets: &[(Ipv4Addr, u8)]) -> Result<usize, ChildError> {
+    install_rules(nl, cfg).inspect_err(|_| {
+        let _ = remove_rules(nl, cfg);
+    })?;
+    match conntrack_handover(cfg, subnets, true) {
+        Ok(n) => Ok(n),
+        Err(e) => {
+            let _ = remove_rules(nl, cfg);
+            Err(e)
+        }
+    }
+}
+
+/// Relays datagrams from the transparent listeners until SIGINT/SIGTERM; reaps dead flows and
+/// reports once a second. Returns the signal.
+fn serve(r: &mut Relay<'_>, listeners: &[UdpSocket]) -> nix::sys::signal::Signal {
+    use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
     let mut rx = udp::RecvBatch::new(8);
     let mut next_report = Instant::now();
-    let stop_signal = loop {
+    loop {
         if let Some(sig) = nsfast_sys::signals::pending_termination() {
-            break sig;
+            return sig;
         }
-        use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
         let mut pfds: Vec<PollFd<'_>> = listeners
             .iter()
             .map(|l| PollFd::new(l.as_fd(), PollFlags::POLLIN))
@@ -761,9 +775,18 @@ fn relay(cfg: &Config, ctl: BorrowedFd<'_>) -> Result<(), ChildError> {
             r.report();
             next_report = Instant::now() + Duration::from_secs(1);
         }
-    };
-    tracing::info!("{stop_signal}: handing tunnels back to Docker's path");
-    let rules = remove_rules(&nl, cfg);
+    }
+}
+
+/// Hands the tunnels back to Docker's path: the rule goes, every flow stops, the listeners
+/// close, the relay's conntrack entries are reset; the parent gets a `done` line.
+fn hand_back(
+    mut r: Relay<'_>,
+    listeners: Vec<UdpSocket>,
+    subnets: &[(Ipv4Addr, u8)],
+) -> Result<(), ChildError> {
+    let (cfg, ctl) = (r.cfg, r.ctl);
+    let rules = remove_rules(r.nl, cfg);
     let flows: Vec<Flow> = r.flows.drain().map(|(_, f)| f).collect();
     flows.iter().for_each(Flow::signal_stop);
     for f in flows {
@@ -772,7 +795,7 @@ fn relay(cfg: &Config, ctl: BorrowedFd<'_>) -> Result<(), ChildError> {
     r.handed.clear();
     r.report();
     drop(listeners);
-    let ct = conntrack_handover(cfg, &subnets, false);
+    let ct = conntrack_handover(cfg, subnets, false);
     let rules = rules?;
     let ct = ct?;
     let _ = send_msg(

@@ -516,7 +516,7 @@ pub fn run(
 }
 
 /// An error with its causes, `a: b: c`.
-pub use nsfast_sys::report::error_chain;
+pub(crate) use nsfast_sys::report::error_chain;
 
 #[cfg(test)]
 mod chunk_tests {
