@@ -8,18 +8,7 @@ use aya::maps::{Array, HashMap as BpfHashMap, MapData};
 use aya::programs::{SchedClassifier, TestRun, TestRunOptions};
 use aya::Ebpf;
 use nsfast_sockmap::abi::{self, expected_key, ip4_word, ip6_words, Config, ConnView, PairKey};
-
-fn require_root() {
-    assert!(
-        nix_is_root(),
-        "this test needs root (BPF_PROG_TEST_RUN); run `make test` as root"
-    );
-}
-
-fn nix_is_root() -> bool {
-    // SAFETY: geteuid has no preconditions and cannot fail.
-    unsafe { libc::geteuid() == 0 }
-}
+use nsfast_testsupport::require_root;
 
 struct Harness {
     ebpf: Ebpf,
