@@ -144,6 +144,43 @@ fn bench_list_json_every_spelling() {
     );
 }
 
+/// A one-round bench run: `-j` prints its document on stdout instead of the table, and
+/// `--json FILE` writes the same kind of document, both with `schema_version`.
+#[test]
+fn bench_run_document_carries_the_schema_version() {
+    let run_args = [
+        "--topologies",
+        "host",
+        "--workloads",
+        "rr",
+        "--rounds",
+        "1",
+        "--duration",
+        "0.1",
+        "--warmup",
+        "0",
+        "--no-progress",
+    ];
+    let mut args = vec!["-j", "bench"];
+    args.extend(run_args);
+    let v = json_of("nsfast -j bench (run)", nsfast(&args));
+    assert_eq!(v["tool"], "nsfast bench", "{v}");
+    assert!(v["summary"].is_array(), "{v}");
+    let dir = std::env::temp_dir().join(format!("nsfj-bench-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("b.json");
+    let file_s = file.to_str().unwrap().to_string();
+    let mut args = vec!["bench", "--json", &file_s];
+    args.extend(run_args);
+    let o = nsfast(&args);
+    let text = std::fs::read_to_string(&file);
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(o.status.success(), "{o:?}");
+    let doc: serde_json::Value = serde_json::from_str(&text.unwrap()).unwrap();
+    assert_eq!(doc["schema_version"], 1);
+}
+
 #[test]
 fn sockmap_status_json_every_spelling() {
     let v = every_spelling(&["sockmap", "status"], &[]);
