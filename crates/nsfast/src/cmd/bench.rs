@@ -65,7 +65,15 @@ pub struct BenchArgs {
     pub udp_size: Option<u32>,
     /// Write every round's raw figures plus machine and kernel as JSON to FILE, and one SVG
     /// chart per workload and placement next to it (FILE-stem-WORKLOAD-PLACEMENT.svg).
-    #[arg(long, value_name = "FILE")]
+    /// Without FILE (or `-`, or the global `nsfast -j bench`): --list and --cleanup print JSON,
+    /// and a run prints its document on stdout instead of the table.
+    #[arg(
+        short = 'j',
+        long,
+        value_name = "FILE",
+        num_args = 0..=1,
+        default_missing_value = "-"
+    )]
     pub json: Option<PathBuf>,
     /// Also run sockperf and iperf3 (when installed) on host and veth and compare.
     #[arg(long)]
@@ -140,7 +148,7 @@ fn config(a: &BenchArgs) -> Result<Config, BenchError> {
         duration: a.duration.unwrap_or(def_dur),
         warmup: a.warmup.unwrap_or(def_warm),
         sizes,
-        json: a.json.clone(),
+        json: a.json.clone().filter(|p| !is_stdout(p)),
         cross_check: a.cross_check,
         quick: a.quick,
     })
@@ -150,18 +158,42 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
     // Block SIGINT/SIGTERM before any thread starts: the runner polls for them and tears
     // everything down itself.
     nsfast_sys::signals::block_termination().context("block SIGINT/SIGTERM")?;
+    let json = json_out(&a);
     if a.list {
-        for d in topology::registry() {
-            let status = match (d.probe)() {
+        let rows: Vec<(&str, &str, Result<(), String>)> = topology::registry()
+            .iter()
+            .map(|d| (d.name, d.about, (d.probe)().map_err(|r| r.to_string())))
+            .collect();
+        if let Some(j) = json {
+            let list: Vec<_> = rows
+                .iter()
+                .map(|(name, about, r)| {
+                    serde_json::json!({
+                        "name": name,
+                        "about": about,
+                        "available": r.is_ok(),
+                        "reason": r.as_ref().err(),
+                    })
+                })
+                .collect();
+            j.print(&serde_json::json!({ "topologies": list }))?;
+            return Ok(());
+        }
+        for (name, about, r) in rows {
+            let status = match r {
                 Ok(()) => "available".to_string(),
                 Err(r) => format!("skipped: {r}"),
             };
-            nsfast_sys::outln!("{:<12} {:<70} {status}", d.name, d.about)?;
+            nsfast_sys::outln!("{name:<12} {about:<70} {status}")?;
         }
         return Ok(());
     }
     if a.cleanup {
         let done = topology::cleanup_stale();
+        if let Some(j) = json {
+            j.print(&serde_json::json!({ "removed": done }))?;
+            return Ok(());
+        }
         if done.is_empty() {
             nsfast_sys::outln!("nothing to clean up")?;
         }
@@ -184,6 +216,11 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
         }
         Err(e) => return Err(e.into()),
     };
+    if let Some(j) = json.filter(|_| a.json.as_deref().is_none_or(is_stdout)) {
+        let doc = Document::new(&outcome);
+        nsfast_sys::outln!("{}", j.render(&doc)?)?;
+        return Ok(());
+    }
     nsfast_sys::out!("{}", report::table(&outcome))?;
     nsfast_sys::outln!("run took {:.0} s", started.elapsed().as_secs_f64())?;
     if let Some(path) = &a.json {
@@ -196,6 +233,19 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+fn is_stdout(p: &std::path::Path) -> bool {
+    p.as_os_str() == "-"
+}
+
+/// JSON on stdout: the global `-j`/`-p`, or `bench --json` without a FILE (or `--json -`).
+fn json_out(a: &BenchArgs) -> Option<nsfast_sys::out::Json> {
+    crate::cmd::output::json().or(a
+        .json
+        .as_deref()
+        .filter(|p| is_stdout(p))
+        .map(|_| nsfast_sys::out::Json::default()))
 }
 
 pub fn worker(a: WorkerArgs) -> anyhow::Result<()> {
