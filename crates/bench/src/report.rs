@@ -13,6 +13,8 @@ use crate::stats::{summarize, Row};
 /// The JSON document `--json` writes.
 #[derive(Debug, Serialize)]
 pub struct Document<'a> {
+    /// `nsfast_sys::out::SCHEMA_VERSION` (docs/json.md).
+    pub schema_version: u32,
     pub tool: &'static str,
     #[serde(flatten)]
     pub outcome: &'a Outcome,
@@ -22,6 +24,7 @@ pub struct Document<'a> {
 impl<'a> Document<'a> {
     pub fn new(outcome: &'a Outcome) -> Self {
         Self {
+            schema_version: nsfast_sys::out::SCHEMA_VERSION,
             tool: "nsfast bench",
             outcome,
             summary: summarize(&outcome.samples, &outcome.topologies),

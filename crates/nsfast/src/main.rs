@@ -20,6 +20,21 @@ mod version;
     about = "Fast paths across Linux namespace and VM boundaries"
 )]
 struct Cli {
+    /// Print every listing and status as JSON (one line; with `schema_version`), like `ip -j`.
+    /// Valid before or after the subcommand. (`bench --json FILE` writes the run's document
+    /// to FILE; `bench -j` alone prints JSON.)
+    #[arg(
+        short = 'j',
+        long = "json",
+        global = true,
+        num_args = 0,
+        default_missing_value = "-",
+        value_parser = clap::value_parser!(std::path::PathBuf)
+    )]
+    json: Option<std::path::PathBuf>,
+    /// Indent the JSON (implies --json), like `ip -j -p`.
+    #[arg(short = 'p', long, global = true)]
+    pretty: bool,
     #[command(subcommand)]
     command: Command,
 }
@@ -54,6 +69,9 @@ fn main() -> ExitCode {
         Ok(c) => c,
         Err(e) => e.exit(),
     };
+    if cli.json.is_some() || cli.pretty {
+        cmd::output::set(nsfast_sys::out::Json { pretty: cli.pretty });
+    }
     let result = match cli.command {
         Command::Sockmap(c) => cmd::sockmap::run(c),
         Command::Vsock(c) => cmd::vsock::run(c),

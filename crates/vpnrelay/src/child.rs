@@ -650,7 +650,10 @@ impl Relay<'_> {
             .map(|(c, s)| serde_json::json!({"client": c.to_string(), "server": s.to_string()}))
             .collect();
         serde_json::json!({
+            "schema_version": nsfast_sys::out::SCHEMA_VERSION,
             "bridge": self.cfg.bridge,
+            "max_flows": self.cfg.max_flows,
+            "max_flows_per_client": self.cfg.max_flows_per_client,
             "flows_open": self.flows.len(),
             "flows_opened": t.flows_opened,
             "refused_handed_back": t.handed_back,

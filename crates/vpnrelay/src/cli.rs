@@ -36,6 +36,9 @@ enum Cmd {
     /// Remove a stale rule and reset the bridge's tunnel conntrack entries; does nothing while
     /// a relay for BRIDGE runs.
     Cleanup(Target),
+    /// Show each relay's counters (flows, bytes, refused, per-client limit) from
+    /// $XDG_RUNTIME_DIR/vpnrelay/relay-BRIDGE.stats and whether it runs.
+    Status(StatusArgs),
     /// Benchmark (needs root): builds a throwaway RootlessKit + slirp4netns world and measures
     /// slirp4netns vs the relay vs a direct host socket in interleaved rounds.
     #[command(hide = true)]
@@ -56,6 +59,80 @@ enum Cmd {
         #[command(flatten)]
         target: Target,
     },
+}
+
+#[derive(clap::Args, Debug)]
+struct StatusArgs {
+    /// Only this bridge [default: every relay with a stats file].
+    #[arg(long, value_name = "NAME")]
+    bridge: Option<String>,
+    /// Print JSON (with `schema_version`) instead of a table.
+    #[arg(short = 'j', long)]
+    json: bool,
+    /// Indent the JSON (implies --json).
+    #[arg(short = 'p', long)]
+    pretty: bool,
+    /// The user's runtime directory (stats files under DIR/vpnrelay) [default: /run/user/UID].
+    #[arg(long, env = "XDG_RUNTIME_DIR", value_name = "DIR")]
+    runtime_dir: Option<std::path::PathBuf>,
+}
+
+/// `vpnrelay status`: the relays' stats files as a table or JSON.
+fn status(a: &StatusArgs) -> anyhow::Result<()> {
+    let dir = a
+        .runtime_dir
+        .clone()
+        .filter(|d| !d.as_os_str().is_empty())
+        .unwrap_or_else(crate::state::runtime_dir)
+        .join("vpnrelay");
+    let relays = crate::state::read_status(&dir, a.bridge.as_deref())?;
+    if a.json || a.pretty {
+        let j = nsfast_sys::out::Json { pretty: a.pretty };
+        let list: Vec<serde_json::Value> = relays.iter().map(|r| r.to_json()).collect();
+        j.print(&serde_json::json!({ "relays": list }))?;
+        return Ok(());
+    }
+    if relays.is_empty() {
+        nsfast_sys::outln!("no relay stats under {}", dir.display())?;
+        return Ok(());
+    }
+    nsfast_sys::outln!(
+        "{:<18} {:<16} {:>6} {:>8} {:>8} {:>14} {:>14} {:>9}",
+        "BRIDGE",
+        "STATE",
+        "FLOWS",
+        "OPENED",
+        "REFUSED",
+        "UP BYTES",
+        "DOWN BYTES",
+        "PER-CLIENT"
+    )?;
+    for r in &relays {
+        let n = |k: &str| r.stats.get(k).and_then(|v| v.as_u64()).unwrap_or(0);
+        let state = match (r.running, r.pid) {
+            (true, Some(p)) => format!("running ({p})"),
+            (true, None) => "running".into(),
+            (false, _) => "stopped".into(),
+        };
+        let per_client = r
+            .stats
+            .get("max_flows_per_client")
+            .and_then(|v| v.as_u64())
+            .map(|v| v.to_string())
+            .unwrap_or_else(|| "-".into());
+        nsfast_sys::outln!(
+            "{:<18} {:<16} {:>6} {:>8} {:>8} {:>14} {:>14} {:>9}",
+            r.bridge,
+            state,
+            n("flows_open"),
+            n("flows_opened"),
+            n("refused_handed_back") + n("refused_dropped"),
+            n("up_bytes"),
+            n("down_bytes"),
+            per_client
+        )?;
+    }
+    Ok(())
 }
 
 #[derive(clap::Args, Debug)]
@@ -221,12 +298,13 @@ pub fn main_with_version(version: &'static str) -> ExitCode {
     match &cli.command {
         Cmd::Supervise(t) | Cmd::Transparent(t) | Cmd::Cleanup(t) => t.export_env(),
         Cmd::Child { target, .. } => target.export_env(),
-        Cmd::Bench { .. } => {}
+        Cmd::Bench { .. } | Cmd::Status(_) => {}
     }
     let res = match cli.command {
         Cmd::Supervise(t) => config(&t).and_then(|c| crate::supervise::supervise(&c)),
         Cmd::Transparent(t) => config(&t).and_then(|c| crate::host::transparent(&c)),
         Cmd::Cleanup(t) => config(&t).and_then(|c| crate::host::cleanup(&c)),
+        Cmd::Status(a) => status(&a),
         Cmd::Child { mode, target } => return child(&mode, &target),
         Cmd::Bench {
             rounds,

@@ -12,7 +12,7 @@
 
 use std::fs::File;
 use std::io;
-use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
 
 use nix::errno::Errno;
@@ -614,6 +614,134 @@ pub(crate) fn replace_file(path: &Path, data: &[u8]) -> Result<(), StateError> {
     nix::fcntl::renameat(&dir, &tmp, &dir, name).map_err(|e| err(io_err(e)))
 }
 
+/// One relay's status for `vpnrelay status`: its stats file and whether a relay holds its
+/// lock.
+#[derive(Debug, Clone)]
+pub struct RelayStatus {
+    pub bridge: String,
+    /// The PID in `relay-<bridge>.lock`, if it holds one.
+    pub pid: Option<u32>,
+    /// A relay holds the lock (it runs); false: the counters are what the last one left.
+    pub running: bool,
+    /// The relay's counters as it wrote them (`relay-<bridge>.stats`).
+    pub stats: serde_json::Value,
+}
+
+impl RelayStatus {
+    /// As JSON: `bridge`, `pid`, `running` and `stats` (the file's object).
+    pub fn to_json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "bridge": self.bridge,
+            "pid": self.pid,
+            "running": self.running,
+            "stats": self.stats,
+        })
+    }
+}
+
+/// Largest stats file read (a relay holds at most `config::MAX_FLOWS` flows).
+const MAX_STATS: usize = 4 << 20;
+
+/// Reads the relays' stats files in `dir` (`$XDG_RUNTIME_DIR/vpnrelay`): every
+/// `relay-<bridge>.stats`, or only `bridge`'s. The folder and each file are opened without
+/// following links and with the owner and mode checked, like the rest of vpnrelay's state.
+pub fn read_status(dir: &Path, bridge: Option<&str>) -> Result<Vec<RelayStatus>, StateError> {
+    let dir_fd = match open_checked(None, dir, dir, OFlag::O_RDONLY, Mode::empty(), true) {
+        Ok(fd) => fd,
+        Err(OpenErr::Missing(_)) => return Ok(Vec::new()),
+        Err(OpenErr::Other(e)) => return Err(e),
+    };
+    let mut bridges: Vec<String> = match bridge {
+        Some(b) => vec![b.to_string()],
+        None => std::fs::read_dir(format!("/proc/self/fd/{}", dir_fd.as_raw_fd()))
+            .map_err(|e| StateError::Io {
+                what: format!("list {}", dir.display()),
+                source: e,
+            })?
+            .filter_map(|e| e.ok())
+            .filter_map(|e| {
+                let n = e.file_name().into_string().ok()?;
+                Some(
+                    n.strip_prefix("relay-")?
+                        .strip_suffix(".stats")?
+                        .to_string(),
+                )
+            })
+            .collect(),
+    };
+    bridges.sort();
+    let mut out = Vec::new();
+    for b in bridges {
+        let name = format!("relay-{b}.stats");
+        let shown = dir.join(&name);
+        if name.contains('/') {
+            return Err(StateError::Untrusted {
+                path: shown,
+                why: "a bridge name has no '/'".into(),
+            });
+        }
+        let fd = match open_checked(
+            Some(dir_fd.as_fd()),
+            Path::new(&name),
+            &shown,
+            OFlag::O_RDONLY | OFlag::O_NONBLOCK,
+            Mode::empty(),
+            false,
+        ) {
+            Ok(fd) => fd,
+            Err(OpenErr::Missing(_)) if bridge.is_some() => {
+                return Err(StateError::Io {
+                    what: format!(
+                        "no stats for bridge {b} ({} does not exist: no relay ran for it)",
+                        shown.display()
+                    ),
+                    source: io::Error::from(io::ErrorKind::NotFound),
+                })
+            }
+            Err(OpenErr::Missing(_)) => continue,
+            Err(OpenErr::Other(e)) => return Err(e),
+        };
+        let text = read_bounded(&fd, MAX_STATS).map_err(|e| StateError::Io {
+            what: format!("read {}", shown.display()),
+            source: e,
+        })?;
+        let stats = serde_json::from_slice(&text).map_err(|e| StateError::Io {
+            what: format!("parse {}", shown.display()),
+            source: io::Error::new(io::ErrorKind::InvalidData, e),
+        })?;
+        let lock = format!("relay-{b}.lock");
+        let lock_shown = dir.join(&lock);
+        let pid = read_pid_file(Some(dir_fd.as_fd()), &lock, &lock_shown).ok();
+        let running = lock_held(dir_fd.as_fd(), &lock, &lock_shown);
+        out.push(RelayStatus {
+            bridge: b,
+            pid,
+            running,
+            stats,
+        });
+    }
+    Ok(out)
+}
+
+/// Whether some process holds the exclusive lock `name` (a relay runs): a shared,
+/// non-blocking flock on our own descriptor is refused then, and released at once otherwise.
+fn lock_held(dir: BorrowedFd<'_>, name: &str, shown: &Path) -> bool {
+    let Ok(fd) = open_checked(
+        Some(dir),
+        Path::new(name),
+        shown,
+        OFlag::O_RDONLY | OFlag::O_NONBLOCK,
+        Mode::empty(),
+        false,
+    ) else {
+        return false;
+    };
+    matches!(
+        Flock::lock(File::from(fd), FlockArg::LockSharedNonblock),
+        Err((_, Errno::EWOULDBLOCK))
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -775,6 +903,64 @@ mod tests {
         assert_eq!(std::fs::read(&victim).unwrap(), b"keep");
         assert_eq!(std::fs::read(&target).unwrap(), b"{}");
         assert!(!std::fs::symlink_metadata(&target).unwrap().is_symlink());
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn status_reads_the_stats_file_and_sees_the_running_relay() {
+        let d = scratch("status");
+        let dir = d.join("vpnrelay");
+        let stats = serde_json::json!({
+            "schema_version": nsfast_sys::out::SCHEMA_VERSION,
+            "bridge": "br-a", "flows_open": 2, "flows_opened": 5,
+            "refused_handed_back": 1, "refused_dropped": 0, "max_flows_per_client": 8,
+            "up_bytes": 1000, "down_bytes": 2000,
+        });
+        // Through the writers the relay uses: its stats file and its lock.
+        let lock = match Lock::try_take(&dir.join("relay-br-a.lock")).unwrap() {
+            TryLock::Taken(l) => l,
+            TryLock::Busy(p) => panic!("busy: {p:?}"),
+        };
+        replace_file(&dir.join("relay-br-a.stats"), stats.to_string().as_bytes()).unwrap();
+        replace_file(&dir.join("relay-br-b.stats"), b"{\"bridge\": \"br-b\"}\n").unwrap();
+        let all = read_status(&dir, None).unwrap();
+        assert_eq!(
+            all.iter().map(|r| r.bridge.as_str()).collect::<Vec<_>>(),
+            ["br-a", "br-b"]
+        );
+        assert!(all[0].running, "{all:?}");
+        assert_eq!(all[0].pid, Some(std::process::id()));
+        assert_eq!(all[0].stats, stats);
+        assert!(!all[1].running, "no lock: not running");
+        assert_eq!(all[0].to_json()["stats"]["max_flows_per_client"], 8);
+        drop(lock);
+        let one = read_status(&dir, Some("br-a")).unwrap();
+        assert_eq!(one.len(), 1);
+        assert!(!one[0].running, "lock released: stopped");
+        let e = read_status(&dir, Some("br-none")).unwrap_err().to_string();
+        assert!(e.contains("br-none"), "{e}");
+        // A missing folder is no relay, not an error.
+        assert!(read_status(&d.join("absent"), None).unwrap().is_empty());
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn status_refuses_a_planted_link() {
+        let d = scratch("status-link");
+        let dir = d.join("vpnrelay");
+        std::fs::create_dir(&dir).unwrap();
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).unwrap();
+        let victim = d.join("victim");
+        std::fs::write(&victim, b"{\"secret\": 1}").unwrap();
+        std::os::unix::fs::symlink(&victim, dir.join("relay-br-x.stats")).unwrap();
+        let e = read_status(&dir, None).unwrap_err().to_string();
+        assert!(e.contains("symbolic link"), "{e}");
+        // The folder itself planted as a link is refused too.
+        let real = d.join("real");
+        std::fs::rename(&dir, &real).unwrap();
+        std::os::unix::fs::symlink(&real, &dir).unwrap();
+        let e = read_status(&dir, None).unwrap_err().to_string();
+        assert!(e.contains("symbolic link"), "{e}");
         std::fs::remove_dir_all(&d).unwrap();
     }
 }

@@ -66,11 +66,19 @@ pub struct BenchArgs {
     pub udp_size: Option<u32>,
     /// Write every round's raw figures plus machine and kernel as JSON to FILE, and one SVG
     /// chart per workload and placement next to it (FILE-stem-WORKLOAD-PLACEMENT.svg).
-    #[arg(long, value_name = "FILE", conflicts_with = "output")]
+    /// Without FILE (or `-`, or the global `nsfast -j bench`): --list and --cleanup print JSON,
+    /// and a run prints its document on stdout instead of the table.
+    #[arg(
+        short = 'j',
+        long,
+        value_name = "FILE",
+        num_args = 0..=1,
+        default_missing_value = "-"
+    )]
     pub json: Option<PathBuf>,
-    /// Write the JSON document to FILE (as --json), or to stdout with `-`: then the table and
-    /// the "wrote" lines go to stderr.
-    #[arg(long, value_name = "FILE|-")]
+    /// Write the JSON document to FILE (as --json FILE), or to stdout with `-` (as `-j`).
+    /// Whenever the document goes to stdout, the table and the "wrote" lines go to stderr.
+    #[arg(long, value_name = "FILE|-", conflicts_with = "json")]
     pub output: Option<PathBuf>,
     /// Write the SVG charts into DIR (default: next to the JSON file; none without one).
     #[arg(long, value_name = "DIR", conflicts_with = "no_charts")]
@@ -109,12 +117,12 @@ pub struct WorkerArgs {
     pub spec: String,
 }
 
-/// The JSON document's file: `--json FILE` or `--output FILE` (not `--output -`).
+/// The JSON document's file: `--json FILE` or `--output FILE` (not `-`).
 fn json_file(a: &BenchArgs) -> Option<&PathBuf> {
     a.json
         .as_ref()
         .or(a.output.as_ref())
-        .filter(|p| p.as_os_str() != "-")
+        .filter(|p| !is_stdout(p))
 }
 
 /// Most `--rounds`.
@@ -177,18 +185,42 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
     // Block SIGINT/SIGTERM before any thread starts: the runner polls for them and tears
     // everything down itself.
     nsfast_sys::signals::block_termination().context("block SIGINT/SIGTERM")?;
+    let json = json_out(&a);
     if a.list {
-        for d in topology::registry() {
-            let status = match (d.probe)() {
+        let rows: Vec<(&str, &str, Result<(), String>)> = topology::registry()
+            .iter()
+            .map(|d| (d.name, d.about, (d.probe)().map_err(|r| r.to_string())))
+            .collect();
+        if let Some(j) = json {
+            let list: Vec<_> = rows
+                .iter()
+                .map(|(name, about, r)| {
+                    serde_json::json!({
+                        "name": name,
+                        "about": about,
+                        "available": r.is_ok(),
+                        "reason": r.as_ref().err(),
+                    })
+                })
+                .collect();
+            j.print(&serde_json::json!({ "topologies": list }))?;
+            return Ok(());
+        }
+        for (name, about, r) in rows {
+            let status = match r {
                 Ok(()) => "available".to_string(),
                 Err(r) => format!("skipped: {r}"),
             };
-            nsfast_sys::outln!("{:<12} {:<70} {status}", d.name, d.about)?;
+            nsfast_sys::outln!("{name:<12} {about:<70} {status}")?;
         }
         return Ok(());
     }
     if a.cleanup {
         let done = topology::cleanup_stale();
+        if let Some(j) = json {
+            j.print(&serde_json::json!({ "removed": done }))?;
+            return Ok(());
+        }
         if done.is_empty() {
             nsfast_sys::outln!("nothing to clean up")?;
         }
@@ -211,8 +243,10 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
         }
         Err(e) => return Err(e.into()),
     };
-    let to_stdout = a.output.as_deref().is_some_and(|p| p.as_os_str() == "-");
-    // With `--output -` stdout is the JSON document's alone; the table goes to stderr.
+    // JSON on stdout (`-j`, `--json -`, `--output -`) unless a JSON file is named: then
+    // stdout is the document's alone and the table goes to stderr.
+    let stdout_json = json.filter(|_| json_file(&a).is_none());
+    let to_stdout = stdout_json.is_some();
     let say = |line: String| -> anyhow::Result<()> {
         if to_stdout {
             eprint!("{line}");
@@ -247,10 +281,25 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
         nsfast_bench::runner::write_file(&p, &text)?;
         say(format!("wrote {}\n", p.display()))?;
     }
-    if to_stdout {
-        nsfast_sys::outln!("{}", doc.to_json())?;
+    if let Some(j) = stdout_json {
+        nsfast_sys::outln!("{}", j.render(&doc)?)?;
     }
     Ok(())
+}
+
+fn is_stdout(p: &std::path::Path) -> bool {
+    p.as_os_str() == "-"
+}
+
+/// JSON on stdout: the global `-j`/`-p`, or `bench --json` without a FILE (or `--json -`,
+/// `--output -`).
+fn json_out(a: &BenchArgs) -> Option<nsfast_sys::out::Json> {
+    crate::cmd::output::json().or(a
+        .json
+        .as_deref()
+        .or(a.output.as_deref())
+        .filter(|p| is_stdout(p))
+        .map(|_| nsfast_sys::out::Json::default()))
 }
 
 pub fn worker(a: WorkerArgs) -> anyhow::Result<()> {

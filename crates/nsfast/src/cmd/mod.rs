@@ -2,6 +2,7 @@
 
 pub mod bench;
 pub mod gendocs;
+pub mod output;
 pub mod pod;
 pub mod probe;
 pub mod sockmap;

@@ -5,6 +5,8 @@ use clap::{Args, Subcommand};
 use nsfast_pod::{AddOptions, ModeRequest, PodIp};
 use nsfast_sys::args::ifname;
 
+use crate::cmd::output::json;
+
 #[derive(Subcommand, Debug)]
 pub enum PodCmd {
     /// Create a pod: its network namespace (named NAME), a device pair, addresses, a /32 host
@@ -29,9 +31,6 @@ pub enum PodCmd {
         /// Host network namespace (under /run/netns); default: the current namespace.
         #[arg(long)]
         host: Option<String>,
-        /// Print JSON (pods, uplinks, counters).
-        #[arg(long)]
-        json: bool,
     },
 }
 
@@ -62,9 +61,6 @@ pub struct AddArgs {
     /// check still applies).
     #[arg(long)]
     host_firewall: bool,
-    /// Print the result as JSON.
-    #[arg(long)]
-    json: bool,
 }
 
 pub fn run(cmd: PodCmd) -> Result<()> {
@@ -91,8 +87,8 @@ fn run_inner(cmd: PodCmd) -> Result<()> {
             o.pod_if = a.ifname;
             o.host_firewall = a.host_firewall;
             let added = nsfast_pod::add(&o)?;
-            if a.json {
-                nsfast_sys::outln!("{}", serde_json::to_string_pretty(&added)?)?;
+            if let Some(j) = json() {
+                j.print(&added)?;
             } else {
                 let r = &added.record;
                 nsfast_sys::outln!("mode: {}", added.mode_note)?;
@@ -126,6 +122,10 @@ fn run_inner(cmd: PodCmd) -> Result<()> {
             all: true, host, ..
         } => {
             let gone = nsfast_pod::pod::del_all(host.as_deref())?;
+            if let Some(j) = json() {
+                j.print(&serde_json::json!({ "deleted": gone }))?;
+                return Ok(());
+            }
             for r in &gone {
                 nsfast_sys::outln!("deleted pod {} ({}) on host {}", r.name, r.ip, r.host)?;
             }
@@ -135,6 +135,12 @@ fn run_inner(cmd: PodCmd) -> Result<()> {
         PodCmd::Del { name, host, .. } => {
             let name = name.unwrap_or_default();
             match nsfast_pod::del(&name, host.as_deref())? {
+                Some(r) if json().is_some() => {
+                    json()
+                        .unwrap_or_default()
+                        .print(&serde_json::json!({ "deleted": [r] }))?;
+                    Ok(())
+                }
                 Some(r) => {
                     nsfast_sys::outln!("deleted pod {} ({}) on host {}", r.name, r.ip, r.host)?;
                     Ok(())
@@ -145,10 +151,10 @@ fn run_inner(cmd: PodCmd) -> Result<()> {
                 ),
             }
         }
-        PodCmd::List { host, json } => {
+        PodCmd::List { host } => {
             let l = nsfast_pod::list(host.as_deref())?;
-            if json {
-                nsfast_sys::outln!("{}", serde_json::to_string_pretty(&l)?)?;
+            if let Some(j) = json() {
+                j.print(&l)?;
                 return Ok(());
             }
             let ups: Vec<String> = l

@@ -1,4 +1,4 @@
-//! `nsfast probe [--json] [--require LIST]`: which kernel features nsfast can use here, what
+//! `nsfast [-j] probe [--require LIST]`: which kernel features nsfast can use here, what
 //! each one enables or which fallback is used without it, and why.
 
 use clap::Args;
@@ -6,10 +6,6 @@ use clap::Args;
 /// Arguments of `nsfast probe`.
 #[derive(Args, Debug)]
 pub struct ProbeArgs {
-    /// Print one JSON object (kernel release, version and a list of {name, available, reason,
-    /// enables, fallback}; with --require also `required` and `missing`) instead of a table.
-    #[arg(long)]
-    pub json: bool,
     /// Exit 1, naming what is missing, unless every listed feature is available (for scripts:
     /// `nsfast probe --require netkit,tcx`). Unknown names exit 2 with the valid ones.
     #[arg(
@@ -31,15 +27,16 @@ pub fn run(args: ProbeArgs) -> anyhow::Result<()> {
         .filter(|f| !f.available)
         .collect();
     let mut out = std::io::stdout().lock();
-    if args.json {
+    // -j: one JSON object (kernel release, version and a list of {name, available, reason,
+    // enables, fallback}; with --require also `required` and `missing`).
+    if let Some(j) = crate::cmd::output::json() {
         let mut doc = serde_json::to_value(&report)?;
         if !args.require.is_empty() {
             doc["required"] = serde_json::json!(args.require);
             doc["missing"] = serde_json::json!(missing.iter().map(|f| f.name).collect::<Vec<_>>());
         }
         // Through io::Error, which keeps the kind: a closed stdout stays a BrokenPipe.
-        serde_json::to_writer_pretty(&mut out, &doc).map_err(std::io::Error::from)?;
-        writeln!(out)?;
+        writeln!(out, "{}", j.render(&doc)?)?;
     } else {
         write_table(&mut out, &report)?;
     }

@@ -44,11 +44,7 @@ pub enum SockmapCmd {
     },
     /// Show the instances loaded in the kernel: sockets in the map, messages and bytes
     /// redirected and passed, and where they are attached.
-    Status {
-        /// Print JSON instead of a table.
-        #[arg(long)]
-        json: bool,
-    },
+    Status,
 }
 
 pub fn run(cmd: SockmapCmd) -> anyhow::Result<()> {
@@ -82,7 +78,7 @@ pub fn run(cmd: SockmapCmd) -> anyhow::Result<()> {
                 stats_interval,
             )
         }
-        SockmapCmd::Status { json } => status(json),
+        SockmapCmd::Status => status(),
     }
 }
 
@@ -136,14 +132,11 @@ fn run_shortcut(opts: Options, stats_interval: Duration) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn status(json: bool) -> anyhow::Result<()> {
+fn status() -> anyhow::Result<()> {
     let instances =
         nsfast_sockmap::instances().context("reading loaded BPF programs and maps (needs root)")?;
-    if json {
-        nsfast_sys::outln!(
-            "{}",
-            serde_json::to_string_pretty(&serde_json::json!({ "instances": instances }))?
-        )?;
+    if let Some(j) = crate::cmd::output::json() {
+        j.print(&serde_json::json!({ "instances": instances }))?;
         return Ok(());
     }
     if instances.is_empty() {

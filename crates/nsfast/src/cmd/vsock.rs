@@ -10,6 +10,13 @@ use nsfast_vsock::Address;
 use std::time::Duration;
 use tracing::{info, warn};
 
+use crate::cmd::output::json;
+
+/// Event streams stay one object per line, also under `-p`.
+fn json_lines() -> Option<nsfast_sys::out::Json> {
+    json().map(|_| nsfast_sys::out::Json::default())
+}
+
 fn parse_addr(s: &str) -> Result<Address, String> {
     s.parse::<Address>().map_err(|e| e.to_string())
 }
@@ -51,9 +58,6 @@ pub enum VsockCmd {
         /// the relay keeps serving. AF_VSOCK connects use the kernel's timeout (2 s default).
         #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = duration::arg("--connect-timeout", HOUR, false))]
         connect_timeout: Duration,
-        /// Print one JSON object per finished connection on stdout.
-        #[arg(long)]
-        json: bool,
     },
     /// Host-side bridge so sibling VMs of one group reach each other over vsock.
     ///
@@ -102,9 +106,6 @@ pub enum VsockCmd {
         /// kernel's vsock connect timeout, 2 s by default.
         #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = duration::arg("--connect-timeout", HOUR, false))]
         connect_timeout: Duration,
-        /// Print one JSON object per event (listening, open, deny, fail, close) on stdout.
-        #[arg(long)]
-        json: bool,
     },
     /// Linux 7.0 vsock namespace modes (ns_mode / child_ns_mode).
     #[command(subcommand)]
@@ -138,10 +139,8 @@ pub enum VsockCmd {
         /// SO_VM_SOCKETS_BUFFER_SIZE for vsock sockets.
         #[arg(long, value_name = "SIZE", value_parser = size::arg("--vsock-buffer", 1, u64::MAX))]
         vsock_buffer: Option<u64>,
-        /// Print the result as JSON (no interval lines).
-        #[arg(long)]
-        json: bool,
-        /// Client: no iperf3-style interval lines while it runs, the result line only.
+        /// Client: no iperf3-style interval lines while it runs, the result line only (JSON
+        /// output has none either).
         #[arg(long, short)]
         quiet: bool,
     },
@@ -154,9 +153,6 @@ pub enum NsCmd {
     Show {
         /// Namespace to show: NAME under /run/netns, or a path [default: the current one].
         name: Option<String>,
-        /// Print JSON instead of text.
-        #[arg(long)]
-        json: bool,
     },
     /// Create network namespace NAME (at /run/netns/NAME) in the given vsock mode, setting
     /// child_ns_mode in a throwaway parent so the current namespace is never locked.
@@ -166,9 +162,6 @@ pub enum NsCmd {
         /// vsock mode of the new namespace (ns_mode): global or local.
         #[arg(long, value_parser = parse_mode)]
         mode: nsfast_vsock::nsmode::Mode,
-        /// Print JSON instead of text.
-        #[arg(long)]
-        json: bool,
     },
 }
 
@@ -200,9 +193,10 @@ pub fn run(cmd: VsockCmd) -> anyhow::Result<()> {
             buffer,
             vsock_buffer,
             connect_timeout,
-            json,
         } => {
-            if json && (a == Address::Stdio || b == Address::Stdio) {
+            // -j: one JSON object per finished connection on stdout.
+            let json = json_lines();
+            if json.is_some() && (a == Address::Stdio || b == Address::Stdio) {
                 anyhow::bail!(
                     "--json writes to stdout, which the stdio address uses: drop one of them"
                 );
@@ -237,8 +231,8 @@ pub fn run(cmd: VsockCmd) -> anyhow::Result<()> {
                         if s.spliced { ", spliced" } else { "" }
                     );
                 }
-                if json {
-                    if let Ok(line) = serde_json::to_string(s) {
+                if let Some(j) = json {
+                    if let Ok(line) = j.render(s) {
                         let _ = nsfast_sys::outln!("{line}");
                     }
                 }
@@ -256,7 +250,6 @@ pub fn run(cmd: VsockCmd) -> anyhow::Result<()> {
             buffer,
             vsock_buffer,
             connect_timeout,
-            json,
         } => run_bridge(
             groups,
             vms,
@@ -273,18 +266,18 @@ pub fn run(cmd: VsockCmd) -> anyhow::Result<()> {
                 },
                 connect_timeout,
             },
-            json,
+            json_lines(),
         ),
-        VsockCmd::Ns(NsCmd::Show { name, json }) => {
+        VsockCmd::Ns(NsCmd::Show { name }) => {
             let m = match name {
                 Some(n) => nsfast_vsock::nsmode::show(&n)?,
                 None => nsfast_vsock::nsmode::current()?,
             };
-            print_modes(&m, json)
+            print_modes(&m)
         }
-        VsockCmd::Ns(NsCmd::Create { name, mode, json }) => {
+        VsockCmd::Ns(NsCmd::Create { name, mode }) => {
             let m = nsfast_vsock::nsmode::create(&name, mode)?;
-            print_modes(&m, json)
+            print_modes(&m)
         }
         VsockCmd::Bench {
             server,
@@ -296,7 +289,6 @@ pub fn run(cmd: VsockCmd) -> anyhow::Result<()> {
             bytes,
             buffer,
             vsock_buffer,
-            json,
             quiet,
         } => {
             let sock = SockOpts {
@@ -323,8 +315,9 @@ pub fn run(cmd: VsockCmd) -> anyhow::Result<()> {
                 }
             };
             // Interval lines on stdout, as iperf3; a closed stdout loses them, not the run.
+            let lines = json().is_none() && !quiet;
             let mut interval = |line: &str| {
-                if !json && !quiet {
+                if lines {
                     let _ = nsfast_sys::outln!("{line}");
                 }
             };
@@ -335,8 +328,8 @@ pub fn run(cmd: VsockCmd) -> anyhow::Result<()> {
                 sock,
                 &mut interval,
             )?;
-            if json {
-                nsfast_sys::outln!("{}", serde_json::to_string_pretty(&r)?)?;
+            if let Some(j) = json() {
+                j.print(&r)?;
             } else {
                 nsfast_sys::outln!(
                     "{}: {} bytes in {:.3} s = {:.2} Gbit/s (buffer {}){}",
@@ -390,9 +383,9 @@ fn run_relay(
     })
 }
 
-fn print_modes(m: &nsfast_vsock::nsmode::Modes, json: bool) -> anyhow::Result<()> {
-    if json {
-        nsfast_sys::outln!("{}", serde_json::to_string_pretty(m)?)?;
+fn print_modes(m: &nsfast_vsock::nsmode::Modes) -> anyhow::Result<()> {
+    if let Some(j) = json() {
+        j.print(m)?;
     } else {
         nsfast_sys::outln!(
             "{}: ns_mode {}, child_ns_mode {}",
@@ -409,7 +402,7 @@ fn run_bridge(
     vms: Vec<(u32, Transport)>,
     ports: Vec<Vec<u32>>,
     opts: bridge::Options,
-    json: bool,
+    json: Option<nsfast_sys::out::Json>,
 ) -> anyhow::Result<()> {
     let mut all: Vec<u32> = ports.concat();
     all.sort_unstable();
@@ -441,15 +434,17 @@ fn run_bridge(
     for l in b.listening() {
         info!("listening on {l}");
     }
-    if json {
-        let line = serde_json::json!({
+    if let Some(j) = json {
+        let line = j.render(&serde_json::json!({
             "event": "listening",
             "members": b.config().members(),
             "groups": b.config().groups(),
             "ports": b.config().ports(),
             "listeners": b.listening(),
-        });
-        let _ = nsfast_sys::outln!("{line}");
+        }));
+        if let Ok(line) = line {
+            let _ = nsfast_sys::outln!("{line}");
+        }
     }
     let report = std::sync::Arc::new(move |e: &bridge::Event| {
         match e {
@@ -457,8 +452,8 @@ fn run_bridge(
             bridge::Event::Close { error: Some(_), .. } => warn!("{e}"),
             _ => info!("{e}"),
         }
-        if json {
-            if let Ok(line) = serde_json::to_string(e) {
+        if let Some(j) = json {
+            if let Ok(line) = j.render(e) {
                 let _ = nsfast_sys::outln!("{line}");
             }
         }
