@@ -148,7 +148,7 @@ fn exercise(b: &Built) -> Sample {
 /// vsock_loopback (vsock-socat also without socat); the CNI ones in a VM guest (no
 /// containernetworking-plugins there; `make test` installs them on the host).
 fn expected_skips() -> BTreeMap<&'static str, String> {
-    use nsfast_testsupport::kernel::{expect, Feature};
+    use nsfast_lab::kernel::{expect, Feature};
     let guest = std::env::var("NSFAST_VM_GUEST").as_deref() == Ok("1");
     let mut skip = BTreeMap::new();
     if !expect(Feature::Netkit) {

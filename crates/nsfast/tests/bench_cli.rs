@@ -103,7 +103,7 @@ fn tiny_run_writes_json_and_svgs() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stdout}\n{stderr}");
     // netkit runs exactly where the kernel config has it (the harness's word, not the probe's).
-    let netkit = nsfast_testsupport::kernel::expect(nsfast_testsupport::kernel::Feature::Netkit);
+    let netkit = nsfast_lab::kernel::expect(nsfast_lab::kernel::Feature::Netkit);
     assert_eq!(
         stderr.contains("skipping topology netkit"),
         !netkit,

@@ -15,8 +15,8 @@ use nsfast_pod::topology::{self, Topology};
 use nsfast_pod::ModeRequest;
 use nsfast_sys::net;
 use nsfast_sys::netns::NetNs;
-use nsfast_testsupport::require_root;
-use nsfast_testsupport::world::unique;
+use nsfast_lab::require_root;
+use nsfast_lab::world::unique;
 use socket2::{Domain, Protocol, SockAddr, Socket, Type};
 
 const TIMEOUT: Duration = Duration::from_secs(5);
