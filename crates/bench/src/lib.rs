@@ -4,6 +4,7 @@
 //! - [`spec`]       — workloads, placements, sizes and the run configuration; argument parsing.
 //! - [`load`]       — the built-in load generator: rr, crr, stream, udp-stream, ping (client + server).
 //! - [`worker`]     — the worker process (`nsfast bench-worker SPEC`): one side of one workload.
+//! - [`built`]      — what a topology build needs and makes (the leaf its adapters share).
 //! - [`topology`]   — host / veth / routed / sockmap (+ the registration point for later paths).
 //! - [`proc`]       — start workers in a namespace + cgroup, pinned; kill-on-drop guards; signals.
 //! - [`runner`]     — warm-up, interleaved rounds, CPU accounting, samples.
@@ -12,11 +13,12 @@
 //! - [`svg`]        — one bar chart per workload and placement, with min–max whiskers.
 //! - [`evidence`]   — the fast path's own counters around every sample ("fast path idle").
 //! - [`crosscheck`] — run sockperf and iperf3 on the same topology and compare.
-//! - [`sockmap_hook`] — where the `sockmap` topology attaches crate nsfast-sockmap.
-//! - [`rootless_hook`] — the `slirp4netns` and `vpnrelay` topologies (crate nsfast-vpnrelay's world).
+//! - [`sockmap_hook`] — where the `sockmap` topology attaches the shortcut (`nsfast_lab::shortcut`).
+//! - [`rootless_hook`] — the `slirp4netns` and `vpnrelay` topologies (`nsfast_lab::rootless`).
 
 #![forbid(unsafe_code)]
 
+pub mod built;
 pub mod crosscheck;
 pub mod evidence;
 pub mod load;

@@ -578,7 +578,7 @@ fn rootless_topologies_build_and_leave_nothing_behind() {
         let d = nsfast_bench::topology::find(t).unwrap();
         (d.probe)().unwrap_or_else(|e| panic!("{t} cannot run here: {e}"));
     }
-    let tenant = nsfast_vpnrelay::testbed::ensure_tenant().unwrap();
+    let tenant = nsfast_lab::rootless::ensure_tenant().unwrap();
     let tenant_before = processes_of(tenant.uid);
     let rules_before = run_text(&["ip", "-4", "rule"]);
     let nft_before = run_text(&["nft", "list", "ruleset"]);
@@ -594,11 +594,11 @@ fn rootless_topologies_build_and_leave_nothing_behind() {
         for t in ROOTLESS {
             let d = nsfast_bench::topology::find(t).unwrap();
             let b = (d.build)(&ctx).unwrap_or_else(|e| panic!("build {t}: {e}"));
-            assert_eq!(b.server_port, nsfast_vpnrelay::testbed::VPN_PORT);
+            assert_eq!(b.server_port, nsfast_lab::rootless::VPN_PORT);
             let w = b
                 .extras
                 .iter()
-                .find_map(|e| e.downcast_ref::<nsfast_vpnrelay::testbed::World>())
+                .find_map(|e| e.downcast_ref::<nsfast_lab::rootless::World>())
                 .expect("the world is kept in the extras");
             let relay_rule = w.rules().unwrap().contains("lookup 4820");
             assert_eq!(relay_rule, t == "vpnrelay", "{t}: {}", w.rules().unwrap());

@@ -4,15 +4,12 @@
 //! - [`spec`]   — CNI protocol types: config, environment, results, error JSON and codes.
 //! - [`ipam`]   — delegation to the IPAM plugin (e.g. `host-local`) found on `CNI_PATH`.
 //! - [`plugin`] — ADD, DEL, CHECK, STATUS, GC, VERSION on top of `nsfast_pod`.
-//! - [`reference`] — pods made by the reference `ptp` plugin on a two-host layout (the
-//!   `cni-ptp` bench baseline).
 //!
 //! The runtime executes the plugin in the host network namespace with `CNI_*` variables and
 //! the network configuration on stdin; the result (or an error object) goes to stdout.
 
 pub mod ipam;
 pub mod plugin;
-pub mod reference;
 pub mod spec;
 
 use std::process::ExitCode;

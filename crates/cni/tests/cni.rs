@@ -523,7 +523,7 @@ fn ptp_reference_topology_connects_and_cleans_up() {
     let prefix = unique("nsft-rp");
     let names;
     {
-        let t = nsfast_cni::reference::PtpTopology::build(&prefix, 1, &cni_path())
+        let t = nsfast_lab::ptp::PtpTopology::build(&prefix, 1, &cni_path())
             .expect("build ptp topology");
         let (a, b) = (t.pod(0, 0), t.pod(1, 0));
         let addr = SocketAddr::from((b.ip, 7200));

@@ -1,5 +1,5 @@
 //! Root integration tests of `nsfast pod`: two throwaway "hosts" (network namespaces) joined
-//! by a veth wire, pods made by the library (`nsfast_pod::topology`, the code behind the CLI)
+//! by a veth wire, pods made by the library (`nsfast_lab::pods`, the code behind the CLI)
 //! or by the `nsfast` binary, TCP and UDP between them, counters proving the BPF path, and
 //! cleanup. Nothing touches the initial network namespace. Run as root (`make test`).
 
@@ -11,7 +11,7 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use nsfast_pod::abi;
-use nsfast_pod::topology::{self, Topology};
+use nsfast_lab::pods::{self as topology, Topology};
 use nsfast_pod::ModeRequest;
 use nsfast_sys::net;
 use nsfast_sys::netns::{self, NetNs};

@@ -11,7 +11,7 @@ use std::path::PathBuf;
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
-use nsfast_pod::topology::{self, Topology};
+use nsfast_lab::pods::{self as topology, Topology};
 use nsfast_pod::ModeRequest;
 use nsfast_sys::net;
 use nsfast_sys::netns::NetNs;

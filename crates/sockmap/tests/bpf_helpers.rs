@@ -29,7 +29,7 @@ const UNKEYABLE: u32 = 255;
 
 impl Harness {
     fn new() -> Self {
-        let mut ebpf = Ebpf::load(nsfast_bpf::TEST_SOCKMAP_KEYS).expect("load test object");
+        let mut ebpf = Ebpf::load(nsfast_lab::bpf::TEST_SOCKMAP_KEYS).expect("load test object");
         let prog: &mut SchedClassifier = ebpf
             .program_mut("nsf_test_keys")
             .unwrap()

@@ -37,20 +37,6 @@ enum Cmd {
     /// Remove a stale rule and reset the bridge's tunnel conntrack entries; does nothing while
     /// a relay for BRIDGE runs.
     Cleanup(Target),
-    /// Benchmark (needs root): builds a throwaway RootlessKit + slirp4netns world and measures
-    /// slirp4netns vs the relay vs a direct host socket in interleaved rounds.
-    #[command(hide = true)]
-    Bench {
-        /// Rounds (medians are reported).
-        #[arg(long, default_value_t = 5)]
-        rounds: usize,
-        /// Seconds per measurement.
-        #[arg(long, default_value_t = 3.0)]
-        secs: f64,
-        /// Also iperf3 TCP through a WireGuard tunnel (wireguard-go on both ends).
-        #[arg(long)]
-        wireguard: bool,
-    },
     #[command(name = "__child", hide = true)]
     Child {
         mode: String,
@@ -153,28 +139,15 @@ pub fn main_with_version(version: &'static str) -> ExitCode {
         Ok(c) => c,
         Err(e) => e.exit(),
     };
-    // Only the hidden benchmark builds throwaway worlds and needs root.
-    if !matches!(cli.command, Cmd::Bench { .. }) {
-        if let Some(msg) = refuse_root(effective_host_uid()) {
-            nsfast_sys::out::errln(&format!("vpnrelay: error: {msg}"));
-            return ExitCode::FAILURE;
-        }
+    if let Some(msg) = refuse_root(effective_host_uid()) {
+        nsfast_sys::out::errln(&format!("vpnrelay: error: {msg}"));
+        return ExitCode::FAILURE;
     }
     let res = match cli.command {
         Cmd::Supervise(t) => config(&t).and_then(|c| crate::supervise::supervise(&c)),
         Cmd::Transparent(t) => config(&t).and_then(|c| crate::host::transparent(&c)),
         Cmd::Cleanup(t) => config(&t).and_then(|c| crate::host::cleanup(&c)),
         Cmd::Child { mode, target } => return child(&mode, &target),
-        Cmd::Bench {
-            rounds,
-            secs,
-            wireguard,
-        } => crate::bench::run(&crate::bench::BenchOpts {
-            rounds,
-            secs,
-            wireguard,
-        })
-        .map(drop),
     };
     match res {
         Ok(()) => ExitCode::SUCCESS,
