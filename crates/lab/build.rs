@@ -34,7 +34,11 @@ fn main() {
             println!("cargo:rerun-if-changed={}", e.path().display());
         }
     }
-    for e in std::fs::read_dir(bpf_dir.join("tests")).into_iter().flatten().flatten() {
+    for e in std::fs::read_dir(bpf_dir.join("tests"))
+        .into_iter()
+        .flatten()
+        .flatten()
+    {
         let src = e.path();
         let name = src.file_name().unwrap().to_string_lossy().into_owned();
         if let Some(stem) = name.strip_suffix(".bpf.c") {

@@ -176,4 +176,3 @@ pub(crate) fn other(topology: &'static str, what: impl Into<String>) -> Topology
         what: what.into(),
     }
 }
-

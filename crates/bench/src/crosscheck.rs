@@ -7,10 +7,10 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use crate::built::Built;
 use crate::proc::{command_in, sleep_interruptible, ChildGuard};
 use crate::runner::{Runner, Sample};
 use crate::spec::{Placement, Sizes, Workload};
-use crate::built::Built;
 use crate::BenchError;
 
 /// Ours must agree with the established tool within this fraction on host and veth.

@@ -17,8 +17,8 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use crate::spec::Workload;
 use crate::built::Built;
+use crate::spec::Workload;
 
 /// Where a topology's fast path keeps its counters.
 #[derive(Debug, Clone, PartialEq, Eq)]

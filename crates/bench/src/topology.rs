@@ -485,25 +485,13 @@ fn build_pods(
 
 /// veth + TCX BPF host routing: pod → pod by bpf_redirect_peer (`nsfast pod --mode veth`).
 fn build_bpf(ctx: &BuildCtx) -> Result<Built, TopologyError> {
-    build_pods(
-        ctx,
-        "bpf",
-        ModeRequest::Veth,
-        AttachRequest::Auto,
-        false,
-    )
+    build_pods(ctx, "bpf", ModeRequest::Veth, AttachRequest::Auto, false)
 }
 
 /// `bpf` with classic tc attachments (what kernels without TCX, e.g. 6.1, get), to compare
 /// the two attach methods on one kernel.
 fn build_bpf_tc(ctx: &BuildCtx) -> Result<Built, TopologyError> {
-    build_pods(
-        ctx,
-        "bpf-tc",
-        ModeRequest::Veth,
-        AttachRequest::Tc,
-        false,
-    )
+    build_pods(ctx, "bpf-tc", ModeRequest::Veth, AttachRequest::Tc, false)
 }
 
 /// veth + BPF host routing, pod → pod on another host: fib lookup + redirect out of host A,

@@ -18,8 +18,8 @@ use std::time::{Duration, Instant};
 use nsfast_sys::probe::{ModuleIndex, ModuleState};
 use nsfast_sys::vsock::{VsockAddr, VsockListener, VsockStream, VMADDR_CID_ANY, VMADDR_CID_LOCAL};
 
-use crate::proc::{command_in, ChildGuard};
 use crate::built::{self, BuildCtx, Built, Endpoint, TopologyError, VsockPath};
+use crate::proc::{command_in, ChildGuard};
 use crate::worker::{read_report, Role, VsockEnd, WorkerReport, WorkerSpec};
 
 /// The environment variable the VM harness's guest init sets; nothing here opens AF_VSOCK

@@ -6,10 +6,10 @@
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 
-use nsfast_sys::net;
-use nsfast_sys::netns::NetNs;
 use nsfast_lab::require_root;
 use nsfast_lab::world::unique;
+use nsfast_sys::net;
+use nsfast_sys::netns::NetNs;
 use serde_json::{json, Value};
 
 fn cni_bin() -> PathBuf {

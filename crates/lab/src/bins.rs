@@ -32,3 +32,29 @@ pub fn find(name: &str, env_var: &str) -> PathBuf {
 pub fn testpeer() -> PathBuf {
     find("nsfast-testpeer", "NSFAST_TESTPEER_BIN")
 }
+
+/// `name` of package `package`, freshly built by cargo with the test executable's profile
+/// (`target/<profile>/<name>`), or from the folder `$dir_var` names if set (e.g. `target/release`
+/// to check what `make build` made). For checks of the shipped binaries themselves, which must
+/// never read a stale copy.
+pub fn build_fresh(package: &str, name: &str, dir_var: &str) -> PathBuf {
+    if let Some(d) = std::env::var_os(dir_var) {
+        return PathBuf::from(d).join(name);
+    }
+    let exe = std::env::current_exe().expect("own executable");
+    let profile_dir = exe
+        .parent()
+        .and_then(|p| p.parent())
+        .expect("target/<profile>/deps/<test>");
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let mut cmd = std::process::Command::new(cargo);
+    cmd.args(["build", "-q", "-p", package, "--bin", name]);
+    if profile_dir.ends_with("release") {
+        cmd.arg("--release");
+    }
+    let st = cmd.status().expect("running cargo build");
+    assert!(st.success(), "cargo build -p {package} --bin {name} failed");
+    let bin = profile_dir.join(name);
+    assert!(bin.is_file(), "{} missing after the build", bin.display());
+    bin
+}

@@ -77,7 +77,15 @@ mod tests {
         assert_eq!(owner("nsfb-42"), Some((42, "nsfb-42".into())));
         assert_eq!(owner("nsfv42x3-host"), Some((42, "nsfv42x3".into())));
         assert_eq!(owner("nsfv42x3-xdg"), Some((42, "nsfv42x3".into())));
-        for other in ["nsfb-", "nsfb-x1", "nsfvx1", "nsfv42", "nsfv42x", "nsft-c1x2", "cni-1"] {
+        for other in [
+            "nsfb-",
+            "nsfb-x1",
+            "nsfvx1",
+            "nsfv42",
+            "nsfv42x",
+            "nsft-c1x2",
+            "cni-1",
+        ] {
             assert_eq!(owner(other), None, "{other}");
         }
     }

@@ -14,9 +14,9 @@ use std::net::{IpAddr, Ipv4Addr};
 use nsfast_sys::net;
 use nsfast_sys::netns::NetNs;
 
-use nsfast_pod::PodError;
-pub use nsfast_pod::pod::{AttachRequest, ModeRequest};
 use nsfast_pod::pod::{self, AddOptions, PodIp};
+pub use nsfast_pod::pod::{AttachRequest, ModeRequest};
+use nsfast_pod::PodError;
 use nsfast_pod::PodRecord;
 
 /// Uplink device name on both hosts.

@@ -169,7 +169,6 @@ pub struct World {
     children: Mutex<Vec<Child>>,
 }
 
-
 impl World {
     /// Builds the world. Needs root (namespaces, the tenant user, /dev/net/tun mode).
     pub fn build(opts: &WorldOpts) -> anyhow::Result<World> {

@@ -10,13 +10,13 @@ use std::process::{Command, Output};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use nsfast_pod::abi;
 use nsfast_lab::pods::{self as topology, Topology};
+use nsfast_lab::require_root;
+use nsfast_lab::world::unique;
+use nsfast_pod::abi;
 use nsfast_pod::ModeRequest;
 use nsfast_sys::net;
 use nsfast_sys::netns::{self, NetNs};
-use nsfast_lab::require_root;
-use nsfast_lab::world::unique;
 
 const TIMEOUT: Duration = Duration::from_secs(5);
 const ROUNDS: usize = 20;
@@ -421,8 +421,7 @@ fn netkit_mode_on_a_kernel_without_netkit_says_so_and_changes_nothing() {
         host: host_ns.name(),
         names: vec![pod.clone()],
     };
-    let has_netkit =
-        nsfast_lab::kernel::expect(nsfast_lab::kernel::Feature::Netkit);
+    let has_netkit = nsfast_lab::kernel::expect(nsfast_lab::kernel::Feature::Netkit);
     assert_eq!(
         net::probe_netkit().unwrap(),
         has_netkit,

@@ -7,10 +7,10 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use nsfast_sockmap::{Options, Shortcut, Stats};
 use nsfast_lab::peer::{self, BidirReport, KillOnDrop, Report};
 use nsfast_lab::require_root;
 use nsfast_lab::world::{TestCgroup, VethPair};
+use nsfast_sockmap::{Options, Shortcut, Stats};
 
 const GIB: u64 = 1 << 30;
 

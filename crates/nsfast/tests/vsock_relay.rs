@@ -9,11 +9,11 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use nsfast_sys::netns::NetNs;
 use nsfast_lab::peer::KillOnDrop;
 use nsfast_lab::require_root;
 use nsfast_lab::stream::{bidir, check_pair, Bidir, ByteStream};
 use nsfast_lab::world::unique;
+use nsfast_sys::netns::NetNs;
 
 const MIB: u64 = 1 << 20;
 

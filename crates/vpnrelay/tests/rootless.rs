@@ -13,7 +13,8 @@ use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
 use nsfast_lab::rootless::{
-    self as testbed, Echo, Pinger, World, WorldOpts, BRIDGE, GLUETUN2_IP, GLUETUN_IP, SERVER_IP, VPN_PORT,
+    self as testbed, Echo, Pinger, World, WorldOpts, BRIDGE, GLUETUN2_IP, GLUETUN_IP, SERVER_IP,
+    VPN_PORT,
 };
 
 /// One world at a time: the tests share 2 cores and the tenant.

@@ -6,7 +6,10 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 #[derive(Parser, Debug)]
-#[command(name = "nsfast-lab", about = "nsfast lab commands (throwaway worlds; needs root)")]
+#[command(
+    name = "nsfast-lab",
+    about = "nsfast lab commands (throwaway worlds; needs root)"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Cmd,
