@@ -33,11 +33,12 @@ pub fn testpeer() -> PathBuf {
     find("nsfast-testpeer", "NSFAST_TESTPEER_BIN")
 }
 
-/// `name` of package `package`, freshly built by cargo with the test executable's profile
-/// (`target/<profile>/<name>`), or from the folder `$dir_var` names if set (e.g. `target/release`
-/// to check what `make build` made). For checks of the shipped binaries themselves, which must
-/// never read a stale copy.
-pub fn build_fresh(package: &str, name: &str, dir_var: &str) -> PathBuf {
+/// Binary `name`, freshly built by cargo as the workspace builds it (`cargo build --workspace
+/// --bin NAME`, the VM harness's way; usually a no-op after `cargo build --workspace`) with the
+/// test executable's profile (`target/<profile>/<name>`), or from the folder `$dir_var` names if
+/// set (e.g. `target/release` to check what `make build` made). For checks of the shipped
+/// binaries themselves, which must never read a stale copy.
+pub fn build_fresh(name: &str, dir_var: &str) -> PathBuf {
     if let Some(d) = std::env::var_os(dir_var) {
         return PathBuf::from(d).join(name);
     }
@@ -48,12 +49,12 @@ pub fn build_fresh(package: &str, name: &str, dir_var: &str) -> PathBuf {
         .expect("target/<profile>/deps/<test>");
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let mut cmd = std::process::Command::new(cargo);
-    cmd.args(["build", "-q", "-p", package, "--bin", name]);
+    cmd.args(["build", "-q", "--workspace", "--bin", name]);
     if profile_dir.ends_with("release") {
         cmd.arg("--release");
     }
     let st = cmd.status().expect("running cargo build");
-    assert!(st.success(), "cargo build -p {package} --bin {name} failed");
+    assert!(st.success(), "cargo build --workspace --bin {name} failed");
     let bin = profile_dir.join(name);
     assert!(bin.is_file(), "{} missing after the build", bin.display());
     bin

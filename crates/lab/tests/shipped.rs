@@ -18,8 +18,8 @@ const TEST_WORLD: &[&str] = &[
     "nsfast-testpeer",
 ];
 
-fn check(package: &str, name: &str) {
-    let bin = nsfast_lab::bins::build_fresh(package, name, "NSFAST_SHIPPED_BIN_DIR");
+fn check(name: &str) {
+    let bin = nsfast_lab::bins::build_fresh(name, "NSFAST_SHIPPED_BIN_DIR");
     let bytes = std::fs::read(&bin).unwrap_or_else(|e| panic!("read {}: {e}", bin.display()));
     assert!(bytes.len() > 1 << 20, "{} is not a binary", bin.display());
     let found: Vec<&str> = TEST_WORLD
@@ -36,10 +36,10 @@ fn check(package: &str, name: &str) {
 
 #[test]
 fn vpnrelay_binary_has_no_test_world() {
-    check("nsfast", "vpnrelay");
+    check("vpnrelay");
 }
 
 #[test]
 fn cni_plugin_binary_has_no_test_world() {
-    check("nsfast-cni", "nsfast-cni");
+    check("nsfast-cni");
 }
