@@ -1,31 +1,21 @@
 //! Finding the workspace binaries a test runs as separate processes.
 //!
 //! A test of another package cannot name this package's binaries with `CARGO_BIN_EXE_*`, so
-//! [`find`] looks for them as the VM harness and `cargo test --workspace` leave them: the path
-//! in an environment variable (VM guests: `/bin/...`), else next to the running test executable
-//! (`target/<profile>/deps/<test>` → `target/<profile>/<name>`).
+//! [`find`] takes the path from an environment variable (VM guests: `/bin/...`) or builds the
+//! binary as the workspace builds it (`cargo build --workspace --bin NAME`, the VM harness's
+//! way; a no-op when it is up to date) with the running test executable's profile, so a test
+//! never runs a stale copy.
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
+use std::sync::Mutex;
 
-/// `name` from `$env_var`, else from the test executable's profile folder (or its own). Panics
-/// with the command that builds it when it is missing: a test never passes without its peer.
+/// `$env_var` if set, else [`fresh`]`(name)`.
 pub fn find(name: &str, env_var: &str) -> PathBuf {
-    if let Some(p) = std::env::var_os(env_var) {
-        return PathBuf::from(p);
+    match std::env::var_os(env_var) {
+        Some(p) => PathBuf::from(p),
+        None => fresh(name),
     }
-    let exe = std::env::current_exe().expect("own executable");
-    let dir = exe.parent().map(PathBuf::from).unwrap_or_default();
-    for d in [Some(dir.as_path()), dir.parent()].into_iter().flatten() {
-        let p = d.join(name);
-        if p.is_file() {
-            return p;
-        }
-    }
-    panic!(
-        "no {name} next to {}: build it first (`cargo build -p nsfast-lab --bin {name}`; \
-         `cargo test --workspace` does), or set {env_var}",
-        exe.display()
-    );
 }
 
 /// The traffic peer (`nsfast-testpeer`, this package's binary), or `$NSFAST_TESTPEER_BIN`.
@@ -33,14 +23,14 @@ pub fn testpeer() -> PathBuf {
     find("nsfast-testpeer", "NSFAST_TESTPEER_BIN")
 }
 
-/// Binary `name`, freshly built by cargo as the workspace builds it (`cargo build --workspace
-/// --bin NAME`, the VM harness's way; usually a no-op after `cargo build --workspace`) with the
-/// test executable's profile (`target/<profile>/<name>`), or from the folder `$dir_var` names if
-/// set (e.g. `target/release` to check what `make build` made). For checks of the shipped
-/// binaries themselves, which must never read a stale copy.
-pub fn build_fresh(name: &str, dir_var: &str) -> PathBuf {
-    if let Some(d) = std::env::var_os(dir_var) {
-        return PathBuf::from(d).join(name);
+/// Binary `name` of this workspace, built by cargo (once per process) with the test
+/// executable's profile: `target/<profile>/<name>`. Panics when the build fails: a test never
+/// passes without its binary.
+pub fn fresh(name: &str) -> PathBuf {
+    static BUILT: Mutex<BTreeMap<String, PathBuf>> = Mutex::new(BTreeMap::new());
+    let mut built = BUILT.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(p) = built.get(name) {
+        return p.clone();
     }
     let exe = std::env::current_exe().expect("own executable");
     let profile_dir = exe
@@ -57,5 +47,15 @@ pub fn build_fresh(name: &str, dir_var: &str) -> PathBuf {
     assert!(st.success(), "cargo build --workspace --bin {name} failed");
     let bin = profile_dir.join(name);
     assert!(bin.is_file(), "{} missing after the build", bin.display());
+    built.insert(name.to_string(), bin.clone());
     bin
+}
+
+/// Binary `name` from the folder `$dir_var` names if set (e.g. `target/release` to check what
+/// `make build` made), else [`fresh`]`(name)`. For checks of the shipped binaries themselves.
+pub fn build_fresh(name: &str, dir_var: &str) -> PathBuf {
+    match std::env::var_os(dir_var) {
+        Some(d) => PathBuf::from(d).join(name),
+        None => fresh(name),
+    }
 }

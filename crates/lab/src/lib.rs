@@ -16,7 +16,7 @@
 //!   (`nsfast-lab vpnrelay-bench`).
 //! - [`shortcut`] — the sockmap shortcut on a throwaway cgroup (bench's `sockmap` topology).
 //! - [`bpf`]   — BPF test objects (`bpf/tests/`), built by this crate's build script.
-//! - [`bins`]  — finding workspace binaries (the traffic peer) that tests run as processes.
+//! - [`bins`]  — finding (building) workspace binaries, e.g. the traffic peer, that tests run.
 //! - [`peer`]  — the `nsfast-testpeer` traffic program (bulk with hashes, echo, many
 //!   connections, ping-pong, half-close, FIONREAD, tagged servers) and helpers to run it.
 //! - [`stream`] — a deterministic byte stream for byte-exact checks.
