@@ -5,11 +5,10 @@ use std::io::Read;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use serde::{Deserialize, Serialize};
-
 use crate::built::Built;
+pub use crate::model::CrossCheck;
+use crate::model::Sample;
 use crate::proc::{command_in, sleep_interruptible, ChildGuard};
-use crate::runner::{Runner, Sample};
 use crate::spec::{Placement, Sizes, Workload};
 use crate::BenchError;
 
@@ -17,32 +16,10 @@ use crate::BenchError;
 pub const AGREEMENT: f64 = 0.15;
 
 /// Alternating runs of the tool and of ours; medians are compared (this machine is noisy).
-pub const REPS: usize = 3;
+pub(crate) const REPS: usize = 3;
 
 /// sockperf's default message size, used for both sides of the latency comparison.
-pub const SOCKPERF_MSG: u32 = 14;
-
-/// One comparison.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct CrossCheck {
-    pub topology: String,
-    pub placement: Placement,
-    pub tool: String,
-    /// What is compared, e.g. "TCP ping-pong p50 RTT, 14 B".
-    pub metric: String,
-    pub unit: String,
-    /// Median of the tool's runs.
-    pub tool_value: Option<f64>,
-    /// Median of our runs.
-    pub ours: Option<f64>,
-    /// Every run of the tool, alternating with ours (tool, ours, tool, ours, ...).
-    pub tool_runs: Vec<f64>,
-    pub our_runs: Vec<f64>,
-    /// (ours - tool) / tool, in percent.
-    pub diff_pct: Option<f64>,
-    pub agree: Option<bool>,
-    pub note: Option<String>,
-}
+pub(crate) const SOCKPERF_MSG: u32 = 14;
 
 /// Finds `prog` on PATH.
 pub fn which(prog: &str) -> Option<PathBuf> {
@@ -53,7 +30,7 @@ pub fn which(prog: &str) -> Option<PathBuf> {
 }
 
 /// Parses sockperf's `percentile 50.000 = X` line (µs).
-pub fn parse_sockperf_p50(out: &str) -> Option<f64> {
+pub(crate) fn parse_sockperf_p50(out: &str) -> Option<f64> {
     out.lines().find_map(|l| {
         let (_, rest) = l.split_once("percentile 50.000 =")?;
         rest.trim().parse().ok()
@@ -61,7 +38,7 @@ pub fn parse_sockperf_p50(out: &str) -> Option<f64> {
 }
 
 /// Parses iperf3 `-J` output: end.sum_received.bits_per_second, as Gbit/s.
-pub fn parse_iperf3_gbps(out: &str) -> Option<f64> {
+pub(crate) fn parse_iperf3_gbps(out: &str) -> Option<f64> {
     let v: serde_json::Value = serde_json::from_str(out).ok()?;
     let bps = v
         .get("end")?
@@ -131,32 +108,28 @@ fn alternate(
     Ok(compare(c))
 }
 
-/// Runs both cross-checks on `b`.
-pub fn run(
-    runner: &Runner,
-    b: &Built,
-    placement: Placement,
-    ccpu: Option<usize>,
-    scpu: Option<usize>,
-    duration: Duration,
-) -> Result<Vec<CrossCheck>, BenchError> {
-    Ok(vec![
-        sockperf(runner, b, placement, ccpu, scpu, duration)?,
-        iperf3(runner, b, placement, ccpu, scpu, duration)?,
-    ])
+/// Where and how long a cross-check runs: the run's sizes, the placement and its CPUs.
+#[derive(Debug, Clone, Copy)]
+pub struct Setup {
+    pub sizes: Sizes,
+    pub placement: Placement,
+    pub ccpu: Option<usize>,
+    pub scpu: Option<usize>,
+    pub duration: Duration,
 }
 
-fn sockperf(
-    runner: &Runner,
-    b: &Built,
-    placement: Placement,
-    ccpu: Option<usize>,
-    scpu: Option<usize>,
-    duration: Duration,
-) -> Result<CrossCheck, BenchError> {
+/// One of our measurements on the same topology and placement: workload, sizes, duration.
+pub type Ours<'a> = dyn Fn(Workload, Sizes, Duration) -> Result<Sample, BenchError> + 'a;
+
+/// Runs both cross-checks on `b`; `ours` measures with our load generator.
+pub fn run(b: &Built, s: &Setup, ours: &Ours) -> Result<Vec<CrossCheck>, BenchError> {
+    Ok(vec![sockperf(b, s, ours)?, iperf3(b, s, ours)?])
+}
+
+fn sockperf(b: &Built, s: &Setup, ours: &Ours) -> Result<CrossCheck, BenchError> {
     let mut c = new_check(
         b,
-        placement,
+        s.placement,
         "sockperf",
         format!("TCP ping-pong p50 round trip, {SOCKPERF_MSG} B"),
         "µs",
@@ -168,12 +141,12 @@ fn sockperf(
     let sizes = Sizes {
         request: SOCKPERF_MSG,
         response: SOCKPERF_MSG,
-        ..runner.config.sizes
+        ..s.sizes
     };
     alternate(
         c,
-        || sockperf_once(&prog, b, scpu, ccpu, duration),
-        || runner.measure_with(b, Workload::Ping, sizes, placement, ccpu, scpu, duration, 0),
+        || sockperf_once(&prog, b, s.scpu, s.ccpu, s.duration),
+        || ours(Workload::Ping, sizes, s.duration),
     )
 }
 
@@ -231,21 +204,14 @@ fn sockperf_once(
         .ok_or_else(|| format!("could not parse sockperf output: {}", client.stderr_text())))
 }
 
-fn iperf3(
-    runner: &Runner,
-    b: &Built,
-    placement: Placement,
-    ccpu: Option<usize>,
-    scpu: Option<usize>,
-    duration: Duration,
-) -> Result<CrossCheck, BenchError> {
+fn iperf3(b: &Built, s: &Setup, ours: &Ours) -> Result<CrossCheck, BenchError> {
     let mut c = new_check(
         b,
-        placement,
+        s.placement,
         "iperf3",
         format!(
             "TCP bulk, one stream, {} KiB writes",
-            runner.config.sizes.stream_write / 1024
+            s.sizes.stream_write / 1024
         ),
         "Gbit/s",
     );
@@ -253,29 +219,18 @@ fn iperf3(
         c.note = Some("iperf3 not installed (apt-get install iperf3)".into());
         return Ok(c);
     };
-    let secs = duration.as_secs_f64().ceil().max(1.0) as u64;
+    let secs = s.duration.as_secs_f64().ceil().max(1.0) as u64;
     alternate(
         c,
-        || iperf3_once(&prog, runner, b, scpu, ccpu, secs),
-        || {
-            runner.measure_with(
-                b,
-                Workload::Stream,
-                runner.config.sizes,
-                placement,
-                ccpu,
-                scpu,
-                Duration::from_secs(secs),
-                0,
-            )
-        },
+        || iperf3_once(&prog, s.sizes.stream_write, b, s.scpu, s.ccpu, secs),
+        || ours(Workload::Stream, s.sizes, Duration::from_secs(secs)),
     )
 }
 
 /// One iperf3 run: Gbit/s received, or why there is none.
 fn iperf3_once(
     prog: &std::path::Path,
-    runner: &Runner,
+    stream_write: u32,
     b: &Built,
     scpu: Option<usize>,
     ccpu: Option<usize>,
@@ -309,7 +264,7 @@ fn iperf3_once(
             "-t".into(),
             secs.to_string(),
             "-l".into(),
-            runner.config.sizes.stream_write.to_string(),
+            stream_write.to_string(),
             "-i".into(),
             "0".into(),
             "-J".into(),

@@ -13,11 +13,11 @@
 //!
 //! A sample whose required counters did not move is marked failed ("fast path idle").
 
+use std::any::Any;
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use crate::built::Built;
 use crate::spec::Workload;
 
 /// Where a topology's fast path keeps its counters.
@@ -114,13 +114,13 @@ impl FastPath {
     /// [`STATS_FILE_WAIT`], until it shows a change.
     ///
     /// [`read`]: FastPath::read
-    pub fn read_after(&self, b: &Built, before: &Reading) -> Result<Reading, String> {
+    pub fn read_after(&self, extras: &[Box<dyn Any>], before: &Reading) -> Result<Reading, String> {
         if *self != FastPath::VpnRelay {
-            return self.read(b);
+            return self.read(extras);
         }
         let until = std::time::Instant::now() + STATS_FILE_WAIT;
         loop {
-            let r = self.read(b)?;
+            let r = self.read(extras)?;
             if r != *before || std::time::Instant::now() >= until {
                 return Ok(r);
             }
@@ -129,11 +129,10 @@ impl FastPath {
     }
 
     /// Reads the counters now.
-    pub fn read(&self, b: &Built) -> Result<Reading, String> {
+    pub fn read(&self, extras: &[Box<dyn Any>]) -> Result<Reading, String> {
         match self {
             FastPath::Sockmap => {
-                let sc = b
-                    .extras
+                let sc = extras
                     .iter()
                     .find_map(|e| e.downcast_ref::<nsfast_sockmap::Shortcut>())
                     .ok_or("the topology holds no sockmap shortcut")?;
@@ -161,8 +160,7 @@ impl FastPath {
                 Ok(out)
             }
             FastPath::VpnRelay => {
-                let w = b
-                    .extras
+                let w = extras
                     .iter()
                     .find_map(|e| e.downcast_ref::<nsfast_lab::rootless::World>())
                     .ok_or("the topology holds no vpnrelay world")?;

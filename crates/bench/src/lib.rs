@@ -7,7 +7,9 @@
 //! - [`built`]      — what a topology build needs and makes (the leaf its adapters share).
 //! - [`topology`]   — host / veth / routed / sockmap (+ the registration point for later paths).
 //! - [`proc`]       — start workers in a namespace + cgroup, pinned; kill-on-drop guards; signals.
-//! - [`runner`]     — warm-up, interleaved rounds, CPU accounting, samples.
+//! - [`model`]      — the data a run produces: samples, CPU cost, skips, machine, cross-checks, outcome.
+//! - [`runner`]     — warm-up, interleaved rounds, samples.
+//! - `cputime`      — CPU accounting around one measurement (cgroups, softirq, ksoftirqd).
 //! - [`stats`]      — medians, ratios to `host`, spread.
 //! - [`report`]     — terminal table, JSON document, machine description.
 //! - [`svg`]        — one bar chart per workload and placement, with min–max whiskers.
@@ -19,9 +21,11 @@
 #![forbid(unsafe_code)]
 
 pub mod built;
+pub(crate) mod cputime;
 pub mod crosscheck;
 pub mod evidence;
 pub mod load;
+pub mod model;
 pub mod proc;
 pub mod report;
 pub mod rootless_hook;

@@ -1,86 +1,14 @@
 //! Output: the machine description, the terminal table and the JSON document.
 
 use std::fmt::Write as _;
-use std::time::{SystemTime, UNIX_EPOCH};
 
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 
-use crate::crosscheck::{CrossCheck, AGREEMENT};
-use crate::runner::Outcome;
+use crate::cputime::irq_time_accounting;
+use crate::crosscheck::AGREEMENT;
+pub use crate::model::{format_utc, utc_now, Machine};
+use crate::model::{CrossCheck, Outcome};
 use crate::stats::{summarize, Row};
-
-/// The machine and kernel a run was made on.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-pub struct Machine {
-    /// UTC time the run finished, `YYYY-MM-DDTHH:MM:SSZ`.
-    pub date: String,
-    pub kernel: String,
-    pub cpu_model: String,
-    pub cpus: usize,
-    pub mem_total_kib: u64,
-    pub hostname: String,
-    pub nsfast_version: String,
-}
-
-impl Machine {
-    pub fn current() -> Self {
-        let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
-        let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
-        Self {
-            date: utc_now(),
-            kernel: nsfast_sys::kernel::release(),
-            cpu_model: cpuinfo
-                .lines()
-                .find_map(|l| l.strip_prefix("model name"))
-                .and_then(|l| l.split_once(':'))
-                .map(|(_, v)| v.trim().to_string())
-                .unwrap_or_default(),
-            cpus: std::thread::available_parallelism()
-                .map(|n| n.get())
-                .unwrap_or(1),
-            mem_total_kib: meminfo
-                .lines()
-                .find_map(|l| l.strip_prefix("MemTotal:"))
-                .and_then(|v| v.split_whitespace().next()?.parse().ok())
-                .unwrap_or(0),
-            hostname: nix::unistd::gethostname()
-                .ok()
-                .and_then(|h| h.into_string().ok())
-                .unwrap_or_default(),
-            nsfast_version: env!("CARGO_PKG_VERSION").into(),
-        }
-    }
-}
-
-/// The current time in UTC as `YYYY-MM-DDTHH:MM:SSZ`.
-pub fn utc_now() -> String {
-    let secs = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0);
-    format_utc(secs)
-}
-
-/// Formats seconds since the epoch as `YYYY-MM-DDTHH:MM:SSZ` (civil-from-days).
-pub fn format_utc(secs: u64) -> String {
-    let days = (secs / 86_400) as i64;
-    let rem = secs % 86_400;
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    format!(
-        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z",
-        rem / 3600,
-        rem % 3600 / 60,
-        rem % 60
-    )
-}
 
 /// The JSON document `--json` writes.
 #[derive(Debug, Serialize)]
@@ -185,55 +113,14 @@ pub fn table(outcome: &Outcome) -> String {
                 r.workload.name().to_string()
             };
             last_w = Some(r.workload);
-            let f = |v: Option<f64>| v.map(fmt_value).unwrap_or_else(|| "–".into());
-            let ratio = r
-                .ratio_to_host
-                .map(|x| format!("{x:.2}"))
-                .unwrap_or_else(|| "–".into());
-            let spread = r
-                .spread_pct
-                .map(|x| format!("±{:.1}%", x / 2.0))
-                .unwrap_or_else(|| "–".into());
-            let cpu = r
-                .cpu_per_unit
-                .map(|x| format!("{} {}", fmt_value(x), short_cpu_unit(&r.cpu_unit)))
-                .unwrap_or_else(|| "–".into());
-            let mut notes = Vec::new();
-            if let Some(l) = r.loss {
-                notes.push(format!("loss {:.1}%", l * 100.0));
-            }
-            if let Some(p99) = r.p99_us {
-                if r.workload == crate::spec::Workload::Ping {
-                    notes.push(format!("p99 {} µs", fmt_value(p99)));
-                }
-            }
-            if r.failed_rounds > 0 {
-                notes.push(format!(
-                    "{} round(s) failed: {}",
-                    r.failed_rounds,
-                    r.error.clone().unwrap_or_default()
-                ));
-            }
-            let _ = writeln!(
-                out,
-                "{:<11} {:<tw$} {:>12} {:<7} {:>7} {:>8}  {:<22} {:>10}  {}",
-                w,
-                r.topology,
-                f(r.median),
-                r.unit,
-                ratio,
-                spread,
-                format!("{} – {}", f(r.min), f(r.max)),
-                cpu,
-                notes.join("; ")
-            );
+            write_row(&mut out, r, &w, tw);
         }
     }
     let _ = writeln!(
         out,
         "\nping is latency (lower is better, × {base} > 1 is slower); the others are rates. \
 CPU cost = client + server cgroup CPU time + ksoftirqd time on the pinned CPUs{}, per transaction (µs/tx) or per GB (s/GB).",
-        if crate::runner::irq_time_accounting() { " + softirq time (IRQ time accounted apart)" } else { " (softirq run in task context is inside the cgroup time: no CONFIG_IRQ_TIME_ACCOUNTING)" }
+        if irq_time_accounting() { " + softirq time (IRQ time accounted apart)" } else { " (softirq run in task context is inside the cgroup time: no CONFIG_IRQ_TIME_ACCOUNTING)" }
     );
     if !outcome.cross_check.is_empty() {
         out.push_str(&cross_check_table(&outcome.cross_check));
@@ -242,6 +129,53 @@ CPU cost = client + server cgroup CPU time + ksoftirqd time on the pinned CPUs{}
         let _ = writeln!(out, "skipped {}: {}", s.topology, s.reason);
     }
     out
+}
+
+/// One row of the terminal table; `w` is the workload column (empty under the first row of a
+/// workload), `tw` the topology column's width.
+fn write_row(out: &mut String, r: &Row, w: &str, tw: usize) {
+    let f = |v: Option<f64>| v.map(fmt_value).unwrap_or_else(|| "–".into());
+    let ratio = r
+        .ratio_to_host
+        .map(|x| format!("{x:.2}"))
+        .unwrap_or_else(|| "–".into());
+    let spread = r
+        .spread_pct
+        .map(|x| format!("±{:.1}%", x / 2.0))
+        .unwrap_or_else(|| "–".into());
+    let cpu = r
+        .cpu_per_unit
+        .map(|x| format!("{} {}", fmt_value(x), short_cpu_unit(&r.cpu_unit)))
+        .unwrap_or_else(|| "–".into());
+    let mut notes = Vec::new();
+    if let Some(l) = r.loss {
+        notes.push(format!("loss {:.1}%", l * 100.0));
+    }
+    if let Some(p99) = r.p99_us {
+        if r.workload == crate::spec::Workload::Ping {
+            notes.push(format!("p99 {} µs", fmt_value(p99)));
+        }
+    }
+    if r.failed_rounds > 0 {
+        notes.push(format!(
+            "{} round(s) failed: {}",
+            r.failed_rounds,
+            r.error.clone().unwrap_or_default()
+        ));
+    }
+    let _ = writeln!(
+        out,
+        "{:<11} {:<tw$} {:>12} {:<7} {:>7} {:>8}  {:<22} {:>10}  {}",
+        w,
+        r.topology,
+        f(r.median),
+        r.unit,
+        ratio,
+        spread,
+        format!("{} – {}", f(r.min), f(r.max)),
+        cpu,
+        notes.join("; ")
+    );
 }
 
 /// The cross-check table: tool figure, ours, difference.

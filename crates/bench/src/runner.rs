@@ -8,80 +8,19 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
-use nsfast_sys::cgroup::Cgroup;
-use serde::{Deserialize, Serialize};
 
-use crate::crosscheck::CrossCheck;
+pub use crate::cputime::irq_time_accounting;
+use crate::cputime::CpuSnapshot;
+use crate::crosscheck;
+use crate::evidence::{Evidence, FastPath, Reading};
 use crate::load::{ClientResult, ServerCounts};
+pub use crate::model::{CpuCost, Outcome, Sample, Skipped};
+use crate::model::{CrossCheck, Machine};
 use crate::proc::{check_interrupt, command_in, ChildGuard, Launcher};
-use crate::report::Machine;
 use crate::spec::{Config, Placement, Sizes, Workload};
-use crate::topology::{self, BuildCtx, Built, RunCgroup};
+use crate::topology::{self, BuildCtx, Built, RunCgroup, TopologyDef};
 use crate::worker::{read_report, Role, VsockEnd, WorkerReport, WorkerSpec};
 use crate::BenchError;
-
-/// CPU time one measurement consumed.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
-pub struct CpuCost {
-    /// cgroup `usage_usec` delta of the client side.
-    pub client_usec: u64,
-    /// cgroup `usage_usec` delta of the server side.
-    pub server_usec: u64,
-    /// softirq time on the pinned CPUs (from /proc/stat, USER_HZ resolution). Without
-    /// CONFIG_IRQ_TIME_ACCOUNTING most of it is already inside the cgroup figures.
-    pub softirq_usec: u64,
-    /// CPU time of ksoftirqd on the pinned CPUs: softirq work charged to no cgroup of ours.
-    pub ksoftirqd_usec: u64,
-    /// What `per_unit` counts: client + server + ksoftirqd (+ softirq when the kernel
-    /// accounts IRQ time apart from tasks), normalised: µs per transaction or seconds per GB.
-    pub per_unit: f64,
-}
-
-/// One measurement of one topology × workload × placement in one round.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct Sample {
-    pub round: u32,
-    pub topology: String,
-    pub workload: Workload,
-    pub placement: Placement,
-    /// `None`: unpinned.
-    pub client_cpu: Option<usize>,
-    pub server_cpu: Option<usize>,
-    /// The headline figure in the workload's unit (NaN-free: absent on error).
-    pub value: Option<f64>,
-    pub unit: String,
-    pub client: Option<ClientResult>,
-    pub server: Option<ServerCounts>,
-    /// udp-stream: fraction of datagrams sent that the server did not receive.
-    pub loss: Option<f64>,
-    pub cpu: Option<CpuCost>,
-    /// What the topology's fast path counted during the sample (`None`: the topology claims
-    /// no fast path, or not for this workload). A fast path that counted nothing makes the
-    /// sample failed ("fast path idle"), its value absent.
-    #[serde(default)]
-    pub fast_path: Option<crate::evidence::Evidence>,
-    pub error: Option<String>,
-}
-
-/// A topology that did not run, and why.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct Skipped {
-    pub topology: String,
-    pub reason: String,
-}
-
-/// Everything a run produced.
-#[derive(Debug, Clone, Serialize)]
-pub struct Outcome {
-    pub machine: Machine,
-    pub config: Config,
-    /// Topologies that ran, in order.
-    pub topologies: Vec<String>,
-    pub skipped: Vec<Skipped>,
-    pub notes: Vec<String>,
-    pub samples: Vec<Sample>,
-    pub cross_check: Vec<CrossCheck>,
-}
 
 /// What the run reports as it goes.
 pub trait Observer {
@@ -125,6 +64,37 @@ impl Runner {
     /// on error and on SIGINT/SIGTERM (which the caller must have blocked, see
     /// `nsfast_sys::signals::block_termination`).
     pub fn run(&self, obs: &mut dyn Observer) -> Result<Outcome, BenchError> {
+        let placements = self.placements()?;
+        let mut skipped = Vec::new();
+        // Probe and pick topologies before touching the system.
+        let defs = probe_topologies(&self.config.topologies, obs, &mut skipped)?;
+        let run_cg = RunCgroup::create(&self.prefix)?;
+        let ctx = BuildCtx {
+            prefix: self.prefix.clone(),
+            cgroup_root: run_cg.path().to_path_buf(),
+            launcher: Some(self.launcher.clone()),
+        };
+        let mut notes = Vec::new();
+        let built = build_topologies(&defs, &ctx, obs, &mut skipped, &mut notes)?;
+        let pairs = self.count_pairs(&built, obs, &mut notes)?;
+        let samples = self.rounds(&built, &placements, pairs)?;
+        let cross_check = self.cross_checks(&built, &placements, obs)?;
+        let topologies = built.iter().map(|b| b.name.to_string()).collect();
+        drop(built);
+        drop(run_cg);
+        Ok(Outcome {
+            machine: Machine::current(),
+            config: self.config.clone(),
+            topologies,
+            skipped,
+            notes,
+            samples,
+            cross_check,
+        })
+    }
+
+    /// The placements to measure, each with its client and server CPU (needs root).
+    fn placements(&self) -> Result<Vec<Pinning>, BenchError> {
         if !nix::unistd::geteuid().is_root() {
             return Err(BenchError::NotRoot);
         }
@@ -132,72 +102,22 @@ impl Runner {
             what: "sched_getaffinity".into(),
             source: e,
         })?;
-        let placements: Vec<(Placement, Option<usize>, Option<usize>)> = self
-            .config
+        self.config
             .placements
             .iter()
             .map(|&p| p.cpus(&allowed).map(|(c, s)| (p, c, s)))
-            .collect::<Result<_, _>>()?;
+            .collect::<Result<_, _>>()
+    }
 
-        // Probe and pick topologies before touching the system.
-        let mut defs = Vec::new();
-        let mut skipped = Vec::new();
-        for name in &self.config.topologies {
-            let def = topology::find(name)?;
-            match (def.probe)() {
-                Ok(()) => defs.push(def),
-                Err(reason) => {
-                    let s = Skipped {
-                        topology: name.clone(),
-                        reason,
-                    };
-                    obs.skipped(&s);
-                    skipped.push(s);
-                }
-            }
-        }
-        if defs.is_empty() {
-            return Err(BenchError::NothingToRun(
-                "every selected topology was skipped; nothing to measure".into(),
-            ));
-        }
-
-        let run_cg = RunCgroup::create(&self.prefix)?;
-        let ctx = BuildCtx {
-            prefix: self.prefix.clone(),
-            cgroup_root: run_cg.path().to_path_buf(),
-            launcher: Some(self.launcher.clone()),
-        };
-        let mut built: Vec<Built> = Vec::new();
-        let mut notes = Vec::new();
-        for def in &defs {
-            check_interrupt()?;
-            match (def.build)(&ctx) {
-                Ok(b) => {
-                    if let Some(n) = &b.note {
-                        obs.note(n);
-                        notes.push(n.clone());
-                    }
-                    built.push(b);
-                }
-                Err(e) => {
-                    let s = Skipped {
-                        topology: def.name.into(),
-                        reason: format!("build failed: {e}"),
-                    };
-                    obs.skipped(&s);
-                    skipped.push(s);
-                }
-            }
-        }
-        if built.is_empty() {
-            return Err(BenchError::NothingToRun(
-                "no selected topology could be built".into(),
-            ));
-        }
-
+    /// The number of topology × workload pairs per placement and round; notes the workloads
+    /// a topology cannot run.
+    fn count_pairs(
+        &self,
+        built: &[Built],
+        obs: &mut dyn Observer,
+        notes: &mut Vec<String>,
+    ) -> Result<usize, BenchError> {
         let cfg = &self.config;
-        let warm = !cfg.warmup.is_zero();
         // vsock is streams only: udp-stream is not measured on the vsock topologies.
         let pairs = cfg
             .workloads
@@ -215,15 +135,27 @@ impl Runner {
                 "no selected workload runs on the selected topologies (vsock topologies have no udp-stream)".into(),
             ));
         }
+        Ok(pairs)
+    }
+
+    /// The warm-up round (round 0, not kept) and the measured rounds, interleaved: every
+    /// placement × workload × topology once per round.
+    fn rounds(
+        &self,
+        built: &[Built],
+        placements: &[Pinning],
+        pairs: usize,
+    ) -> Result<Vec<Sample>, BenchError> {
+        let cfg = &self.config;
+        let warm = !cfg.warmup.is_zero();
         let per_round = (placements.len() * pairs) as u64;
         let total = per_round * (u64::from(cfg.rounds) + u64::from(warm));
         let pb = self.progress_bar(total);
         let mut samples = Vec::new();
-
         let rounds = if warm { 0..=cfg.rounds } else { 1..=cfg.rounds };
         for round in rounds {
             let d = if round == 0 { cfg.warmup } else { cfg.duration };
-            for &(placement, ccpu, scpu) in &placements {
+            for &(placement, ccpu, scpu) in placements {
                 for &w in &cfg.workloads {
                     for b in built.iter().filter(|b| b.supports(w)) {
                         pb.set_message(format!(
@@ -236,29 +168,13 @@ impl Runner {
                             "·",
                             b.name
                         ));
-                        let s = self.measure(b, w, placement, ccpu, scpu, d, round);
-                        let s = match s {
+                        let s = match self.measure(b, w, placement, ccpu, scpu, d, round) {
                             Ok(s) => s,
                             Err(e @ BenchError::Interrupted(_)) => {
                                 pb.abandon();
                                 return Err(e);
                             }
-                            Err(e) => Sample {
-                                round,
-                                topology: b.name.into(),
-                                workload: w,
-                                placement,
-                                client_cpu: ccpu,
-                                server_cpu: scpu,
-                                value: None,
-                                unit: w.unit().into(),
-                                client: None,
-                                server: None,
-                                loss: None,
-                                cpu: None,
-                                fast_path: None,
-                                error: Some(e.to_string()),
-                            },
+                            Err(e) => failed_sample(b, w, (placement, ccpu, scpu), round, &e),
                         };
                         if let Some(e) = &s.error {
                             pb.suspend(|| {
@@ -274,34 +190,43 @@ impl Runner {
             }
         }
         pb.finish_and_clear();
+        Ok(samples)
+    }
+
+    /// `--cross-check`: sockperf and iperf3 next to ours, on host and veth.
+    fn cross_checks(
+        &self,
+        built: &[Built],
+        placements: &[Pinning],
+        obs: &mut dyn Observer,
+    ) -> Result<Vec<CrossCheck>, BenchError> {
         let mut cross_check = Vec::new();
-        if cfg.cross_check {
-            for b in built
-                .iter()
-                .filter(|b| b.name == "host" || b.name == "veth")
-            {
-                for &(placement, ccpu, scpu) in &placements {
-                    obs.note(&format!(
-                        "cross-check on {} ({placement}): sockperf, iperf3",
-                        b.name
-                    ));
-                    let d = cfg.duration.max(Duration::from_secs(2));
-                    cross_check.extend(crate::crosscheck::run(self, b, placement, ccpu, scpu, d)?);
-                }
+        if !self.config.cross_check {
+            return Ok(cross_check);
+        }
+        for b in built
+            .iter()
+            .filter(|b| b.name == "host" || b.name == "veth")
+        {
+            for &(placement, ccpu, scpu) in placements {
+                obs.note(&format!(
+                    "cross-check on {} ({placement}): sockperf, iperf3",
+                    b.name
+                ));
+                let d = self.config.duration.max(Duration::from_secs(2));
+                let ours =
+                    |w, sizes, d| self.measure_with(b, w, sizes, placement, ccpu, scpu, d, 0);
+                let cfg = crosscheck::Setup {
+                    sizes: self.config.sizes,
+                    placement,
+                    ccpu,
+                    scpu,
+                    duration: d,
+                };
+                cross_check.extend(crosscheck::run(b, &cfg, &ours)?);
             }
         }
-        let topologies = built.iter().map(|b| b.name.to_string()).collect();
-        drop(built);
-        drop(run_cg);
-        Ok(Outcome {
-            machine: Machine::current(),
-            config: cfg.clone(),
-            topologies,
-            skipped,
-            notes,
-            samples,
-            cross_check,
-        })
+        Ok(cross_check)
     }
 
     fn progress_bar(&self, total: u64) -> ProgressBar {
@@ -318,7 +243,11 @@ impl Runner {
     }
 
     /// Starts a worker of `role` on `b`, pinned to `cpu`.
-    pub fn spawn_worker(&self, b: &Built, spec: &WorkerSpec) -> Result<ChildGuard, BenchError> {
+    pub(crate) fn spawn_worker(
+        &self,
+        b: &Built,
+        spec: &WorkerSpec,
+    ) -> Result<ChildGuard, BenchError> {
         let (ns, cg) = match spec.role {
             Role::Server | Role::Relay => (b.server_ns(), &b.server.cgroup),
             Role::Client => (b.client_ns(), &b.client.cgroup),
@@ -370,55 +299,10 @@ impl Runner {
         duration: Duration,
         round: u32,
     ) -> Result<Sample, BenchError> {
-        let mut spec = WorkerSpec {
-            role: Role::Server,
-            workload: w,
-            addr: SocketAddr::new(b.server_ip, b.server_port),
-            sizes,
-            duration_s: duration.as_secs_f64(),
-            cpu: scpu,
-            vsock: b.vsock.map(|v| VsockEnd {
-                cid: nsfast_sys::vsock::VMADDR_CID_ANY,
-                port: v.server_port,
-            }),
-            relay_to: None,
-        };
-        if let Some(pid) = b.vsock.and_then(|v| v.helper_pid) {
-            place_helper(pid, scpu).map_err(|source| BenchError::Spawn {
-                what: format!("sched_setaffinity of the {} helper (pid {pid})", b.name),
-                source,
-            })?;
-        }
-        let mut server = self.spawn_worker(b, &spec)?;
-        let addr = match read_report(server.stdout()) {
-            Some(WorkerReport::Ready(a)) => a,
-            // The client goes to the topology's client port (a relay's, or the server's).
-            Some(WorkerReport::ReadyVsock(_)) => spec.addr,
-            Some(WorkerReport::Error(e)) => {
-                return Err(BenchError::Worker {
-                    what: server.what.clone(),
-                    detail: e,
-                })
-            }
-            _ => {
-                server.kill();
-                return Err(BenchError::Worker {
-                    what: server.what.clone(),
-                    detail: format!("exited before listening: {}", server.stderr_text()),
-                });
-            }
-        };
-        let fast_path = b.fast_path.as_ref().filter(|f| f.applies(w));
-        let read_fast_path = || -> Result<_, BenchError> {
-            fast_path
-                .map(|f| f.read(b))
-                .transpose()
-                .map_err(|detail| BenchError::Worker {
-                    what: format!("fast-path counters of {}", b.name),
-                    detail,
-                })
-        };
-        let fp_before = read_fast_path()?;
+        let mut spec = server_spec(b, w, sizes, scpu, duration);
+        let (mut server, addr) = self.start_server(b, &spec)?;
+        let fast_path = FastPathWatch::new(b, w);
+        let fp_before = fast_path.before()?;
         let before = CpuSnapshot::take(&b.client.cgroup, &b.server.cgroup);
         spec.role = Role::Client;
         spec.addr = addr;
@@ -435,22 +319,7 @@ impl Runner {
         drop(server.take_stdin());
         server.wait(Duration::from_secs(10))?;
         let sreport = read_report(server.stdout());
-        let fp_after = match (fast_path, &fp_before) {
-            (Some(f), Some(before)) => {
-                Some(
-                    f.read_after(b, before)
-                        .map_err(|detail| BenchError::Worker {
-                            what: format!("fast-path counters of {}", b.name),
-                            detail,
-                        })?,
-                )
-            }
-            _ => None,
-        };
-        let evidence = match (fast_path, &fp_before, &fp_after) {
-            (Some(f), Some(a), Some(z)) => Some(f.evidence(a, z)),
-            _ => None,
-        };
+        let evidence = fast_path.evidence(fp_before.as_ref())?;
         let cres = expect_report(
             creport,
             &mut client,
@@ -469,57 +338,9 @@ impl Runner {
                 other => Err(other),
             },
         )?;
-        // Both sides count; a mismatch means a bug or a broken path, not a figure to trust.
-        let mismatch = match w {
-            Workload::Rr | Workload::Crr | Workload::Ping
-                if cres.transactions != scount.transactions =>
-            {
-                Some(format!(
-                    "client counted {} transactions, server {}",
-                    cres.transactions, scount.transactions
-                ))
-            }
-            Workload::Stream if cres.bytes != scount.bytes => Some(format!(
-                "client sent {} bytes, server received {}",
-                cres.bytes, scount.bytes
-            )),
-            _ => None,
-        };
-        if let Some(m) = mismatch {
-            return Err(BenchError::Worker {
-                what: format!("{w} on {}", b.name),
-                detail: m,
-            });
-        }
-        // The CPUs whose ksoftirqd/softirq time counts: the pinned ones, or all when unpinned.
-        let cpus: Vec<usize> = match (ccpu, scpu) {
-            (Some(c), Some(s)) if c == s => vec![c],
-            (Some(c), Some(s)) => vec![c, s],
-            _ => nsfast_sys::sched::allowed_cpus().unwrap_or_default(),
-        };
+        check_counts(b, w, &cres, &scount)?;
         let (value, loss) = headline(w, &cres, &scount);
-        let mut cpu = after.since(&before, &cpus);
-        let mut total_us = (cpu.client_usec + cpu.server_usec + cpu.ksoftirqd_usec) as f64;
-        if irq_time_accounting() {
-            total_us += cpu.softirq_usec as f64;
-        }
-        cpu.per_unit = match w {
-            Workload::Stream | Workload::UdpStream => {
-                let gb = scount.bytes as f64 / 1e9;
-                if gb > 0.0 {
-                    total_us / 1e6 / gb
-                } else {
-                    0.0
-                }
-            }
-            _ => {
-                if cres.transactions > 0 {
-                    total_us / cres.transactions as f64
-                } else {
-                    0.0
-                }
-            }
-        };
+        let cpu = cpu_cost(w, (ccpu, scpu), &before, &after, &cres, &scount);
         // A fast path that carried nothing: the figure is the ordinary path's, not its.
         let idle = evidence.as_ref().and_then(|e| e.idle_error());
         Ok(Sample {
@@ -539,6 +360,270 @@ impl Runner {
             error: idle,
         })
     }
+
+    /// Places the topology's helper (if any) on the server CPU, starts the server worker and
+    /// waits for it to listen; returns it and the address the client goes to.
+    fn start_server(
+        &self,
+        b: &Built,
+        spec: &WorkerSpec,
+    ) -> Result<(ChildGuard, SocketAddr), BenchError> {
+        if let Some(pid) = b.vsock.and_then(|v| v.helper_pid) {
+            place_helper(pid, spec.cpu).map_err(|source| BenchError::Spawn {
+                what: format!("sched_setaffinity of the {} helper (pid {pid})", b.name),
+                source,
+            })?;
+        }
+        let mut server = self.spawn_worker(b, spec)?;
+        let addr = match read_report(server.stdout()) {
+            Some(WorkerReport::Ready(a)) => a,
+            // The client goes to the topology's client port (a relay's, or the server's).
+            Some(WorkerReport::ReadyVsock(_)) => spec.addr,
+            Some(WorkerReport::Error(e)) => {
+                return Err(BenchError::Worker {
+                    what: server.what.clone(),
+                    detail: e,
+                })
+            }
+            _ => {
+                server.kill();
+                return Err(BenchError::Worker {
+                    what: server.what.clone(),
+                    detail: format!("exited before listening: {}", server.stderr_text()),
+                });
+            }
+        };
+        Ok((server, addr))
+    }
+}
+
+/// The server worker's spec for one measurement of `w` on `b`.
+fn server_spec(
+    b: &Built,
+    w: Workload,
+    sizes: Sizes,
+    scpu: Option<usize>,
+    duration: Duration,
+) -> WorkerSpec {
+    WorkerSpec {
+        role: Role::Server,
+        workload: w,
+        addr: SocketAddr::new(b.server_ip, b.server_port),
+        sizes,
+        duration_s: duration.as_secs_f64(),
+        cpu: scpu,
+        vsock: b.vsock.map(|v| VsockEnd {
+            cid: nsfast_sys::vsock::VMADDR_CID_ANY,
+            port: v.server_port,
+        }),
+        relay_to: None,
+    }
+}
+
+/// A placement with its client and server CPU (`None`: unpinned).
+type Pinning = (Placement, Option<usize>, Option<usize>);
+
+/// The topologies of `names` whose probe passes; the others go to `skipped`.
+fn probe_topologies(
+    names: &[String],
+    obs: &mut dyn Observer,
+    skipped: &mut Vec<Skipped>,
+) -> Result<Vec<TopologyDef>, BenchError> {
+    let mut defs = Vec::new();
+    for name in names {
+        let def = topology::find(name)?;
+        match (def.probe)() {
+            Ok(()) => defs.push(def),
+            Err(reason) => {
+                let s = Skipped {
+                    topology: name.clone(),
+                    reason,
+                };
+                obs.skipped(&s);
+                skipped.push(s);
+            }
+        }
+    }
+    if defs.is_empty() {
+        return Err(BenchError::NothingToRun(
+            "every selected topology was skipped; nothing to measure".into(),
+        ));
+    }
+    Ok(defs)
+}
+
+/// Builds each of `defs`; one that fails to build goes to `skipped`, its note to `notes`.
+fn build_topologies(
+    defs: &[TopologyDef],
+    ctx: &BuildCtx,
+    obs: &mut dyn Observer,
+    skipped: &mut Vec<Skipped>,
+    notes: &mut Vec<String>,
+) -> Result<Vec<Built>, BenchError> {
+    let mut built: Vec<Built> = Vec::new();
+    for def in defs {
+        check_interrupt()?;
+        match (def.build)(ctx) {
+            Ok(b) => {
+                if let Some(n) = &b.note {
+                    obs.note(n);
+                    notes.push(n.clone());
+                }
+                built.push(b);
+            }
+            Err(e) => {
+                let s = Skipped {
+                    topology: def.name.into(),
+                    reason: format!("build failed: {e}"),
+                };
+                obs.skipped(&s);
+                skipped.push(s);
+            }
+        }
+    }
+    if built.is_empty() {
+        return Err(BenchError::NothingToRun(
+            "no selected topology could be built".into(),
+        ));
+    }
+    Ok(built)
+}
+
+/// The sample of a measurement that failed with `e`.
+fn failed_sample(
+    b: &Built,
+    w: Workload,
+    (placement, ccpu, scpu): Pinning,
+    round: u32,
+    e: &BenchError,
+) -> Sample {
+    Sample {
+        round,
+        topology: b.name.into(),
+        workload: w,
+        placement,
+        client_cpu: ccpu,
+        server_cpu: scpu,
+        value: None,
+        unit: w.unit().into(),
+        client: None,
+        server: None,
+        loss: None,
+        cpu: None,
+        fast_path: None,
+        error: Some(e.to_string()),
+    }
+}
+
+/// The topology's fast-path counters around one measurement of `w` (nothing to read when it
+/// claims no fast path for `w`).
+struct FastPathWatch<'a> {
+    b: &'a Built,
+    fast_path: Option<&'a FastPath>,
+}
+
+impl<'a> FastPathWatch<'a> {
+    fn new(b: &'a Built, w: Workload) -> Self {
+        let fast_path = b.fast_path.as_ref().filter(|f| f.applies(w));
+        Self { b, fast_path }
+    }
+
+    fn error(&self, detail: String) -> BenchError {
+        BenchError::Worker {
+            what: format!("fast-path counters of {}", self.b.name),
+            detail,
+        }
+    }
+
+    /// The reading before the measurement.
+    fn before(&self) -> Result<Option<Reading>, BenchError> {
+        self.fast_path
+            .map(|f| f.read(&self.b.extras))
+            .transpose()
+            .map_err(|d| self.error(d))
+    }
+
+    /// Reads the counters after the measurement; the evidence between the two readings.
+    fn evidence(&self, before: Option<&Reading>) -> Result<Option<Evidence>, BenchError> {
+        let (Some(f), Some(before)) = (self.fast_path, before) else {
+            return Ok(None);
+        };
+        let after = f
+            .read_after(&self.b.extras, before)
+            .map_err(|d| self.error(d))?;
+        Ok(Some(f.evidence(before, &after)))
+    }
+}
+
+/// Both sides count; a mismatch means a bug or a broken path, not a figure to trust.
+fn check_counts(
+    b: &Built,
+    w: Workload,
+    cres: &ClientResult,
+    scount: &ServerCounts,
+) -> Result<(), BenchError> {
+    let mismatch = match w {
+        Workload::Rr | Workload::Crr | Workload::Ping
+            if cres.transactions != scount.transactions =>
+        {
+            Some(format!(
+                "client counted {} transactions, server {}",
+                cres.transactions, scount.transactions
+            ))
+        }
+        Workload::Stream if cres.bytes != scount.bytes => Some(format!(
+            "client sent {} bytes, server received {}",
+            cres.bytes, scount.bytes
+        )),
+        _ => None,
+    };
+    match mismatch {
+        Some(m) => Err(BenchError::Worker {
+            what: format!("{w} on {}", b.name),
+            detail: m,
+        }),
+        None => Ok(()),
+    }
+}
+
+/// The CPU cost of one measurement between two snapshots, normalised per transaction or GB.
+fn cpu_cost(
+    w: Workload,
+    (ccpu, scpu): (Option<usize>, Option<usize>),
+    before: &CpuSnapshot,
+    after: &CpuSnapshot,
+    cres: &ClientResult,
+    scount: &ServerCounts,
+) -> CpuCost {
+    // The CPUs whose ksoftirqd/softirq time counts: the pinned ones, or all when unpinned.
+    let cpus: Vec<usize> = match (ccpu, scpu) {
+        (Some(c), Some(s)) if c == s => vec![c],
+        (Some(c), Some(s)) => vec![c, s],
+        _ => nsfast_sys::sched::allowed_cpus().unwrap_or_default(),
+    };
+    let mut cpu = after.since(before, &cpus);
+    let mut total_us = (cpu.client_usec + cpu.server_usec + cpu.ksoftirqd_usec) as f64;
+    if irq_time_accounting() {
+        total_us += cpu.softirq_usec as f64;
+    }
+    cpu.per_unit = match w {
+        Workload::Stream | Workload::UdpStream => {
+            let gb = scount.bytes as f64 / 1e9;
+            if gb > 0.0 {
+                total_us / 1e6 / gb
+            } else {
+                0.0
+            }
+        }
+        _ => {
+            if cres.transactions > 0 {
+                total_us / cres.transactions as f64
+            } else {
+                0.0
+            }
+        }
+    };
+    cpu
 }
 
 /// Pins process `pid` (its main thread: the threads and children it starts later inherit
@@ -570,68 +655,6 @@ pub fn headline(w: Workload, c: &ClientResult, s: &ServerCounts) -> (f64, Option
                 0.0
             };
             (s.bytes as f64 * 8.0 / secs / 1e9, Some(loss))
-        }
-    }
-}
-
-/// Whether the kernel accounts softirq time apart from tasks (cached; assumed not when the
-/// kernel config cannot be read, the common tick-based default).
-pub fn irq_time_accounting() -> bool {
-    static V: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *V.get_or_init(|| nsfast_sys::procstat::irq_time_accounting().unwrap_or(false))
-}
-
-fn ksoftirqd_pids() -> &'static Vec<Option<u32>> {
-    static V: std::sync::OnceLock<Vec<Option<u32>>> = std::sync::OnceLock::new();
-    V.get_or_init(|| {
-        let n = nsfast_sys::procstat::per_cpu_times()
-            .map(|v| v.len())
-            .unwrap_or(0);
-        (0..n).map(nsfast_sys::procstat::ksoftirqd_pid).collect()
-    })
-}
-
-struct CpuSnapshot {
-    client: u64,
-    server: u64,
-    stat: Vec<Option<nsfast_sys::procstat::CpuTimes>>,
-    ksoftirqd: Vec<u64>,
-}
-
-impl CpuSnapshot {
-    fn take(client: &Cgroup, server: &Cgroup) -> Self {
-        Self {
-            client: client.cpu_usage_usec().unwrap_or(0),
-            server: server.cpu_usage_usec().unwrap_or(0),
-            stat: nsfast_sys::procstat::per_cpu_times().unwrap_or_default(),
-            ksoftirqd: ksoftirqd_pids()
-                .iter()
-                .map(|p| {
-                    p.and_then(|p| nsfast_sys::procstat::process_cpu_usec(p).ok())
-                        .unwrap_or(0)
-                })
-                .collect(),
-        }
-    }
-
-    fn since(&self, before: &CpuSnapshot, cpus: &[usize]) -> CpuCost {
-        let hz = nsfast_sys::procstat::user_hz();
-        let mut soft_ticks = 0;
-        let mut ksoft = 0;
-        for &c in cpus {
-            if let (Some(a), Some(b)) = (self.ksoftirqd.get(c), before.ksoftirqd.get(c)) {
-                ksoft += a.saturating_sub(*b);
-            }
-            if let (Some(Some(a)), Some(Some(b))) = (self.stat.get(c), before.stat.get(c)) {
-                soft_ticks += a.since(b).softirq;
-            }
-        }
-        CpuCost {
-            client_usec: self.client.saturating_sub(before.client),
-            server_usec: self.server.saturating_sub(before.server),
-            softirq_usec: soft_ticks * 1_000_000 / hz,
-            ksoftirqd_usec: ksoft,
-            per_unit: 0.0,
         }
     }
 }

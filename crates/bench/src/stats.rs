@@ -3,7 +3,7 @@
 
 use serde::Serialize;
 
-use crate::runner::Sample;
+use crate::model::Sample;
 use crate::spec::{Placement, Workload};
 
 /// The median of `v` (mean of the middle two for an even count); `None` when empty.

@@ -6,53 +6,7 @@ use serde_json::Value;
 /// Versions this plugin speaks. Results have the same format in all of them.
 pub const SUPPORTED: &[&str] = &["0.4.0", "1.0.0", "1.1.0"];
 
-/// Well-known CNI error codes.
-pub mod code {
-    pub const INCOMPATIBLE_VERSION: u32 = 1;
-    pub const UNSUPPORTED_FIELD: u32 = 2;
-    pub const UNKNOWN_CONTAINER: u32 = 3;
-    pub const INVALID_ENV: u32 = 4;
-    pub const IO_FAILURE: u32 = 5;
-    pub const DECODE_FAILURE: u32 = 6;
-    pub const INVALID_CONFIG: u32 = 7;
-    pub const TRY_AGAIN_LATER: u32 = 11;
-    pub const PLUGIN_NOT_AVAILABLE: u32 = 50;
-    /// Plugin-specific: the container already has this interface.
-    pub const ALREADY_EXISTS: u32 = 100;
-    /// Plugin-specific: CHECK found the attachment damaged.
-    pub const CHECK_FAILED: u32 = 101;
-}
-
-/// A CNI error, printed as the spec's error object.
-#[derive(Debug, Clone, thiserror::Error)]
-#[error("{msg}")]
-pub struct CniError {
-    pub cni_version: String,
-    pub code: u32,
-    pub msg: String,
-    pub details: String,
-}
-
-impl CniError {
-    pub fn new(code: u32, msg: impl Into<String>, details: impl Into<String>) -> Self {
-        Self {
-            cni_version: "1.1.0".into(),
-            code,
-            msg: msg.into(),
-            details: details.into(),
-        }
-    }
-
-    pub fn to_json(&self) -> String {
-        serde_json::json!({
-            "cniVersion": self.cni_version,
-            "code": self.code,
-            "msg": self.msg,
-            "details": self.details,
-        })
-        .to_string()
-    }
-}
+pub use crate::error::{code, CniError};
 
 /// The `CNI_*` environment.
 #[derive(Debug, Clone, Default)]
@@ -202,6 +156,9 @@ pub fn parse_conf(stdin: &[u8]) -> Result<(NetConf, Value), CniError> {
         )
     })?;
     check_version(&conf.cni_version)?;
+    // logFile / logLevel were applied before the command ran; checked here as well, so that
+    // every input check is in one place.
+    crate::log::Settings::from_conf(&raw)?;
     Ok((conf, raw))
 }
 

@@ -505,12 +505,40 @@ fn example_conflist_is_accepted() {
     let rig = Rig::new();
     let p = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../examples/cni/10-nsfast.conflist");
     let list: Value = serde_json::from_slice(&std::fs::read(&p).unwrap()).unwrap();
-    let mut conf = list["plugins"][0].clone();
-    conf["cniVersion"] = list["cniVersion"].clone();
-    conf["name"] = list["name"].clone();
-    assert_eq!(conf["type"], "nsfast-cni");
-    let out = rig.invoke(&cni_bin(), "STATUS", &[], conf.to_string().as_bytes());
-    assert!(out.ok, "STATUS with {}: {}", p.display(), out.raw);
+    // CNI 1.1 version negotiation: `cniVersion` for older runtimes, `cniVersions` for newer
+    // ones (they pick the highest they support); the plugin speaks every one of them.
+    assert_eq!(list["cniVersion"], "1.0.0");
+    assert_eq!(list["cniVersions"], json!(["1.0.0", "1.1.0"]));
+    let version = rig.invoke(&cni_bin(), "VERSION", &[], br#"{"cniVersion":"1.1.0"}"#);
+    for v in list["cniVersions"].as_array().unwrap() {
+        assert!(
+            version.json["supportedVersions"]
+                .as_array()
+                .unwrap()
+                .contains(v),
+            "{v} not in {}",
+            version.raw
+        );
+    }
+    for v in list["cniVersions"].as_array().unwrap() {
+        let mut conf = list["plugins"][0].clone();
+        conf["cniVersion"] = v.clone();
+        conf["name"] = list["name"].clone();
+        assert_eq!(conf["type"], "nsfast-cni");
+        // The example logs to /var/log: this test's log goes to its own directory.
+        assert_eq!(conf["logFile"], "/var/log/nsfast-cni.log");
+        let log = rig.data_dir.join("example.log");
+        conf["logFile"] = json!(log.display().to_string());
+        let out = rig.invoke(&cni_bin(), "STATUS", &[], conf.to_string().as_bytes());
+        assert!(out.ok, "STATUS with {} at {v}: {}", p.display(), out.raw);
+        let text = std::fs::read_to_string(&log).unwrap();
+        assert!(
+            text.lines().last().is_some_and(
+                |l| l.contains(" INFO STATUS network \"nsfast\"") && l.ends_with(": ok")
+            ),
+            "{text}"
+        );
+    }
 }
 
 /// The `cni-ptp` bench baseline: ptp pods on two hosts reach each other over the wire, and
@@ -553,4 +581,97 @@ fn ptp_reference_topology_connects_and_cleans_up() {
         assert!(!left.contains(&n), "{n} left behind");
     }
     assert!(!std::env::temp_dir().join(format!("{prefix}-ipam")).exists());
+}
+
+/// `logFile` / `logLevel` (runtimes swallow stderr): the real plugin appends one line per
+/// command outcome to the file, at the configured level; a bad level is refused naming it,
+/// before anything is changed.
+#[test]
+fn log_file_gets_each_commands_lines_at_its_level() {
+    use std::os::unix::fs::PermissionsExt;
+    let mut rig = Rig::new();
+    let n = rig.container();
+    let log = rig.data_dir.join("nsfast-cni.log");
+    let mut conf = rig.conf("1.0.0");
+    conf["logFile"] = json!(log.display().to_string());
+    conf["logLevel"] = json!("info");
+    let add = rig.run("ADD", "ctr-log", &n, &conf);
+    assert!(add.ok, "{}", add.raw);
+    assert_eq!(add.json["cniVersion"], "1.0.0", "{}", add.raw);
+    let mut bad_mode = conf.clone();
+    bad_mode["mode"] = json!("bogus");
+    let out = rig.run("ADD", "ctr-log2", &n, &bad_mode);
+    assert!(!out.ok && out.json["code"] == 7, "{}", out.raw);
+    let del = rig.run("DEL", "ctr-log", &n, &conf);
+    assert!(del.ok, "{}", del.raw);
+
+    let mode = std::fs::metadata(&log)
+        .expect("log file")
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o7777, 0o600);
+    let text = std::fs::read_to_string(&log).unwrap();
+    let lines: Vec<&str> = text.lines().collect();
+    let net = format!("network {:?}", rig.network);
+    let find = |level: &str, what: &str| {
+        lines
+            .iter()
+            .position(|l| l.contains(level) && l.contains(what) && l.contains(&net))
+            .unwrap_or_else(|| {
+                panic!(
+                    "no {level} line with {what:?} in {}:\n{text}",
+                    log.display()
+                )
+            })
+    };
+    let a = find(" INFO ", "ADD container ctr-log ifname eth0");
+    let e = find(" ERROR ", "ADD container ctr-log2 ifname eth0");
+    let d = find(" INFO ", "DEL container ctr-log ifname eth0");
+    assert!(a < e && e < d, "out of order:\n{text}");
+    assert!(lines[a].ends_with(": ok"), "{}", lines[a]);
+    assert!(
+        lines[e].contains("error 7: invalid \"mode\" \"bogus\""),
+        "{}",
+        lines[e]
+    );
+    assert!(
+        !text.contains("DEBUG"),
+        "debug lines at logLevel info:\n{text}"
+    );
+    assert!(
+        !text.contains('\x1b'),
+        "colour codes in the log file:\n{text}"
+    );
+
+    // logLevel error: successes leave no line, errors do.
+    conf["logLevel"] = json!("error");
+    bad_mode["logLevel"] = json!("error");
+    let before = lines.len();
+    let status = rig.invoke(&cni_bin(), "STATUS", &[], conf.to_string().as_bytes());
+    assert!(status.ok, "{}", status.raw);
+    assert!(!rig.run("ADD", "ctr-log3", &n, &bad_mode).ok);
+    let text = std::fs::read_to_string(&log).unwrap();
+    let new: Vec<&str> = text.lines().skip(before).collect();
+    assert_eq!(new.len(), 1, "{new:?}");
+    assert!(
+        new[0].contains(" ERROR ") && new[0].contains("ADD container ctr-log3"),
+        "{new:?}"
+    );
+
+    // A bad level or a relative path: error 7 naming it, nothing made, no file written.
+    let other = rig.data_dir.join("other.log");
+    for (key, value, named) in [
+        ("logLevel", json!("verbose"), "\"verbose\""),
+        ("logFile", json!("relative.log"), "\"relative.log\""),
+    ] {
+        let mut c = conf.clone();
+        c["logFile"] = json!(other.display().to_string());
+        c[key] = value;
+        let out = rig.run("ADD", "ctr-log4", &n, &c);
+        assert!(!out.ok && out.json["code"] == 7, "{}", out.raw);
+        let msg = out.json["msg"].as_str().unwrap_or_default();
+        assert!(msg.contains(key) && msg.contains(named), "{}", out.raw);
+        assert!(!other.exists(), "{key}: a log file was written");
+    }
+    assert!(rig.host_pods().is_empty(), "{:?}", rig.host_pods());
 }

@@ -3,8 +3,8 @@
 //! Module map:
 //! - [`netns`]   — create, open, enter and delete network namespaces; run code or commands inside.
 //! - [`cgroup`]  — find the cgroup2 mount, create/remove cgroups, move processes, cgroup ids.
-//! - [`net`]     — rtnetlink helpers: veth and netkit pairs, links, addresses, routes, neighbours,
-//!   netkit probe (sync wrappers).
+//! - [`net`]     — rtnetlink through a handle bound to one namespace ([`netns::NetNs::netlink`]),
+//!   split by concern: links (veth, netkit pairs, probe), addresses/routes, rules, tc, neighbours.
 //! - [`ports`]   — parse and validate port lists such as `80,443,8000-8100`.
 //! - [`kernel`]  — running kernel version, cached.
 //! - [`bpf`]     — raw `bpf(2)` calls aya 0.14 does not expose (program query on a cgroup,
@@ -18,6 +18,7 @@
 //! - [`udp`]     — batched IPv4 UDP: recvmmsg + GRO, sendmmsg + GSO, transparent sockets, SCM_RIGHTS.
 //! - [`conntrack`] — ctnetlink: dump IPv4 conntrack entries, delete by tuple.
 //! - [`out`]     — stdout output that returns errors instead of panicking (closed stdout).
+//! - [`pidfd`]   — `pidfd_open(2)`: a handle on a process that a reused PID cannot redirect.
 //! - [`userns`]  — join a rootless user/mount/network namespace set (RootlessKit child) before exec.
 //!
 //! All `unsafe` in nsfast's plumbing lives in this crate, each block with a `// SAFETY:` note.
@@ -30,6 +31,7 @@ pub mod kernel;
 pub mod net;
 pub mod netns;
 pub mod out;
+pub mod pidfd;
 pub mod ports;
 pub mod probe;
 pub mod procstat;

@@ -1,6 +1,7 @@
 //! Network namespaces: create named ones (bind-mounted at /run/netns/NAME, so `ip netns`
 //! sees them), open existing ones, enter one on the current thread, run a closure or a
-//! command inside one, and delete them.
+//! command inside one, and delete them. Netlink handles bound to a namespace are built on top
+//! of this module, in [`crate::net`] ([`NetNs::netlink`]); this module knows nothing of them.
 
 use std::ffi::CString;
 use std::fs::{self, File};
@@ -110,6 +111,29 @@ pub fn current_cookie() -> io::Result<u64> {
     Ok(cookie)
 }
 
+/// Sets the loopback device of the calling thread's namespace up, as `ip link set lo up`
+/// does, with `SIOCGIFFLAGS`/`SIOCSIFFLAGS` on a datagram socket (no netlink needed).
+fn loopback_up() -> io::Result<()> {
+    let sock = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::DGRAM, None)?;
+    // SAFETY: `ifreq` is plain old data (a name and a union of integers); all zero is valid.
+    let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
+    for (d, s) in req.ifr_name.iter_mut().zip(b"lo") {
+        *d = *s as libc::c_char;
+    }
+    // SAFETY: SIOCGIFFLAGS reads the NUL-terminated name and writes `ifru_flags` of the
+    // `ifreq` passed, which lives across the call; the socket is open.
+    if unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCGIFFLAGS as _, &mut req) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: the kernel just filled `ifru_flags`, the union member read and written here.
+    unsafe { req.ifr_ifru.ifru_flags |= libc::IFF_UP as libc::c_short };
+    // SAFETY: SIOCSIFFLAGS only reads the `ifreq` passed, which lives across the call.
+    if unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCSIFFLAGS as _, &req) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 fn sys<'a>(op: &'static str, name: &'a str) -> impl FnOnce(nix::Error) -> NetnsError + 'a {
     move |e| NetnsError::Sys {
         op,
@@ -174,6 +198,11 @@ impl NetNs {
         let n = name.to_string();
         let res = std::thread::spawn(move || -> Result<(), NetnsError> {
             unshare(CloneFlags::CLONE_NEWNET).map_err(sys("unshare(CLONE_NEWNET)", &n))?;
+            loopback_up().map_err(|e| NetnsError::Sys {
+                op: "set lo up",
+                name: n.clone(),
+                source: e,
+            })?;
             mount(
                 Some("/proc/thread-self/ns/net"),
                 &p,
@@ -194,18 +223,12 @@ impl NetNs {
             name: name.into(),
             source: e,
         })?;
-        let ns = Self {
+        Ok(Self {
             name: name.into(),
             path,
             file,
             owned: true,
-        };
-        crate::net::link_up(Some(&ns), "lo").map_err(|e| NetnsError::Sys {
-            op: "set lo up",
-            name: name.into(),
-            source: io::Error::other(e.to_string()),
-        })?;
-        Ok(ns)
+        })
     }
 
     /// Opens an existing namespace by name (under /run/netns) or by path. Not owned.
@@ -446,6 +469,22 @@ mod tests {
         }
         let ns = NetNs::open("/proc/self/ns/net").expect("own netns");
         assert!(ns.inode() > 0);
+    }
+
+    /// A namespace made by `create` has its loopback up: a TCP connection to 127.0.0.1 inside
+    /// it is accepted (with lo down, connect fails with ENETUNREACH).
+    #[test]
+    fn created_namespaces_have_loopback_up() {
+        if !nix::unistd::geteuid().is_root() {
+            eprintln!("skipped: needs root");
+            return;
+        }
+        let ns = NetNs::create(&format!("nsft-lo-{}", std::process::id())).unwrap();
+        ns.run(|| {
+            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            std::net::TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        })
+        .unwrap();
     }
 
     /// The cookie identifies the namespace: the same through two paths, different for another.

@@ -23,6 +23,110 @@ pub struct Feature {
     pub available: bool,
     /// Why: what was tried or read, and what it said.
     pub reason: String,
+    /// What nsfast uses it for.
+    pub enables: &'static str,
+    /// What nsfast does where it is missing.
+    pub fallback: &'static str,
+}
+
+/// Every feature [`probe_all`] reports, in its order, as (name, what nsfast uses it for,
+/// what nsfast does without it).
+pub const USES: &[(&str, &str, &str)] = &[
+    (
+        "netkit",
+        "netkit pods (pod add --mode netkit|netkit-l2; auto picks them); bench topology netkit",
+        "pods on veth (auto picks veth); bench skips netkit",
+    ),
+    (
+        "tcx",
+        "pod and uplink programs attached as TCX links",
+        "classic tc: clsact qdisc + cls_bpf filters (NSFAST_POD_ATTACH=tc)",
+    ),
+    (
+        "bpf_redirect_peer",
+        "pod datapath: pod -> pod and wire -> pod straight into the pod's namespace",
+        "none: nsfast pod and nsfast-cni need it (Linux 5.10)",
+    ),
+    (
+        "netns_cookie_sockops",
+        "namespace cookie in sockops (informational)",
+        "not needed: the sockmap shortcut pairs by 4-tuple and both ISNs",
+    ),
+    (
+        "netns_cookie_sk_msg",
+        "namespace cookie in sk_msg (informational)",
+        "not needed: the sockmap shortcut keys by socket cookies in socket storage",
+    ),
+    (
+        "udp_gso",
+        "vpnrelay sends batches as UDP GSO super-datagrams",
+        "vpnrelay sends single datagrams, batched by sendmmsg (as --no-gso)",
+    ),
+    (
+        "udp_gro",
+        "vpnrelay receives coalesced UDP GRO batches",
+        "vpnrelay receives single datagrams by recvmmsg (as --no-gro)",
+    ),
+    (
+        "vsock",
+        "nsfast vsock relay/bridge/bench on AF_VSOCK",
+        "hybrid vsock (UNIX socket), TCP and UNIX addresses only",
+    ),
+    (
+        "vsock_loopback",
+        "vsock within one machine (CID 1): bench topologies vsock, vsock-relay, vsock-socat",
+        "bench skips the vsock topologies",
+    ),
+    (
+        "vsock_virtio",
+        "a guest's vsock to its host (vsock-connect:2:PORT)",
+        "no guest-to-host vsock (not a virtio-vsock guest)",
+    ),
+    (
+        "vhost_vsock",
+        "vsock bridge members that are QEMU guests on AF_VSOCK",
+        "bridge members over hybrid vsock only (--vm CID=hybrid:PATH)",
+    ),
+    (
+        "vsock_vmci",
+        "vsock to VMware guests/hosts",
+        "no VMware vsock",
+    ),
+    (
+        "vsock_hyperv",
+        "vsock to Hyper-V guests/hosts",
+        "no Hyper-V vsock",
+    ),
+    (
+        "vsock_ns_mode",
+        "nsfast vsock ns show: per-namespace vsock (Linux 7.0)",
+        "one vsock space shared by every namespace",
+    ),
+    (
+        "vsock_child_ns_mode",
+        "nsfast vsock ns create --mode global|local (Linux 7.0)",
+        "new namespaces share the global vsock space",
+    ),
+];
+
+/// The feature names [`probe_all`] reports, in its order.
+pub fn feature_names() -> impl Iterator<Item = &'static str> {
+    USES.iter().map(|u| u.0)
+}
+
+fn feature(name: &'static str, available: bool, reason: impl Into<String>) -> Feature {
+    let (enables, fallback) = USES
+        .iter()
+        .find(|u| u.0 == name)
+        .map(|u| (u.1, u.2))
+        .unwrap_or(("", ""));
+    Feature {
+        name,
+        available,
+        reason: reason.into(),
+        enables,
+        fallback,
+    }
 }
 
 /// Everything [`probe_all`] found.
@@ -43,19 +147,11 @@ impl Report {
 }
 
 fn yes(name: &'static str, reason: impl Into<String>) -> Feature {
-    Feature {
-        name,
-        available: true,
-        reason: reason.into(),
-    }
+    feature(name, true, reason)
 }
 
 fn no(name: &'static str, reason: impl Into<String>) -> Feature {
-    Feature {
-        name,
-        available: false,
-        reason: reason.into(),
-    }
+    feature(name, false, reason)
 }
 
 /// The vsock modules probed, as (feature name, module name, what it is).
@@ -104,11 +200,11 @@ pub fn probe_all() -> Report {
     let mods = ModuleIndex::load();
     for (name, module, what) in VSOCK_MODULES {
         let state = mods.state(module);
-        let f = Feature {
+        let f = feature(
             name,
-            available: state.usable(),
-            reason: format!("{what}: module {module} {}", state.describe(&mods)),
-        };
+            state.usable(),
+            format!("{what}: module {module} {}", state.describe(&mods)),
+        );
         features.push(f);
     }
     features.push(probe_vsock_sysctl("vsock_ns_mode", "ns_mode", kv));
@@ -213,14 +309,14 @@ fn probe_redirect_peer(kv: KernelVersion) -> Feature {
         ),
         Err(e) if is_perm(&e.error) => {
             let by_version = kv.at_least(5, 10);
-            Feature {
-                name: NAME,
-                available: by_version,
-                reason: format!(
+            feature(
+                NAME,
+                by_version,
+                format!(
                     "kernel {kv} {} 5.10 (trial load not permitted: {e}; run as root to test)",
                     if by_version { ">=" } else { "<" }
                 ),
-            }
+            )
         }
         Err(e) => no(
             NAME,
@@ -496,7 +592,15 @@ mod tests {
         }
         for f in &r.features {
             assert!(!f.reason.is_empty(), "{} has no reason", f.name);
+            assert!(
+                !f.enables.is_empty() && !f.fallback.is_empty(),
+                "{} has no use or fallback",
+                f.name
+            );
         }
+        // The published name list is the report's, in its order.
+        let order: Vec<&str> = r.features.iter().map(|f| f.name).collect();
+        assert_eq!(order, feature_names().collect::<Vec<_>>());
         names.sort();
         let n = names.len();
         names.dedup();

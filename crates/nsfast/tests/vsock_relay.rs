@@ -873,3 +873,49 @@ fn guest_vsock_bench_counts_every_byte() {
     assert_eq!(received, bytes.to_string(), "the server's count");
     assert!(server.take().wait().unwrap().success());
 }
+
+/// `stdio` as one end: when the socket side's data ends, the relay ends its stdout (the reader
+/// sees EOF) while the other direction, stdin to the socket, still flows.
+#[test]
+fn stdio_end_sees_eof_on_stdout_while_stdin_still_flows() {
+    require_root();
+    let w = World::new();
+    let path = w.path("s.sock");
+    let l = UnixListener::bind(&path).unwrap();
+    let mut cmd = Command::new(nsfast_bin());
+    cmd.args(["vsock", "relay", "stdio"])
+        .arg(format!("unix:{}", path.display()))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    w.ns.configure_command(&mut cmd, None);
+    let mut relay = KillOnDrop::new(cmd.spawn().expect("spawn nsfast vsock relay"));
+    let (mut s, _) = l.accept().unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    s.write_all(b"to stdout\n").unwrap();
+    s.shutdown(std::net::Shutdown::Write).unwrap();
+    let mut stdout = relay.child_mut().stdout.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut got = Vec::new();
+        let r = stdout.read_to_end(&mut got);
+        let _ = tx.send((r.map(|_| ()), got));
+    });
+    let (r, got) = rx
+        .recv_timeout(Duration::from_secs(30))
+        .expect("stdout reached EOF after the socket's data ended");
+    r.unwrap();
+    assert_eq!(got, b"to stdout\n");
+    assert!(
+        relay.child_mut().try_wait().unwrap().is_none(),
+        "the relay is still running: stdin -> socket has not ended"
+    );
+    let mut stdin = relay.child_mut().stdin.take().unwrap();
+    stdin.write_all(b"to socket\n").unwrap();
+    drop(stdin);
+    let mut back = Vec::new();
+    s.read_to_end(&mut back).unwrap();
+    assert_eq!(back, b"to socket\n");
+    let st = relay.take().wait().unwrap();
+    assert!(st.success(), "relay exit: {st}");
+}

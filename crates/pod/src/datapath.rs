@@ -118,7 +118,8 @@ pub fn attach_tcx(host: &Host, prog_name: &str, ifname: &str, pin: &Path) -> Res
 /// the state, since a tc filter cannot be pinned. Nothing stays attached on error.
 pub fn attach_tc(host: &Host, prog_name: &str, ifname: &str) -> Result<TcFilter, PodError> {
     let pins = host.pin_dir();
-    let ifindex = nsfast_sys::net::link_index(Some(&host.ns), ifname)?;
+    let nl = host.netlink()?;
+    let ifindex = nl.link_index(ifname)?;
     host.ns.run(|| -> Result<TcFilter, PodError> {
         let qdisc_added = match aya_tc::qdisc_add_clsact(ifname) {
             Ok(()) => true,
@@ -155,7 +156,7 @@ pub fn attach_tc(host: &Host, prog_name: &str, ifname: &str) -> Result<TcFilter,
             }),
             Err(e) => {
                 if qdisc_added {
-                    let _ = nsfast_sys::net::delete_clsact(None, ifname, Some(ifindex));
+                    let _ = nl.delete_clsact(ifname, Some(ifindex));
                 }
                 Err(e)
             }
@@ -165,16 +166,16 @@ pub fn attach_tc(host: &Host, prog_name: &str, ifname: &str) -> Result<TcFilter,
 
 /// Whether the filter `f` is still on its device: same ifindex, priority, handle and program.
 pub fn tc_present(host: &Host, f: &TcFilter) -> Result<bool, PodError> {
-    match nsfast_sys::net::link_index(Some(&host.ns), &f.ifname) {
+    let nl = host.netlink()?;
+    match nl.link_index(&f.ifname) {
         Ok(i) if i == f.ifindex => {}
         Ok(_) | Err(nsfast_sys::net::NetError::NoSuchLink(_)) => return Ok(false),
         Err(e) => return Err(e.into()),
     }
-    Ok(
-        nsfast_sys::net::tc_filters(Some(&host.ns), &f.ifname, true)?
-            .iter()
-            .any(|x| is_ours(x, f)),
-    )
+    Ok(nl
+        .tc_filters(&f.ifname, true)?
+        .iter()
+        .any(|x| is_ours(x, f)))
 }
 
 fn is_ours(x: &nsfast_sys::net::TcFilterInfo, f: &TcFilter) -> bool {
@@ -188,22 +189,15 @@ fn is_ours(x: &nsfast_sys::net::TcFilterInfo, f: &TcFilter) -> bool {
 /// the clsact qdisc if nsfast added it and no other filter is left on either hook. A device
 /// that is gone took both with it.
 pub fn detach_tc(host: &Host, f: &TcFilter) -> Result<(), PodError> {
-    let ns = Some(&host.ns);
-    match nsfast_sys::net::link_index(ns, &f.ifname) {
+    let nl = host.netlink()?;
+    match nl.link_index(&f.ifname) {
         Ok(i) if i == f.ifindex => {}
         Ok(_) | Err(nsfast_sys::net::NetError::NoSuchLink(_)) => return Ok(()),
         Err(e) => return Err(e.into()),
     }
-    let filters = nsfast_sys::net::tc_filters(ns, &f.ifname, true)?;
+    let filters = nl.tc_filters(&f.ifname, true)?;
     if filters.iter().any(|x| is_ours(x, f)) {
-        nsfast_sys::net::tc_filter_delete(
-            ns,
-            &f.ifname,
-            Some(f.ifindex),
-            true,
-            f.priority,
-            f.handle,
-        )?;
+        nl.tc_filter_delete(&f.ifname, Some(f.ifindex), true, f.priority, f.handle)?;
     } else if let Some(x) = filters
         .iter()
         .find(|x| x.priority == f.priority && x.handle == f.handle)
@@ -218,10 +212,9 @@ pub fn detach_tc(host: &Host, f: &TcFilter) -> Result<(), PodError> {
         );
     }
     if f.qdisc_added {
-        let left = nsfast_sys::net::tc_filters(ns, &f.ifname, true)?.len()
-            + nsfast_sys::net::tc_filters(ns, &f.ifname, false)?.len();
+        let left = nl.tc_filters(&f.ifname, true)?.len() + nl.tc_filters(&f.ifname, false)?.len();
         if left == 0 {
-            nsfast_sys::net::delete_clsact(ns, &f.ifname, Some(f.ifindex))?;
+            nl.delete_clsact(&f.ifname, Some(f.ifindex))?;
         } else {
             tracing::info!(
                 "{}: clsact qdisc kept: {left} other filter(s) were added to it",

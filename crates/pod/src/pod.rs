@@ -5,7 +5,7 @@ use std::net::{IpAddr, Ipv4Addr};
 use std::path::PathBuf;
 use std::str::FromStr;
 
-use nsfast_sys::net::{self, NetkitMode};
+use nsfast_sys::net::{self, NetkitMode, Netlink};
 use nsfast_sys::netns::{self, NetNs};
 use serde::Serialize;
 use tracing::{info, warn};
@@ -276,8 +276,8 @@ impl Undo {
         for f in self.tc.iter().rev() {
             let _ = datapath::detach_tc(host, f);
         }
-        if let Some(l) = self.host_link {
-            let _ = net::delete_link(Some(&host.ns), &l);
+        if let (Some(l), Ok(nl)) = (self.host_link, host.netlink()) {
+            let _ = nl.delete_link(&l);
         }
     }
 }
@@ -342,7 +342,7 @@ pub fn plan(opts: &AddOptions) -> Result<Plan, PodError> {
     }
     let host = Host::open(opts.host.as_deref())?;
     for u in &opts.uplinks {
-        if !net::link_exists(Some(&host.ns), u)? {
+        if !host.netlink()?.link_exists(u)? {
             return Err(PodError::NoUplink {
                 dev: u.clone(),
                 host: host.display.clone(),
@@ -539,6 +539,10 @@ fn mac_str(m: [u8; 6]) -> String {
         .join(":")
 }
 
+/// Makes the pod's devices, addresses, routes, programs and endpoint entry (the steps
+/// `devices`, `addresses`, `attach`, `endpoint` of [`ADD_STEPS`], in that order), noting in
+/// `undo` what to remove if a later step fails. One netlink connection per namespace: the
+/// host's (through `host`) and the pod's.
 fn build(
     host: &Host,
     pod_ns: &NetNs,
@@ -548,86 +552,131 @@ fn build(
     undo: &mut Undo,
 ) -> Result<PodRecord, PodError> {
     let host_if = host_ifname(host, &opts.name);
+    let hnl = host.netlink()?;
+    let pnl = pod_ns.netlink()?;
+    make_devices(host, &pnl, opts, dp, &host_if, undo)?;
+    crash_point("devices");
+    let host_ifindex = hnl.link_index(&host_if)?;
+    let host_mac = hnl.link_mac(&host_if)?;
+    let pod_mac = pnl.link_mac(&opts.pod_if)?;
+    set_addresses(host, &pnl, opts, dp, &host_if)?;
+    crash_point("addresses");
+    attach_programs(host, opts, dp, attach, &host_if, host_ifindex, undo)?;
+    crash_point("attach");
+    insert_endpoint(host, opts, dp, host_ifindex, pod_mac, host_mac, undo)?;
+    crash_point("endpoint");
+    // The intent record with what only building could tell: index, MACs, what was attached.
+    Ok(PodRecord {
+        host_ifindex,
+        pod_mac: mac_str(pod_mac),
+        host_mac: mac_str(host_mac),
+        link_pins: undo.pins.clone(),
+        tc_filters: undo.tc.clone(),
+        pending: false,
+        ..intent(host, opts, dp, attach)
+    })
+}
+
+/// The device pair: `host_if` in the host, `opts.pod_if` in the pod (made under a temporary
+/// name, so the pod's name may exist in the host). Refuses a `host_if` that exists already.
+fn make_devices(
+    host: &Host,
+    pnl: &Netlink,
+    opts: &AddOptions,
+    dp: Datapath,
+    host_if: &str,
+    undo: &mut Undo,
+) -> Result<(), PodError> {
+    let hnl = host.netlink()?;
     let tmp_if = format!("nsp{}", &host_if[3..]);
-    let hns = Some(&host.ns);
-    let pns = Some(pod_ns);
-    if net::link_exists(hns, &host_if)? {
+    if hnl.link_exists(host_if)? {
         return Err(PodError::Io {
             what: format!("device {host_if} already exists in host {}", host.display),
             source: std::io::Error::from(std::io::ErrorKind::AlreadyExists),
         });
     }
-    undo.host_link = Some(host_if.clone());
+    undo.host_link = Some(host_if.to_string());
     match dp {
-        Datapath::Veth => net::create_veth_into(hns, &host_if, &tmp_if, pod_ns, &opts.pod_if)?,
+        Datapath::Veth => hnl.create_veth_into(host_if, &tmp_if, pnl, &opts.pod_if)?,
         Datapath::NetkitL3 | Datapath::NetkitL2 => {
             let mode = if dp == Datapath::NetkitL3 {
                 NetkitMode::L3
             } else {
                 NetkitMode::L2
             };
-            net::create_netkit(hns, &host_if, &tmp_if, pod_ns, &opts.pod_if, mode)?
+            hnl.create_netkit(host_if, &tmp_if, pnl, &opts.pod_if, mode)?
         }
     }
-    crash_point("devices");
-    let host_ifindex = net::link_index(hns, &host_if)?;
-    let host_mac = net::link_mac(hns, &host_if)?;
-    let pod_mac = net::link_mac(pns, &opts.pod_if)?;
+    Ok(())
+}
 
-    // Pod side: its address, and everything via the host.
-    net::add_address(pns, &opts.pod_if, IpAddr::V4(opts.ip.ip), opts.ip.prefix)?;
+/// The pod's address and its routes (everything via the host), and in the host a /32 route
+/// to the pod (for the stack's own traffic) and forwarding, which bpf_fib_lookup requires.
+fn set_addresses(
+    host: &Host,
+    pnl: &Netlink,
+    opts: &AddOptions,
+    dp: Datapath,
+    host_if: &str,
+) -> Result<(), PodError> {
+    let hnl = host.netlink()?;
+    let any = IpAddr::V4(Ipv4Addr::UNSPECIFIED);
+    pnl.add_address(&opts.pod_if, IpAddr::V4(opts.ip.ip), opts.ip.prefix)?;
     if dp == Datapath::NetkitL3 {
-        net::add_route(
-            pns,
-            IpAddr::V4(Ipv4Addr::UNSPECIFIED),
-            0,
-            None,
-            Some(&opts.pod_if),
-        )?;
+        pnl.add_route(any, 0, None, Some(&opts.pod_if))?;
     } else {
-        net::add_link_route(pns, GATEWAY, 32, &opts.pod_if)?;
-        net::add_route(
-            pns,
-            IpAddr::V4(Ipv4Addr::UNSPECIFIED),
-            0,
-            Some(IpAddr::V4(GATEWAY)),
-            None,
-        )?;
+        pnl.add_link_route(GATEWAY, 32, &opts.pod_if)?;
+        pnl.add_route(any, 0, Some(IpAddr::V4(GATEWAY)), None)?;
     }
-    // Host side: a /32 route to the pod (for the stack's own traffic) and forwarding, which
-    // bpf_fib_lookup requires.
-    net::add_route(hns, IpAddr::V4(opts.ip.ip), 32, None, Some(&host_if))?;
-    net::set_sysctl(hns, "net.ipv4.ip_forward", "1")?;
-    crash_point("addresses");
+    hnl.add_route(IpAddr::V4(opts.ip.ip), 32, None, Some(host_if))?;
+    net::set_sysctl(Some(&host.ns), "net.ipv4.ip_forward", "1")?;
+    Ok(())
+}
 
+/// The pod's programs on its device pair (TCX link, tc filter or netkit links, noted in
+/// `undo`) and the wire program on each uplink that has none yet.
+fn attach_programs(
+    host: &Host,
+    opts: &AddOptions,
+    dp: Datapath,
+    attach: AttachMethod,
+    host_if: &str,
+    host_ifindex: u32,
+    undo: &mut Undo,
+) -> Result<(), PodError> {
     datapath::prepare_pins(host)?;
     match dp {
         Datapath::Veth if attach == AttachMethod::Tc => {
-            let f = datapath::attach_tc(host, abi::PROG_FROM_CONTAINER, &host_if)?;
+            let f = datapath::attach_tc(host, abi::PROG_FROM_CONTAINER, host_if)?;
             undo.tc.push(f);
         }
         Datapath::Veth => {
-            let pin = datapath::link_pin(host, &host_if);
-            datapath::attach_tcx(host, abi::PROG_FROM_CONTAINER, &host_if, &pin)?;
+            let pin = datapath::link_pin(host, host_if);
+            datapath::attach_tcx(host, abi::PROG_FROM_CONTAINER, host_if, &pin)?;
             undo.pins.push(pin);
         }
         Datapath::NetkitL3 | Datapath::NetkitL2 => {
             datapath::attach_netkit(
                 host,
-                &host_if,
+                host_if,
                 host_ifindex,
                 dp == Datapath::NetkitL3,
                 &mut undo.pins,
             )?;
         }
     }
-    for u in &opts.uplinks {
+    attach_uplinks(host, &opts.uplinks, attach)
+}
+
+/// The wire program on each of `uplinks` that has none yet. Shared by the host's pods:
+/// removed with the host's last pod (gc_host), not undone by a failed `add`; a tc filter is
+/// remembered at once so that removal finds it.
+fn attach_uplinks(host: &Host, uplinks: &[String], attach: AttachMethod) -> Result<(), PodError> {
+    for u in uplinks {
         let pin = datapath::uplink_pin(host, u);
         if pin.exists() || host.uplink_tc(u)?.is_some() {
             continue;
         }
-        // Shared by the host's pods: removed with the host's last pod (gc_host), not undone
-        // here; a tc filter is remembered at once so that removal finds it.
         if attach == AttachMethod::Tc {
             let f = datapath::attach_tc(host, abi::PROG_FROM_WIRE, u)?;
             if let Err(e) = host.write_uplink_tc(&f) {
@@ -643,7 +692,19 @@ fn build(
             info!("uplink {u}: wire program attached (tcx ingress)");
         }
     }
-    crash_point("attach");
+    Ok(())
+}
+
+/// The pod's entry in the host's endpoint map (noted in `undo`).
+fn insert_endpoint(
+    host: &Host,
+    opts: &AddOptions,
+    dp: Datapath,
+    host_ifindex: u32,
+    pod_mac: [u8; 6],
+    host_mac: [u8; 6],
+    undo: &mut Undo,
+) -> Result<(), PodError> {
     let mut flags = 0;
     if dp != Datapath::Veth {
         flags |= abi::EP_NETKIT;
@@ -665,17 +726,7 @@ fn build(
         },
     )?;
     undo.endpoint = Some((opts.ip.ip, host_ifindex));
-    crash_point("endpoint");
-    // The intent record with what only building could tell: index, MACs, what was attached.
-    Ok(PodRecord {
-        host_ifindex,
-        pod_mac: mac_str(pod_mac),
-        host_mac: mac_str(host_mac),
-        link_pins: undo.pins.clone(),
-        tc_filters: undo.tc.clone(),
-        pending: false,
-        ..intent(host, opts, dp, attach)
-    })
+    Ok(())
 }
 
 /// Deletes pod `name` on `host`: endpoint, programs, devices, routes, the namespace if `add`
@@ -781,7 +832,7 @@ fn remove_attachments(host: &Host, r: &PodRecord) -> Result<(), PodError> {
     for f in &r.tc_filters {
         datapath::detach_tc(host, f)?;
     }
-    net::delete_link(Some(&host.ns), &r.host_if)?;
+    host.netlink()?.delete_link(&r.host_if)?;
     if r.netns_owned {
         netns::delete_named(&r.netns)?;
     }
@@ -818,7 +869,11 @@ pub fn list(host: Option<&str>) -> Result<Listing, PodError> {
 /// Problems found by [`check`].
 pub fn check(host: &Host, r: &PodRecord) -> Vec<String> {
     let mut bad = Vec::new();
-    match net::link_index(Some(&host.ns), &r.host_if) {
+    match host
+        .netlink()
+        .map_err(|e| e.to_string())
+        .and_then(|nl| nl.link_index(&r.host_if).map_err(|e| e.to_string()))
+    {
         Ok(i) if i == r.host_ifindex => {}
         Ok(i) => bad.push(format!(
             "host device {} has ifindex {i}, expected {}",
@@ -860,7 +915,10 @@ pub fn check(host: &Host, r: &PodRecord) -> Vec<String> {
         Err(e) => bad.push(format!("endpoint map: {e}")),
     }
     match NetNs::open(&r.netns) {
-        Ok(ns) => match net::link_ipv4_addresses(Some(&ns), &r.pod_if) {
+        Ok(ns) => match ns
+            .netlink()
+            .and_then(|nl| nl.link_ipv4_addresses(&r.pod_if))
+        {
             Ok(a) if a.contains(&(r.ip, r.prefix)) => {}
             Ok(a) => bad.push(format!(
                 "pod device {} has addresses {a:?}, expected {}/{}",

@@ -30,6 +30,7 @@ use std::fs::{self, File};
 use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
 
+use nsfast_sys::net::Netlink;
 use nsfast_sys::netns::{NetNs, NetnsError};
 use serde::{Deserialize, Serialize};
 
@@ -91,6 +92,8 @@ pub struct Host {
     /// `--host` name, or "current" for the caller's namespace.
     pub display: String,
     pub key: String,
+    /// The host namespace's netlink handle, opened on first use (see [`Host::netlink`]).
+    nl: std::sync::OnceLock<Netlink>,
 }
 
 impl Host {
@@ -108,7 +111,12 @@ impl Host {
             None => (NetNs::current()?, "current".to_string()),
         };
         let key = host_key(ns.cookie()?, ns.inode());
-        let host = Self { ns, display, key };
+        let host = Self {
+            ns,
+            display,
+            key,
+            nl: std::sync::OnceLock::new(),
+        };
         host.adopt_legacy_state();
         Ok(host)
     }
@@ -117,6 +125,16 @@ impl Host {
     /// cookie key: moved to this host's key if its records describe devices this namespace
     /// has (a live host, upgraded); left for [`orphaned_keys`] otherwise (a dead namespace
     /// whose inode this one got). Best effort: failing leaves it where it is, stale.
+    /// The host namespace's netlink handle: opened on first use and reused for the rest of
+    /// this `Host`'s life, so one operation (one `Host`) opens one connection to the host.
+    pub fn netlink(&self) -> Result<&Netlink, PodError> {
+        if let Some(n) = self.nl.get() {
+            return Ok(n);
+        }
+        let n = self.ns.netlink()?;
+        Ok(self.nl.get_or_init(|| n))
+    }
+
     fn adopt_legacy_state(&self) {
         let legacy = legacy_key(self.ns.inode());
         let old_state = Path::new(STATE_ROOT).join(&legacy);
@@ -129,7 +147,10 @@ impl Host {
         let Ok(_lock) = nix::fcntl::Flock::lock(f, nix::fcntl::FlockArg::LockExclusive) else {
             return;
         };
-        if !legacy_state_belongs(&self.ns, &old_state) {
+        let Ok(nl) = self.netlink() else {
+            return;
+        };
+        if !legacy_state_belongs(nl, &old_state) {
             return;
         }
         if let Err(e) = self.migrate_from(&legacy) {
@@ -369,9 +390,9 @@ pub fn parse_key(key: &str) -> Option<(Option<u64>, u64)> {
     Some((None, i))
 }
 
-/// Whether the legacy state directory `dir` describes namespace `ns`: it has pod records and
-/// each one's host device exists in `ns` with the recorded ifindex and MAC.
-fn legacy_state_belongs(ns: &NetNs, dir: &Path) -> bool {
+/// Whether the legacy state directory `dir` describes the namespace of `nl`: it has pod
+/// records and each one's host device exists there with the recorded ifindex and MAC.
+fn legacy_state_belongs(nl: &Netlink, dir: &Path) -> bool {
     let mut any = false;
     for e in fs::read_dir(dir).into_iter().flatten().flatten() {
         let p = e.path();
@@ -381,8 +402,8 @@ fn legacy_state_belongs(ns: &NetNs, dir: &Path) -> bool {
         let Ok(r) = read_record(&p) else {
             return false;
         };
-        let idx = nsfast_sys::net::link_index(Some(ns), &r.host_if).ok();
-        let mac = nsfast_sys::net::link_mac(Some(ns), &r.host_if).ok();
+        let idx = nl.link_index(&r.host_if).ok();
+        let mac = nl.link_mac(&r.host_if).ok();
         let mac = mac.map(|m| {
             m.iter()
                 .map(|b| format!("{b:02x}"))
@@ -500,7 +521,10 @@ fn key_is_stale(key: &str, live: &std::collections::BTreeMap<u64, Vec<PathBuf>>)
     };
     match cookie {
         Some(c) => ns.cookie().is_ok_and(|now| now != c),
-        None => !legacy_state_belongs(&ns, &Path::new(STATE_ROOT).join(key)),
+        None => match ns.netlink() {
+            Ok(nl) => !legacy_state_belongs(&nl, &Path::new(STATE_ROOT).join(key)),
+            Err(_) => true,
+        },
     }
 }
 

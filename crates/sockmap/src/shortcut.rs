@@ -45,7 +45,7 @@ impl std::fmt::Debug for Shortcut {
 }
 
 /// Resolves the cgroup to use without changing anything.
-pub fn resolve_cgroup(opts: &Options) -> Result<Cgroup, SockmapError> {
+pub(crate) fn resolve_cgroup(opts: &Options) -> Result<Cgroup, SockmapError> {
     match &opts.cgroup {
         Some(p) => Ok(Cgroup::open(p)?),
         None => Err(SockmapError::NoCgroup),
@@ -89,7 +89,7 @@ pub fn slice_cgroup(name: &str) -> Result<PathBuf, SockmapError> {
 }
 
 /// Fails if an nsfast sockops program is already attached to the cgroup at `path`.
-pub fn check_not_attached(path: &Path) -> Result<(), SockmapError> {
+pub(crate) fn check_not_attached(path: &Path) -> Result<(), SockmapError> {
     let dir = File::open(path).map_err(|e| SockmapError::Io {
         what: format!("open cgroup {}", path.display()),
         source: e,
@@ -132,119 +132,19 @@ impl Shortcut {
         })
     }
 
+    /// Loads the object, writes its configuration, then attaches sk_msg and sockops, in that
+    /// order. On error the `Ebpf` is dropped, which detaches what was attached.
     fn attach_to(cgroup: &Cgroup, opts: &Options) -> Result<(Ebpf, u64), SockmapError> {
         let cgroup_id = cgroup.id()?;
         let mut ebpf = EbpfLoader::new()
             .load(nsfast_bpf::SOCKMAP)
             .map_err(|e| SockmapError::Load(Box::new(e)))?;
-
         // Configuration before anything is attached.
-        let started_unix = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_secs())
-            .unwrap_or(0);
-        let mut port_mode = 0;
-        {
-            let mut ports: BpfHashMap<&mut MapData, u16, u8> = BpfHashMap::try_from(
-                ebpf.map_mut(abi::MAP_PORTS)
-                    .ok_or(SockmapError::Missing(abi::MAP_PORTS))?,
-            )
-            .map_err(SockmapError::map("open nsf_ports"))?;
-            let mut bits: std::collections::BTreeMap<u16, u8> = Default::default();
-            if let Some(inc) = &opts.ports {
-                port_mode |= abi::PORTS_INCLUDE;
-                for p in inc.iter() {
-                    *bits.entry(p).or_default() |= abi::PORT_INCLUDE;
-                }
-            }
-            if let Some(exc) = &opts.exclude_ports {
-                for p in exc.iter() {
-                    *bits.entry(p).or_default() |= abi::PORT_EXCLUDE;
-                }
-            }
-            for (p, b) in bits {
-                ports
-                    .insert(p, b, 0)
-                    .map_err(SockmapError::map("fill nsf_ports"))?;
-            }
-        }
-        {
-            let mut cfg: Array<&mut MapData, Config> = Array::try_from(
-                ebpf.map_mut(abi::MAP_CONFIG)
-                    .ok_or(SockmapError::Missing(abi::MAP_CONFIG))?,
-            )
-            .map_err(SockmapError::map("open nsf_config"))?;
-            cfg.set(
-                0,
-                Config {
-                    cgroup_id,
-                    loader_pid: std::process::id(),
-                    port_mode,
-                    started_unix,
-                },
-                0,
-            )
-            .map_err(SockmapError::map("write nsf_config"))?;
-        }
-
+        let port_mode = write_ports(&mut ebpf, opts)?;
+        write_config(&mut ebpf, cgroup_id, port_mode)?;
         // sk_msg on the sockhash first, so every socket sockops adds is covered at once.
-        let sockhash_fd = {
-            let map = ebpf
-                .map(abi::MAP_SOCKHASH)
-                .ok_or(SockmapError::Missing(abi::MAP_SOCKHASH))?;
-            let hash: SockHash<&MapData, u64> =
-                SockHash::try_from(map).map_err(SockmapError::map("open nsf_sockhash"))?;
-            hash.fd().try_clone().map_err(|e| SockmapError::Io {
-                what: "dup sockhash fd".into(),
-                source: e,
-            })?
-        };
-        let sk_msg: &mut SkMsg = ebpf
-            .program_mut(abi::PROG_SK_MSG)
-            .ok_or(SockmapError::Missing(abi::PROG_SK_MSG))?
-            .try_into()
-            .map_err(SockmapError::prog("sk_msg program type"))?;
-        sk_msg
-            .load()
-            .map_err(SockmapError::prog("load sk_msg program"))?;
-        sk_msg
-            .attach(&sockhash_fd)
-            .map_err(SockmapError::prog("attach sk_msg to nsf_sockhash"))?;
-        info!(
-            "attached sk_msg program {} to map {}",
-            abi::PROG_SK_MSG,
-            abi::MAP_SOCKHASH
-        );
-
-        let sockops: &mut SockOps = ebpf
-            .program_mut(abi::PROG_SOCKOPS)
-            .ok_or(SockmapError::Missing(abi::PROG_SOCKOPS))?
-            .try_into()
-            .map_err(SockmapError::prog("sockops program type"))?;
-        sockops
-            .load()
-            .map_err(SockmapError::prog("load sockops program"))?;
-        let dir = File::open(cgroup.path()).map_err(|e| SockmapError::Io {
-            what: format!("open cgroup {}", cgroup.path().display()),
-            source: e,
-        })?;
-        sockops
-            // With a BPF link the attachment is always multi-program; flags must be 0 ("Single").
-            .attach(&dir, CgroupAttachMode::Single)
-            .map_err(SockmapError::prog("attach sockops to the cgroup"))?;
-        info!(
-            "attached sockops program {} to cgroup {} (id {cgroup_id}); ports: {}{}",
-            abi::PROG_SOCKOPS,
-            cgroup.path().display(),
-            opts.ports
-                .as_ref()
-                .map(|p| p.to_compact_string())
-                .unwrap_or_else(|| "all".into()),
-            opts.exclude_ports
-                .as_ref()
-                .map(|p| format!(" except {}", p.to_compact_string()))
-                .unwrap_or_default(),
-        );
+        attach_sk_msg(&mut ebpf)?;
+        attach_sockops(&mut ebpf, cgroup, cgroup_id, opts)?;
         if !crate::fionread_counts_redirects() {
             warn!(
                 "on this kernel ({}) FIONREAD reports 0 for bytes that arrived through the shortcut \
@@ -302,6 +202,129 @@ impl Drop for Shortcut {
     fn drop(&mut self) {
         let _ = self.detach_inner();
     }
+}
+
+/// Fills `nsf_ports` from `--ports` / `--exclude-ports`; returns the `port_mode` bits.
+fn write_ports(ebpf: &mut Ebpf, opts: &Options) -> Result<u32, SockmapError> {
+    let mut port_mode = 0;
+    let mut ports: BpfHashMap<&mut MapData, u16, u8> = BpfHashMap::try_from(
+        ebpf.map_mut(abi::MAP_PORTS)
+            .ok_or(SockmapError::Missing(abi::MAP_PORTS))?,
+    )
+    .map_err(SockmapError::map("open nsf_ports"))?;
+    let mut bits: std::collections::BTreeMap<u16, u8> = Default::default();
+    if let Some(inc) = &opts.ports {
+        port_mode |= abi::PORTS_INCLUDE;
+        for p in inc.iter() {
+            *bits.entry(p).or_default() |= abi::PORT_INCLUDE;
+        }
+    }
+    if let Some(exc) = &opts.exclude_ports {
+        for p in exc.iter() {
+            *bits.entry(p).or_default() |= abi::PORT_EXCLUDE;
+        }
+    }
+    for (p, b) in bits {
+        ports
+            .insert(p, b, 0)
+            .map_err(SockmapError::map("fill nsf_ports"))?;
+    }
+    Ok(port_mode)
+}
+
+/// Writes `nsf_config`: the cgroup, this process as loader, the port mode, the start time.
+fn write_config(ebpf: &mut Ebpf, cgroup_id: u64, port_mode: u32) -> Result<(), SockmapError> {
+    let started_unix = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    let mut cfg: Array<&mut MapData, Config> = Array::try_from(
+        ebpf.map_mut(abi::MAP_CONFIG)
+            .ok_or(SockmapError::Missing(abi::MAP_CONFIG))?,
+    )
+    .map_err(SockmapError::map("open nsf_config"))?;
+    cfg.set(
+        0,
+        Config {
+            cgroup_id,
+            loader_pid: std::process::id(),
+            port_mode,
+            started_unix,
+        },
+        0,
+    )
+    .map_err(SockmapError::map("write nsf_config"))
+}
+
+/// Loads the sk_msg program and attaches it to `nsf_sockhash`.
+fn attach_sk_msg(ebpf: &mut Ebpf) -> Result<(), SockmapError> {
+    let sockhash_fd = {
+        let map = ebpf
+            .map(abi::MAP_SOCKHASH)
+            .ok_or(SockmapError::Missing(abi::MAP_SOCKHASH))?;
+        let hash: SockHash<&MapData, u64> =
+            SockHash::try_from(map).map_err(SockmapError::map("open nsf_sockhash"))?;
+        hash.fd().try_clone().map_err(|e| SockmapError::Io {
+            what: "dup sockhash fd".into(),
+            source: e,
+        })?
+    };
+    let sk_msg: &mut SkMsg = ebpf
+        .program_mut(abi::PROG_SK_MSG)
+        .ok_or(SockmapError::Missing(abi::PROG_SK_MSG))?
+        .try_into()
+        .map_err(SockmapError::prog("sk_msg program type"))?;
+    sk_msg
+        .load()
+        .map_err(SockmapError::prog("load sk_msg program"))?;
+    sk_msg
+        .attach(&sockhash_fd)
+        .map_err(SockmapError::prog("attach sk_msg to nsf_sockhash"))?;
+    info!(
+        "attached sk_msg program {} to map {}",
+        abi::PROG_SK_MSG,
+        abi::MAP_SOCKHASH
+    );
+    Ok(())
+}
+
+/// Loads the sockops program and attaches it to the cgroup.
+fn attach_sockops(
+    ebpf: &mut Ebpf,
+    cgroup: &Cgroup,
+    cgroup_id: u64,
+    opts: &Options,
+) -> Result<(), SockmapError> {
+    let sockops: &mut SockOps = ebpf
+        .program_mut(abi::PROG_SOCKOPS)
+        .ok_or(SockmapError::Missing(abi::PROG_SOCKOPS))?
+        .try_into()
+        .map_err(SockmapError::prog("sockops program type"))?;
+    sockops
+        .load()
+        .map_err(SockmapError::prog("load sockops program"))?;
+    let dir = File::open(cgroup.path()).map_err(|e| SockmapError::Io {
+        what: format!("open cgroup {}", cgroup.path().display()),
+        source: e,
+    })?;
+    sockops
+        // With a BPF link the attachment is always multi-program; flags must be 0 ("Single").
+        .attach(&dir, CgroupAttachMode::Single)
+        .map_err(SockmapError::prog("attach sockops to the cgroup"))?;
+    info!(
+        "attached sockops program {} to cgroup {} (id {cgroup_id}); ports: {}{}",
+        abi::PROG_SOCKOPS,
+        cgroup.path().display(),
+        opts.ports
+            .as_ref()
+            .map(|p| p.to_compact_string())
+            .unwrap_or_else(|| "all".into()),
+        opts.exclude_ports
+            .as_ref()
+            .map(|p| format!(" except {}", p.to_compact_string()))
+            .unwrap_or_default(),
+    );
+    Ok(())
 }
 
 #[cfg(test)]

@@ -36,7 +36,7 @@ pub struct Stats {
 }
 
 /// Reads the counters and counts the sockets in the map.
-pub fn read_stats<S, H>(
+pub(crate) fn read_stats<S, H>(
     stats: PerCpuArray<S, Counters>,
     hash: SockHash<H, u64>,
 ) -> Result<Stats, SockmapError>
@@ -168,7 +168,7 @@ pub fn instances() -> Result<Vec<Instance>, SockmapError> {
 }
 
 /// Finds the cgroup2 directory whose inode is `id` (searching a few levels deep).
-pub fn find_cgroup_by_id(id: u64) -> Option<PathBuf> {
+pub(crate) fn find_cgroup_by_id(id: u64) -> Option<PathBuf> {
     use std::os::unix::fs::MetadataExt;
     let root = nsfast_sys::cgroup::cgroup2_mount().ok()?;
     let mut stack = vec![(root, 0u32)];

@@ -304,9 +304,9 @@ fn build_binaries(
         for b in &suite.bins {
             cmd.args(["--bin", b]);
         }
-        for (name, path) in cargo_artifacts(&mut cmd, false)? {
-            if suite.bins.contains(&name) {
-                out.push((format!("/bin/{name}"), path));
+        for a in cargo_artifacts(&mut cmd, false)? {
+            if suite.bins.contains(&a.name) {
+                out.push((format!("/bin/{}", a.name), a.path));
             }
         }
         for b in &suite.bins {
@@ -315,34 +315,67 @@ fn build_binaries(
             }
         }
     }
-    for pkg in &suite.cargo_tests {
+    if !suite.cargo_tests.is_empty() {
+        // One cargo invocation for every @cargo-tests package: one feature resolution, so the
+        // shared dependencies compile once instead of once per package (minutes under CI).
         let mut cmd = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
-        cmd.current_dir(root).args([
-            "test",
-            "--release",
-            "-p",
-            pkg,
-            "--no-run",
-            "--message-format=json-render-diagnostics",
-        ]);
-        let arts = cargo_artifacts(&mut cmd, true)?;
-        if arts.is_empty() {
-            bail!("cargo built no test executables for package {pkg:?} (@cargo-tests)");
+        cmd.current_dir(root)
+            .args(["test", "--release", "--no-run"]);
+        for pkg in &suite.cargo_tests {
+            cmd.args(["-p", pkg]);
         }
-        for (name, path) in arts {
-            let guest = format!("/tests/{name}");
-            if out.iter().any(|(g, _)| *g == guest) {
-                bail!("two @cargo-tests executables would both be {guest} (the second from package {pkg:?}); rename one test target");
+        cmd.arg("--message-format=json-render-diagnostics");
+        let arts = cargo_artifacts(&mut cmd, true)?;
+        for pkg in &suite.cargo_tests {
+            if !arts.iter().any(|a| &a.package == pkg) {
+                bail!("cargo built no test executables for package {pkg:?} (@cargo-tests)");
             }
-            out.push((guest, path));
+        }
+        for a in arts {
+            if !suite.cargo_tests.contains(&a.package) {
+                continue;
+            }
+            let guest = format!("/tests/{}", a.name);
+            if out.iter().any(|(g, _)| *g == guest) {
+                bail!(
+                    "two @cargo-tests executables would both be {guest} (the second from package {:?}); rename one test target",
+                    a.package
+                );
+            }
+            out.push((guest, a.path));
         }
     }
     Ok(out)
 }
 
-/// Runs a cargo command with JSON messages; returns (target name, executable) of artifacts
-/// that are tests (`tests`) or not.
-fn cargo_artifacts(cmd: &mut Command, tests: bool) -> Result<Vec<(String, PathBuf)>> {
+/// An executable cargo built: its target name, its package's name and its path.
+struct Artifact {
+    name: String,
+    package: String,
+    path: PathBuf,
+}
+
+/// The package name in a cargo package id: `path+file:///x/crates/sys#nsfast-sys@0.1.0`,
+/// `registry+...#name@1.0` or the old `name 0.1.0 (path+file://...)` form.
+fn package_name(id: &str) -> String {
+    if let Some((_, frag)) = id.rsplit_once('#') {
+        let name = frag.split('@').next().unwrap_or(frag);
+        // `#0.1.0` alone (the package's directory name is its name) has no '@'.
+        if !frag.contains('@') {
+            let dir = id[..id.len() - frag.len() - 1]
+                .rsplit('/')
+                .next()
+                .unwrap_or("");
+            return dir.to_string();
+        }
+        return name.to_string();
+    }
+    id.split_whitespace().next().unwrap_or(id).to_string()
+}
+
+/// Runs a cargo command with JSON messages; returns the executables that are tests (`tests`)
+/// or not.
+fn cargo_artifacts(cmd: &mut Command, tests: bool) -> Result<Vec<Artifact>> {
     cmd.stdout(Stdio::piped()).stderr(Stdio::inherit());
     let mut child = cmd.spawn().context("running cargo")?;
     let stdout = child.stdout.take().expect("piped");
@@ -365,7 +398,12 @@ fn cargo_artifacts(cmd: &mut Command, tests: bool) -> Result<Vec<(String, PathBu
             .as_str()
             .unwrap_or("unknown")
             .to_string();
-        out.push((name, PathBuf::from(exe)));
+        let package = package_name(v["package_id"].as_str().unwrap_or(""));
+        out.push(Artifact {
+            name,
+            package,
+            path: PathBuf::from(exe),
+        });
     }
     let status = child.wait()?;
     if !status.success() {
@@ -835,4 +873,29 @@ fn print_summary(
     }
     println!("vmtest: {np} passed, {nf} failed, {ns} skipped");
     ok
+}
+
+#[cfg(test)]
+mod tests {
+    use super::package_name;
+
+    #[test]
+    fn package_names_from_cargo_package_ids() {
+        assert_eq!(
+            package_name("path+file:///w/crates/sockmap#nsfast-sockmap@0.1.0"),
+            "nsfast-sockmap"
+        );
+        assert_eq!(
+            package_name("path+file:///w/crates/nsfast-sys#0.1.0"),
+            "nsfast-sys"
+        );
+        assert_eq!(
+            package_name("registry+https://github.com/rust-lang/crates.io-index#libc@0.2.1"),
+            "libc"
+        );
+        assert_eq!(
+            package_name("nsfast-pod 0.1.0 (path+file:///w/crates/pod)"),
+            "nsfast-pod"
+        );
+    }
 }

@@ -16,7 +16,7 @@ use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::time::{Duration, Instant};
 
 use nsfast_sys::conntrack::{Conntrack, Entry};
-use nsfast_sys::net::{self, NetError, PortRule};
+use nsfast_sys::net::{NetError, Netlink, PortRule};
 use nsfast_sys::udp;
 use socket2::{Domain, Protocol, Socket, Type};
 
@@ -82,7 +82,7 @@ fn is_tunnel(cfg: &Config, subnets: &[(Ipv4Addr, u8)], e: &Entry) -> bool {
 
 /// Deletes the bridge's tunnel entries that are wrong for the path now in force: NATed ones
 /// (Docker's path) when the relay takes over, un-NATed ones (the relay's) when it hands back.
-pub fn conntrack_handover(
+pub(crate) fn conntrack_handover(
     cfg: &Config,
     subnets: &[(Ipv4Addr, u8)],
     to_relay: bool,
@@ -91,8 +91,17 @@ pub fn conntrack_handover(
     Ok(ct.delete_where(|e| is_tunnel(cfg, subnets, e) && e.is_src_nat() == to_relay)?)
 }
 
-fn bridge_subnets(cfg: &Config) -> Result<Vec<(Ipv4Addr, u8)>, ChildError> {
-    match net::link_ipv4_addresses(None, &cfg.bridge) {
+/// The child's one netlink connection (its namespace: the rootless network namespace),
+/// opened once per run (relay or cleanup) and used for every rule and route change.
+fn netlink() -> Result<Netlink, ChildError> {
+    Netlink::current().map_err(|source| ChildError::Net {
+        what: "open a netlink connection".into(),
+        source,
+    })
+}
+
+fn bridge_subnets(nl: &Netlink, cfg: &Config) -> Result<Vec<(Ipv4Addr, u8)>, ChildError> {
+    match nl.link_ipv4_addresses(&cfg.bridge) {
         Ok(v) => Ok(v),
         Err(NetError::NoSuchLink(_)) => Err(ChildError::NoBridge(cfg.bridge.clone())),
         Err(source) => Err(ChildError::Net {
@@ -102,22 +111,19 @@ fn bridge_subnets(cfg: &Config) -> Result<Vec<(Ipv4Addr, u8)>, ChildError> {
     }
 }
 
-fn install_rules(cfg: &Config) -> Result<(), ChildError> {
+fn install_rules(nl: &Netlink, cfg: &Config) -> Result<(), ChildError> {
     let err = |what: String| move |source| ChildError::Net { what, source };
-    net::add_local_default_route(None, cfg.rule)
+    nl.add_local_default_route(cfg.rule)
         .map_err(err(format!("local route in table {}", cfg.rule)))?;
     for (start, end) in cfg.port_ranges() {
-        net::add_port_rule(
-            None,
-            &PortRule {
-                iif: cfg.bridge.clone(),
-                ip_proto: libc::IPPROTO_UDP as u8,
-                dport: (start, end),
-                table: cfg.rule,
-                priority: cfg.rule,
-                from: None,
-            },
-        )
+        nl.add_port_rule(&PortRule {
+            iif: cfg.bridge.clone(),
+            ip_proto: libc::IPPROTO_UDP as u8,
+            dport: (start, end),
+            table: cfg.rule,
+            priority: cfg.rule,
+            from: None,
+        })
         .map_err(err(format!(
             "ip rule iif {} dport {start}-{end}",
             cfg.bridge
@@ -127,18 +133,20 @@ fn install_rules(cfg: &Config) -> Result<(), ChildError> {
 }
 
 /// Removes the rules and the table's route; returns how many rules there were.
-pub fn remove_rules(cfg: &Config) -> Result<usize, ChildError> {
+pub(crate) fn remove_rules(nl: &Netlink, cfg: &Config) -> Result<usize, ChildError> {
     let err = |what: String| move |source| ChildError::Net { what, source };
-    let n = net::delete_port_rules(None, &cfg.bridge, cfg.rule, cfg.rule)
+    let n = nl
+        .delete_port_rules(&cfg.bridge, cfg.rule, cfg.rule)
         .map_err(err(format!("delete rules of {}", cfg.bridge)))?;
     // The hand-back rules of refused flows: those flows stay on Docker's path anyway.
-    net::delete_port_rules(None, &cfg.bridge, MAIN_TABLE, cfg.handback_priority())
+    nl.delete_port_rules(&cfg.bridge, MAIN_TABLE, cfg.handback_priority())
         .map_err(err(format!("delete hand-back rules of {}", cfg.bridge)))?;
     // The route is shared by all bridges using this table: keep it while other rules use it.
-    let others = net::count_any_rules_to_table(None, cfg.rule)
+    let others = nl
+        .count_any_rules_to_table(cfg.rule)
         .map_err(err(format!("list rules to table {}", cfg.rule)))?;
     if others == 0 {
-        net::delete_local_default_route(None, cfg.rule)
+        nl.delete_local_default_route(cfg.rule)
             .map_err(err(format!("local route in table {}", cfg.rule)))?;
     }
     Ok(n)
@@ -180,7 +188,7 @@ fn flow_socket(
 }
 
 /// How long the child waits for the parent's answer to `open`.
-pub const PARENT_TIMEOUT: Duration = Duration::from_secs(10);
+pub(crate) const PARENT_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Waits until `fd` is readable, at most `left`.
 fn wait_readable(fd: BorrowedFd<'_>, left: Duration) -> io::Result<bool> {
@@ -197,7 +205,7 @@ fn wait_readable(fd: BorrowedFd<'_>, left: Duration) -> io::Result<bool> {
 /// Asks the parent for a host socket connected to `server` (request `id`) and waits at most
 /// `timeout` for the reply with that ID. Replies to earlier requests (which timed out) are
 /// discarded with their socket.
-pub fn open_host(
+pub(crate) fn open_host(
     ctl: BorrowedFd<'_>,
     id: u64,
     server: SocketAddrV4,
@@ -276,8 +284,9 @@ pub fn run(mode: Mode, cfg: &Config, ctl: OwnedFd) -> i32 {
 }
 
 fn cleanup(cfg: &Config, ctl: BorrowedFd<'_>) -> Result<(), ChildError> {
-    let subnets = bridge_subnets(cfg)?;
-    let rules = remove_rules(cfg)?;
+    let nl = netlink()?;
+    let subnets = bridge_subnets(&nl, cfg)?;
+    let rules = remove_rules(&nl, cfg)?;
     let ct = conntrack_handover(cfg, &subnets, false)?;
     send_msg(
         ctl,
@@ -321,6 +330,7 @@ struct Totals {
 
 struct Relay<'a> {
     cfg: &'a Config,
+    nl: &'a Netlink,
     subnets: Vec<(Ipv4Addr, u8)>,
     ctl: BorrowedFd<'a>,
     offloads: Offloads,
@@ -405,7 +415,9 @@ impl Relay<'_> {
         };
         let added = match full {
             Some(f) => Err(f),
-            None => net::add_port_rule(None, &self.handback_rule(client, server))
+            None => self
+                .nl
+                .add_port_rule(&self.handback_rule(client, server))
                 .map_err(|e| format!("hand-back rule: {e}")),
         };
         if let Err(e) = added {
@@ -446,8 +458,7 @@ impl Relay<'_> {
     /// entry, so its next datagram reaches the relay with its own source.
     fn take_back(&mut self, key: (SocketAddrV4, SocketAddrV4), reset: bool) {
         let (client, server) = key;
-        if let Err(e) = net::delete_port_rules_from(
-            None,
+        if let Err(e) = self.nl.delete_port_rules_from(
             &self.cfg.bridge,
             MAIN_TABLE,
             self.cfg.handback_priority(),
@@ -665,7 +676,8 @@ impl Relay<'_> {
 }
 
 fn relay(cfg: &Config, ctl: BorrowedFd<'_>) -> Result<(), ChildError> {
-    let subnets = bridge_subnets(cfg)?;
+    let nl = netlink()?;
+    let subnets = bridge_subnets(&nl, cfg)?;
     let listeners: Vec<UdpSocket> = cfg
         .ports
         .iter()
@@ -673,16 +685,7 @@ fn relay(cfg: &Config, ctl: BorrowedFd<'_>) -> Result<(), ChildError> {
         .collect::<Result<_, _>>()?;
     // Bound until the parent answers; a dead parent must not leave us waiting.
     udp::set_recv_timeout(ctl, PARENT_TIMEOUT).map_err(ChildError::Control)?;
-    install_rules(cfg).inspect_err(|_| {
-        let _ = remove_rules(cfg);
-    })?;
-    let handed = match conntrack_handover(cfg, &subnets, true) {
-        Ok(n) => n,
-        Err(e) => {
-            let _ = remove_rules(cfg);
-            return Err(e);
-        }
-    };
+    let handed = take_over(&nl, cfg, &subnets)?;
     let offloads = offloads(cfg);
     send_msg(
         ctl,
@@ -698,6 +701,7 @@ fn relay(cfg: &Config, ctl: BorrowedFd<'_>) -> Result<(), ChildError> {
 
     let mut r = Relay {
         cfg,
+        nl: &nl,
         subnets: subnets.clone(),
         ctl,
         offloads,
@@ -709,13 +713,36 @@ fn relay(cfg: &Config, ctl: BorrowedFd<'_>) -> Result<(), ChildError> {
         parent_timeout: PARENT_TIMEOUT,
         last_stats: None,
     };
+    let stop_signal = serve(&mut r, &listeners);
+    tracing::info!("{stop_signal}: handing tunnels back to Docker's path");
+    hand_back(r, listeners, &subnets)
+}
+
+/// Installs the steering rule and moves the bridge's live tunnels' conntrack entries to the
+/// relay; returns how many were moved. On error the rule is removed again.
+fn take_over(nl: &Netlink, cfg: &Config, subnets: &[(Ipv4Addr, u8)]) -> Result<usize, ChildError> {
+    install_rules(nl, cfg).inspect_err(|_| {
+        let _ = remove_rules(nl, cfg);
+    })?;
+    match conntrack_handover(cfg, subnets, true) {
+        Ok(n) => Ok(n),
+        Err(e) => {
+            let _ = remove_rules(nl, cfg);
+            Err(e)
+        }
+    }
+}
+
+/// Relays datagrams from the transparent listeners until SIGINT/SIGTERM; reaps dead flows and
+/// reports once a second. Returns the signal.
+fn serve(r: &mut Relay<'_>, listeners: &[UdpSocket]) -> nix::sys::signal::Signal {
+    use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
     let mut rx = udp::RecvBatch::new(8);
     let mut next_report = Instant::now();
-    let stop_signal = loop {
+    loop {
         if let Some(sig) = nsfast_sys::signals::pending_termination() {
-            break sig;
+            return sig;
         }
-        use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
         let mut pfds: Vec<PollFd<'_>> = listeners
             .iter()
             .map(|l| PollFd::new(l.as_fd(), PollFlags::POLLIN))
@@ -748,9 +775,18 @@ fn relay(cfg: &Config, ctl: BorrowedFd<'_>) -> Result<(), ChildError> {
             r.report();
             next_report = Instant::now() + Duration::from_secs(1);
         }
-    };
-    tracing::info!("{stop_signal}: handing tunnels back to Docker's path");
-    let rules = remove_rules(cfg);
+    }
+}
+
+/// Hands the tunnels back to Docker's path: the rule goes, every flow stops, the listeners
+/// close, the relay's conntrack entries are reset; the parent gets a `done` line.
+fn hand_back(
+    mut r: Relay<'_>,
+    listeners: Vec<UdpSocket>,
+    subnets: &[(Ipv4Addr, u8)],
+) -> Result<(), ChildError> {
+    let (cfg, ctl) = (r.cfg, r.ctl);
+    let rules = remove_rules(r.nl, cfg);
     let flows: Vec<Flow> = r.flows.drain().map(|(_, f)| f).collect();
     flows.iter().for_each(Flow::signal_stop);
     for f in flows {
@@ -759,7 +795,7 @@ fn relay(cfg: &Config, ctl: BorrowedFd<'_>) -> Result<(), ChildError> {
     r.handed.clear();
     r.report();
     drop(listeners);
-    let ct = conntrack_handover(cfg, &subnets, false);
+    let ct = conntrack_handover(cfg, subnets, false);
     let rules = rules?;
     let ct = ct?;
     let _ = send_msg(

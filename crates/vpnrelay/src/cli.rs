@@ -15,11 +15,8 @@ use crate::config::Config;
     long_about = "Moves a container's UDP tunnel traffic off rootless Docker's user-space network stack \
 (slirp4netns, pasta, ...) onto host sockets with batched UDP (recvmmsg/sendmmsg, GRO/GSO). \
 Runs as the Docker user: no root, setuid or file capability.\n\n\
-Environment: VPNRELAY_RULE (routing table and rule priority, default 4820), VPNRELAY_SOCKBUF \
-(socket buffers, default 16M), VPNRELAY_NO_GRO=1, VPNRELAY_NO_GSO=1 (single datagrams), \
-VPNRELAY_DOCKER_STATE (RootlessKit state dir, default $XDG_RUNTIME_DIR/dockerd-rootless), \
-VPNRELAY_IDLE_TIMEOUT (seconds before an idle flow is closed, default 180), \
-VPNRELAY_MAX_FLOWS_PER_CLIENT (see --max-flows-per-client), RUST_LOG.\n\n\
+Every VPNRELAY_* environment variable has a flag of the relay commands (see `vpnrelay \
+transparent --help`); a flag wins over its variable. RUST_LOG sets the log filter.\n\n\
 Refuses to run as root: run it as the user that runs rootless Docker."
 )]
 struct Cli {
@@ -61,6 +58,74 @@ struct Target {
         value_name = "N"
     )]
     max_flows_per_client: u16,
+    /// Routing table number and `ip rule` priority of the relay's rule (1-2147483647, not
+    /// 253-255) [default: 4820].
+    #[arg(long, env = "VPNRELAY_RULE", value_name = "N")]
+    rule: Option<String>,
+    /// Socket buffer request per socket: bytes, or with K/M/G (4096 to 1G) [default: 16M].
+    #[arg(long, env = "VPNRELAY_SOCKBUF", value_name = "SIZE")]
+    sockbuf: Option<String>,
+    /// Seconds without traffic before a flow is closed (1-86400) [default: 180].
+    #[arg(long, env = "VPNRELAY_IDLE_TIMEOUT", value_name = "SECS")]
+    idle_timeout: Option<String>,
+    /// No UDP GRO on receive (single datagrams); in the variable 0, false, no, off or empty
+    /// mean off, anything else on.
+    #[arg(long, env = "VPNRELAY_NO_GRO", value_parser = clap::builder::FalseyValueParser::new())]
+    no_gro: bool,
+    /// No UDP GSO on send (single datagrams, still batched by sendmmsg).
+    #[arg(long, env = "VPNRELAY_NO_GSO", value_parser = clap::builder::FalseyValueParser::new())]
+    no_gso: bool,
+    /// RootlessKit's state directory (child_pid; netns with --detach-netns)
+    /// [default: $XDG_RUNTIME_DIR/dockerd-rootless].
+    #[arg(long, env = "VPNRELAY_DOCKER_STATE", value_name = "DIR")]
+    docker_state: Option<std::path::PathBuf>,
+    /// The user's runtime directory (lock and stats files under DIR/vpnrelay)
+    /// [default: /run/user/UID].
+    #[arg(long, env = "XDG_RUNTIME_DIR", value_name = "DIR")]
+    runtime_dir: Option<std::path::PathBuf>,
+}
+
+impl Target {
+    /// The environment the flags stand for, as the configuration, the state lookup and the
+    /// relay's own children read it: each flag's value (or its variable's, which clap
+    /// already read), booleans as `1`/`0`. Unset ones are left out.
+    fn env_assignments(&self) -> Vec<(&'static str, std::ffi::OsString)> {
+        let mut v: Vec<(&'static str, std::ffi::OsString)> = Vec::new();
+        let mut set = |k, x: Option<std::ffi::OsString>| {
+            if let Some(x) = x {
+                v.push((k, x));
+            }
+        };
+        set("VPNRELAY_RULE", self.rule.clone().map(Into::into));
+        set("VPNRELAY_SOCKBUF", self.sockbuf.clone().map(Into::into));
+        set(
+            "VPNRELAY_IDLE_TIMEOUT",
+            self.idle_timeout.clone().map(Into::into),
+        );
+        set(
+            "VPNRELAY_NO_GRO",
+            Some(if self.no_gro { "1" } else { "0" }.into()),
+        );
+        set(
+            "VPNRELAY_NO_GSO",
+            Some(if self.no_gso { "1" } else { "0" }.into()),
+        );
+        set(
+            "VPNRELAY_DOCKER_STATE",
+            self.docker_state.clone().map(Into::into),
+        );
+        set("XDG_RUNTIME_DIR", self.runtime_dir.clone().map(Into::into));
+        v
+    }
+
+    /// Exports [`Self::env_assignments`] into this process's environment, which the
+    /// configuration ([`Config::from_args`]), the state lookup and the relay's children
+    /// (`transparent`, `__child`) read. Called before any thread is started.
+    fn export_env(&self) {
+        for (k, x) in self.env_assignments() {
+            std::env::set_var(k, x);
+        }
+    }
 }
 
 /// The uid `uid` of our user namespace is in the initial one, by `/proc/self/uid_map`'s
@@ -143,6 +208,11 @@ pub fn main_with_version(version: &'static str) -> ExitCode {
         nsfast_sys::out::errln(&format!("vpnrelay: error: {msg}"));
         return ExitCode::FAILURE;
     }
+    // Still one thread: the environment can be written safely.
+    match &cli.command {
+        Cmd::Supervise(t) | Cmd::Transparent(t) | Cmd::Cleanup(t) => t.export_env(),
+        Cmd::Child { target, .. } => target.export_env(),
+    }
     let res = match cli.command {
         Cmd::Supervise(t) => config(&t).and_then(|c| crate::supervise::supervise(&c)),
         Cmd::Transparent(t) => config(&t).and_then(|c| crate::host::transparent(&c)),
@@ -160,9 +230,28 @@ pub fn main_with_version(version: &'static str) -> ExitCode {
 }
 
 fn config(t: &Target) -> anyhow::Result<Config> {
-    let mut c = Config::from_args(&t.bridge, &t.ports)?;
+    let mut c = Config::from_args(&t.bridge, &t.ports)
+        .map_err(|e| anyhow::anyhow!("{}", with_flag_name(e.to_string())))?;
     c.max_flows_per_client = usize::from(t.max_flows_per_client);
     Ok(c)
+}
+
+/// The flag that stands for each variable (see [`Target`]).
+const FLAG_OF_ENV: &[(&str, &str)] = &[
+    ("VPNRELAY_RULE", "--rule"),
+    ("VPNRELAY_SOCKBUF", "--sockbuf"),
+    ("VPNRELAY_IDLE_TIMEOUT", "--idle-timeout"),
+];
+
+/// A configuration error that names a variable (`invalid VPNRELAY_SOCKBUF="9": ...`) also
+/// names its flag, which may be where the value came from.
+fn with_flag_name(msg: String) -> String {
+    for (var, flag) in FLAG_OF_ENV {
+        if msg.starts_with(&format!("invalid {var}=")) {
+            return format!("{msg} ({flag} or {var})");
+        }
+    }
+    msg
 }
 
 fn child(mode: &str, t: &Target) -> ExitCode {
@@ -212,5 +301,99 @@ mod tests {
         assert_eq!(host_uid("garbage", 0), None);
         assert!(refuse_root(0).unwrap().contains("refusing to run as root"));
         assert!(refuse_root(1000).is_none());
+    }
+
+    /// Every environment variable vpnrelay reads for its relay commands.
+    const ENV_VARS: &[&str] = &[
+        "VPNRELAY_RULE",
+        "VPNRELAY_SOCKBUF",
+        "VPNRELAY_IDLE_TIMEOUT",
+        "VPNRELAY_NO_GRO",
+        "VPNRELAY_NO_GSO",
+        "VPNRELAY_DOCKER_STATE",
+        "VPNRELAY_MAX_FLOWS_PER_CLIENT",
+        "XDG_RUNTIME_DIR",
+    ];
+
+    /// `--help` of each relay command names every variable as a flag's `[env: NAME=]`.
+    #[test]
+    fn help_names_every_env_var_as_a_flag() {
+        for sub in ["supervise", "transparent", "cleanup"] {
+            let mut c = command();
+            let help = c
+                .find_subcommand_mut(sub)
+                .unwrap()
+                .render_long_help()
+                .to_string();
+            for var in ENV_VARS {
+                assert!(
+                    help.contains(&format!("[env: {var}=")),
+                    "vpnrelay {sub} --help does not name {var}:\n{help}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn config_errors_name_the_flag_too() {
+        assert_eq!(
+            with_flag_name("invalid VPNRELAY_SOCKBUF=\"9\": bytes between 4096 and 1G".into()),
+            "invalid VPNRELAY_SOCKBUF=\"9\": bytes between 4096 and 1G (--sockbuf or VPNRELAY_SOCKBUF)"
+        );
+        assert_eq!(with_flag_name("invalid port".into()), "invalid port");
+        // Every flag named there exists.
+        let c = command();
+        let t = c.find_subcommand("transparent").unwrap();
+        for (_, flag) in FLAG_OF_ENV {
+            assert!(
+                t.get_arguments().any(|a| a.get_long() == Some(&flag[2..])),
+                "{flag}"
+            );
+        }
+    }
+
+    fn target(args: &[&str]) -> Target {
+        let mut argv = vec!["vpnrelay", "transparent", "br-vpn", "51820"];
+        argv.extend_from_slice(args);
+        match Cli::try_parse_from(argv).unwrap().command {
+            Cmd::Transparent(t) => t,
+            c => panic!("{c:?}"),
+        }
+    }
+
+    /// Flags become the environment the configuration and the children read.
+    #[test]
+    fn flags_become_the_environment_the_relay_reads() {
+        let t = target(&[
+            "--rule",
+            "5000",
+            "--sockbuf",
+            "1M",
+            "--idle-timeout",
+            "60",
+            "--no-gso",
+            "--docker-state",
+            "/srv/rk",
+            "--runtime-dir",
+            "/run/user/1234",
+        ]);
+        let got: Vec<(&str, String)> = t
+            .env_assignments()
+            .into_iter()
+            .map(|(k, v)| (k, v.into_string().unwrap()))
+            .collect();
+        let want: Vec<(&str, String)> = [
+            ("VPNRELAY_RULE", "5000"),
+            ("VPNRELAY_SOCKBUF", "1M"),
+            ("VPNRELAY_IDLE_TIMEOUT", "60"),
+            ("VPNRELAY_NO_GRO", "0"),
+            ("VPNRELAY_NO_GSO", "1"),
+            ("VPNRELAY_DOCKER_STATE", "/srv/rk"),
+            ("XDG_RUNTIME_DIR", "/run/user/1234"),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k, v.to_string()))
+        .collect();
+        assert_eq!(got, want);
     }
 }

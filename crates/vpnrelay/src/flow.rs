@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use nsfast_sys::udp::{RecvBatch, SendBatch};
 
 /// Datagrams (or GRO super-datagrams) taken per recvmmsg.
-pub const BATCH: usize = 16;
+pub(crate) const BATCH: usize = 16;
 
 /// Offloads in use for a relay.
 #[derive(Debug, Clone, Copy)]
@@ -209,12 +209,12 @@ impl Flow {
     }
 
     /// True when a forwarding thread stopped on an error.
-    pub fn is_dead(&self) -> bool {
+    pub(crate) fn is_dead(&self) -> bool {
         self.dead.load(Ordering::Relaxed)
     }
 
     /// Asks both threads to stop without waiting (see [`Flow::stop`]).
-    pub fn signal_stop(&self) {
+    pub(crate) fn signal_stop(&self) {
         self.stop.store(true, Ordering::Relaxed);
     }
 

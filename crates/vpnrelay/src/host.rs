@@ -18,7 +18,7 @@ use crate::config::Config;
 use crate::state::{self, Lock, Rootless, TryLock};
 
 /// Environment variable carrying the child's control socket descriptor.
-pub const CHILD_FD_ENV: &str = "VPNRELAY_CHILD_FD";
+pub(crate) const CHILD_FD_ENV: &str = "VPNRELAY_CHILD_FD";
 
 struct Started {
     child: Child,
@@ -120,7 +120,7 @@ fn wait_status(st: &mut Started) -> anyhow::Result<String> {
 }
 
 /// A host socket connected to `server`, without SO_REUSEADDR.
-pub fn host_socket(
+pub(crate) fn host_socket(
     server: SocketAddrV4,
     cfg: &Config,
     gro: bool,
@@ -195,7 +195,7 @@ fn read_sysctl(key: &str) -> Option<usize> {
 }
 
 /// Says which offloads are used and warns about small buffer limits.
-pub fn announce(cfg: &Config) -> crate::flow::Offloads {
+pub(crate) fn announce(cfg: &Config) -> crate::flow::Offloads {
     let off = crate::child::offloads(cfg);
     let kernel = nsfast_sys::kernel::KernelVersion::current();
     let why = |on: bool, switch: bool, env: &str, min: &str| {

@@ -12,7 +12,7 @@
 
 use std::fs::File;
 use std::io;
-use std::os::fd::{AsFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
 
 use nix::errno::Errno;
@@ -224,14 +224,7 @@ fn read_bounded(fd: &OwnedFd, max: usize) -> io::Result<Vec<u8>> {
 }
 
 fn pidfd_open(pid: u32) -> io::Result<OwnedFd> {
-    // SAFETY: pidfd_open takes a PID and flags and returns a new descriptor or -1; no memory
-    // is passed. nix 0.32 has no wrapper for it.
-    let r = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0) };
-    if r < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: the kernel just returned this descriptor to us; nothing else owns it.
-    Ok(unsafe { OwnedFd::from_raw_fd(r as i32) })
+    nsfast_sys::pidfd::open(pid)
 }
 
 /// True while the process a pidfd refers to has not exited (a pidfd polls readable once it
@@ -248,6 +241,61 @@ fn pidfd_alive(pidfd: BorrowedFd<'_>) -> bool {
     }
 }
 
+/// Reads the PID in `name` under `at` (shown as `shown` in errors): opened without following
+/// links, owner and mode checked, at most 64 bytes.
+fn read_pid_file(at: Option<BorrowedFd<'_>>, name: &str, shown: &Path) -> Result<u32, OpenErr> {
+    let fd = open_checked(
+        at,
+        Path::new(name),
+        shown,
+        OFlag::O_RDONLY | OFlag::O_NONBLOCK,
+        Mode::empty(),
+        false,
+    )?;
+    let text = read_bounded(&fd, 64).map_err(|e| {
+        OpenErr::Other(StateError::Io {
+            what: format!("read {}", shown.display()),
+            source: e,
+        })
+    })?;
+    parse_pid(&text).map_err(|why| {
+        OpenErr::Other(StateError::NoState {
+            dir: shown.parent().unwrap_or(Path::new("/")).to_path_buf(),
+            why: format!("{} holds {why}", shown.display()),
+        })
+    })
+}
+
+/// Docker < 23 (Debian 12's 20.10) starts RootlessKit without --state-dir (it picks
+/// /tmp/rootlesskitNNN): then dockerd's own PID, from $XDG_RUNTIME_DIR/docker.pid, is in the
+/// same user, mount and network namespaces as RootlessKit's child. `child_pid` is the state
+/// file that was missing (named in the error when docker.pid is missing too).
+fn pid_from_docker(
+    child_pid: &Path,
+    no_state: impl Fn(String) -> StateError,
+) -> Result<(u32, PathBuf), StateError> {
+    let rt = runtime_dir();
+    let docker_pid = rt.join("docker.pid");
+    let rt_fd = match open_checked(None, &rt, &rt, OFlag::O_RDONLY, Mode::empty(), true) {
+        Ok(fd) => fd,
+        Err(OpenErr::Missing(e)) => {
+            return Err(no_state(format!(
+                "cannot read {}: {e}",
+                child_pid.display()
+            )))
+        }
+        Err(OpenErr::Other(e)) => return Err(e),
+    };
+    match read_pid_file(Some(rt_fd.as_fd()), "docker.pid", &docker_pid) {
+        Ok(pid) => Ok((pid, docker_pid)),
+        Err(OpenErr::Missing(e)) => Err(no_state(format!(
+            "cannot read {}: {e}",
+            child_pid.display()
+        ))),
+        Err(OpenErr::Other(e)) => Err(e),
+    }
+}
+
 impl Rootless {
     /// Reads `child_pid` (no links followed, owner and mode checked), pins the process by
     /// pidfd, checks its owner and opens its namespaces.
@@ -259,29 +307,6 @@ impl Rootless {
             dir: dir.clone(),
             why,
         };
-        let read_pid_file =
-            |at: Option<BorrowedFd<'_>>, name: &str, shown: &Path| -> Result<u32, OpenErr> {
-                let fd = open_checked(
-                    at,
-                    Path::new(name),
-                    shown,
-                    OFlag::O_RDONLY | OFlag::O_NONBLOCK,
-                    Mode::empty(),
-                    false,
-                )?;
-                let text = read_bounded(&fd, 64).map_err(|e| {
-                    OpenErr::Other(StateError::Io {
-                        what: format!("read {}", shown.display()),
-                        source: e,
-                    })
-                })?;
-                parse_pid(&text).map_err(|why| {
-                    OpenErr::Other(StateError::NoState {
-                        dir: shown.parent().unwrap_or(Path::new("/")).to_path_buf(),
-                        why: format!("{} holds {why}", shown.display()),
-                    })
-                })
-            };
         let state_fd = match open_checked(None, &dir, &dir, OFlag::O_RDONLY, Mode::empty(), true) {
             Ok(fd) => Some(fd),
             Err(OpenErr::Missing(_)) => None,
@@ -301,31 +326,7 @@ impl Rootless {
             // Docker < 23 (Debian 12's 20.10) starts RootlessKit without --state-dir (it picks
             // /tmp/rootlesskitNNN): then dockerd's own PID, from $XDG_RUNTIME_DIR/docker.pid,
             // is in the same user, mount and network namespaces as RootlessKit's child.
-            None if !explicit => {
-                let rt = runtime_dir();
-                let docker_pid = rt.join("docker.pid");
-                let rt_fd = match open_checked(None, &rt, &rt, OFlag::O_RDONLY, Mode::empty(), true)
-                {
-                    Ok(fd) => fd,
-                    Err(OpenErr::Missing(e)) => {
-                        return Err(no_state(format!(
-                            "cannot read {}: {e}",
-                            child_pid.display()
-                        )))
-                    }
-                    Err(OpenErr::Other(e)) => return Err(e),
-                };
-                match read_pid_file(Some(rt_fd.as_fd()), "docker.pid", &docker_pid) {
-                    Ok(pid) => (pid, docker_pid),
-                    Err(OpenErr::Missing(e)) => {
-                        return Err(no_state(format!(
-                            "cannot read {}: {e}",
-                            child_pid.display()
-                        )))
-                    }
-                    Err(OpenErr::Other(e)) => return Err(e),
-                }
-            }
+            None if !explicit => pid_from_docker(&child_pid, no_state)?,
             None => {
                 return Err(no_state(format!(
                     "cannot read {}: {}",
@@ -480,18 +481,18 @@ pub enum TryLock {
 }
 
 /// `$XDG_RUNTIME_DIR/vpnrelay`.
-pub fn lock_dir() -> PathBuf {
+pub(crate) fn lock_dir() -> PathBuf {
     runtime_dir().join("vpnrelay")
 }
 
 /// The lock file for `what` (`relay` or `supervise`) on `bridge`.
-pub fn lock_path(what: &str, bridge: &str) -> PathBuf {
+pub(crate) fn lock_path(what: &str, bridge: &str) -> PathBuf {
     lock_dir().join(format!("{what}-{bridge}.lock"))
 }
 
 /// The relay's flow counters for `bridge` (JSON, rewritten about once a second while the
 /// relay runs; see docs/vpnrelay.md).
-pub fn stats_path(bridge: &str) -> PathBuf {
+pub(crate) fn stats_path(bridge: &str) -> PathBuf {
     lock_dir().join(format!("relay-{bridge}.stats"))
 }
 
@@ -527,7 +528,7 @@ fn file_name(path: &Path) -> Result<&Path, StateError> {
 impl Lock {
     /// Takes the lock without waiting. The file is opened without following links and
     /// without truncating; it is truncated through the descriptor once it is ours.
-    pub fn try_take(path: &Path) -> Result<TryLock, StateError> {
+    pub(crate) fn try_take(path: &Path) -> Result<TryLock, StateError> {
         let err = |source| StateError::Lock {
             path: path.to_path_buf(),
             source,
@@ -579,7 +580,7 @@ impl Lock {
 /// Replaces `path` (in vpnrelay's own, checked folder) with `data`: written to a fresh
 /// temporary file (`O_EXCL | O_NOFOLLOW`) and renamed over it, so a reader sees the old or
 /// the new content and a planted link is replaced, never written through.
-pub fn replace_file(path: &Path, data: &[u8]) -> Result<(), StateError> {
+pub(crate) fn replace_file(path: &Path, data: &[u8]) -> Result<(), StateError> {
     let err = |source| StateError::Io {
         what: format!("write {}", path.display()),
         source,

@@ -11,8 +11,8 @@ use anyhow::Context;
 use crate::config::Config;
 use crate::state::{self, Lock, TryLock};
 
-pub const BACKOFF_MIN: Duration = Duration::from_secs(5);
-pub const BACKOFF_MAX: Duration = Duration::from_secs(60);
+pub(crate) const BACKOFF_MIN: Duration = Duration::from_secs(5);
+pub(crate) const BACKOFF_MAX: Duration = Duration::from_secs(60);
 
 /// Sleeps up to `d`, returning early with the signal if one arrives.
 fn sleep_or_signal(d: Duration) -> Option<nix::sys::signal::Signal> {

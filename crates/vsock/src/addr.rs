@@ -118,13 +118,16 @@ fn unix_path(input: &str, s: &str) -> Result<PathBuf, AddressError> {
     Ok(PathBuf::from(s))
 }
 
-impl FromStr for Address {
-    type Err = AddressError;
+/// An address split at its first `:` and its options' `,`: `KIND:MAIN[,OPT,...]`.
+struct Parts<'a> {
+    input: &'a str,
+    main: &'a str,
+    options: Vec<&'a str>,
+}
 
-    fn from_str(input: &str) -> Result<Self, AddressError> {
-        if input == "stdio" || input == "-" || input.eq_ignore_ascii_case("stdio") {
-            return Ok(Address::Stdio);
-        }
+impl<'a> Parts<'a> {
+    /// `input` without `stdio`: its kind (lowercase) and parts.
+    fn split(input: &'a str) -> Result<(String, Self), AddressError> {
         let Some((kind, rest)) = input.split_once(':') else {
             return Err(err(input, format!("expected one of {FORMS}")));
         };
@@ -133,134 +136,160 @@ impl FromStr for Address {
             None => (rest, None),
         };
         let options: Vec<&str> = opts.map(|o| o.split(',').collect()).unwrap_or_default();
-        let no_opts = |what: &str| -> Result<(), AddressError> {
-            if options.is_empty() {
-                Ok(())
-            } else {
-                Err(err(
-                    input,
-                    format!("{what} takes no options (got {:?})", options.join(",")),
-                ))
-            }
+        let parts = Self {
+            input,
+            main,
+            options,
         };
-        match kind.to_ascii_lowercase().as_str() {
-            "vsock-listen" => {
-                let port = vsock_port(input, main)?;
-                let mut c = None;
-                for o in options {
-                    match o.split_once('=') {
-                        Some(("cid", v)) => c = Some(cid(input, v)?),
-                        _ => {
-                            return Err(err(
-                                input,
-                                format!("unknown option {o:?}: vsock-listen takes cid=CID"),
-                            ))
-                        }
-                    }
-                }
-                Ok(Address::VsockListen { port, cid: c })
-            }
-            "vsock-connect" => {
-                let Some((c, p)) = main.split_once(':') else {
-                    return Err(err(input, "expected vsock-connect:CID:PORT"));
-                };
-                let mut to_host = false;
-                for o in options {
-                    match o {
-                        "to-host" => to_host = true,
-                        _ => {
-                            return Err(err(
-                                input,
-                                format!("unknown option {o:?}: vsock-connect takes to-host"),
-                            ))
-                        }
-                    }
-                }
-                Ok(Address::VsockConnect {
-                    cid: cid(input, c)?,
-                    port: vsock_port(input, p)?,
-                    to_host,
-                })
-            }
-            "tcp-listen" => {
-                let port = tcp_port(input, main)?;
-                let mut bind = None;
-                for o in options {
-                    match o.split_once('=') {
-                        Some(("bind", v)) => {
-                            bind = Some(v.trim_matches(|c| c == '[' || c == ']').parse().map_err(
-                                |_| err(input, format!("bind address {v:?} is not an IP address")),
-                            )?)
-                        }
-                        _ => {
-                            return Err(err(
-                                input,
-                                format!("unknown option {o:?}: tcp-listen takes bind=ADDR"),
-                            ))
-                        }
-                    }
-                }
-                Ok(Address::TcpListen { port, bind })
-            }
-            "tcp" | "tcp-connect" => {
-                no_opts("tcp")?;
-                let Some((h, p)) = main.rsplit_once(':') else {
-                    return Err(err(input, "expected tcp:HOST:PORT"));
-                };
-                let host = h.trim_start_matches('[').trim_end_matches(']');
-                if host.is_empty() {
-                    return Err(err(input, "empty host in tcp:HOST:PORT"));
-                }
-                Ok(Address::Tcp {
-                    host: host.to_string(),
-                    port: tcp_port(input, p)?,
-                })
-            }
+        Ok((kind.to_ascii_lowercase(), parts))
+    }
+
+    fn err(&self, reason: impl Into<String>) -> AddressError {
+        err(self.input, reason)
+    }
+
+    /// For address types that take no options.
+    fn no_opts(&self, what: &str) -> Result<(), AddressError> {
+        if self.options.is_empty() {
+            Ok(())
+        } else {
+            Err(self.err(format!(
+                "{what} takes no options (got {:?})",
+                self.options.join(",")
+            )))
+        }
+    }
+}
+
+impl FromStr for Address {
+    type Err = AddressError;
+
+    fn from_str(input: &str) -> Result<Self, AddressError> {
+        if input == "stdio" || input == "-" || input.eq_ignore_ascii_case("stdio") {
+            return Ok(Address::Stdio);
+        }
+        let (kind, parts) = Parts::split(input)?;
+        match kind.as_str() {
+            "vsock-listen" => vsock_listen(&parts),
+            "vsock-connect" => vsock_connect(&parts),
+            "tcp-listen" => tcp_listen(&parts),
+            "tcp" | "tcp-connect" => tcp_connect(&parts),
             "unix-listen" => {
-                no_opts("unix-listen")?;
+                parts.no_opts("unix-listen")?;
                 Ok(Address::UnixListen {
-                    path: unix_path(input, main)?,
+                    path: unix_path(input, parts.main)?,
                 })
             }
             "unix" | "unix-connect" => {
-                no_opts("unix")?;
+                parts.no_opts("unix")?;
                 Ok(Address::Unix {
-                    path: unix_path(input, main)?,
+                    path: unix_path(input, parts.main)?,
                 })
             }
-            "hybrid" => {
-                no_opts("hybrid")?;
-                let Some((p, port)) = main.rsplit_once(':') else {
-                    return Err(err(input, "expected hybrid:PATH:PORT"));
-                };
-                Ok(Address::Hybrid {
-                    path: unix_path(input, p)?,
-                    port: vsock_port(input, port)?,
-                })
-            }
-            "hybrid-listen" => {
-                no_opts("hybrid-listen")?;
-                // hybrid-listen:PATH:PORT listens on PATH_PORT, as the VMM expects;
-                // hybrid-listen:PATH uses PATH as given.
-                let path = match main.rsplit_once(':') {
-                    Some((p, port))
-                        if !port.is_empty() && port.bytes().all(|b| b.is_ascii_digit()) =>
-                    {
-                        let port = vsock_port(input, port)?;
-                        format!("{p}_{port}")
-                    }
-                    _ => main.to_string(),
-                };
-                Ok(Address::HybridListen {
-                    path: unix_path(input, &path)?,
-                })
-            }
+            "hybrid" => hybrid_connect(&parts),
+            "hybrid-listen" => hybrid_listen(&parts),
             other => Err(err(
                 input,
                 format!("unknown address type {other:?}: expected one of {FORMS}"),
             )),
         }
     }
+}
+
+/// `vsock-listen:PORT[,cid=CID]`
+fn vsock_listen(a: &Parts) -> Result<Address, AddressError> {
+    let port = vsock_port(a.input, a.main)?;
+    let mut c = None;
+    for o in &a.options {
+        match o.split_once('=') {
+            Some(("cid", v)) => c = Some(cid(a.input, v)?),
+            _ => return Err(a.err(format!("unknown option {o:?}: vsock-listen takes cid=CID"))),
+        }
+    }
+    Ok(Address::VsockListen { port, cid: c })
+}
+
+/// `vsock-connect:CID:PORT[,to-host]`
+fn vsock_connect(a: &Parts) -> Result<Address, AddressError> {
+    let Some((c, p)) = a.main.split_once(':') else {
+        return Err(a.err("expected vsock-connect:CID:PORT"));
+    };
+    let mut to_host = false;
+    for &o in &a.options {
+        match o {
+            "to-host" => to_host = true,
+            _ => return Err(a.err(format!("unknown option {o:?}: vsock-connect takes to-host"))),
+        }
+    }
+    Ok(Address::VsockConnect {
+        cid: cid(a.input, c)?,
+        port: vsock_port(a.input, p)?,
+        to_host,
+    })
+}
+
+/// `tcp-listen:PORT[,bind=ADDR]`
+fn tcp_listen(a: &Parts) -> Result<Address, AddressError> {
+    let port = tcp_port(a.input, a.main)?;
+    let mut bind = None;
+    for o in &a.options {
+        match o.split_once('=') {
+            Some(("bind", v)) => {
+                bind = Some(
+                    v.trim_matches(|c| c == '[' || c == ']')
+                        .parse()
+                        .map_err(|_| a.err(format!("bind address {v:?} is not an IP address")))?,
+                )
+            }
+            _ => return Err(a.err(format!("unknown option {o:?}: tcp-listen takes bind=ADDR"))),
+        }
+    }
+    Ok(Address::TcpListen { port, bind })
+}
+
+/// `tcp:HOST:PORT` (`[v6]` brackets allowed)
+fn tcp_connect(a: &Parts) -> Result<Address, AddressError> {
+    a.no_opts("tcp")?;
+    let Some((h, p)) = a.main.rsplit_once(':') else {
+        return Err(a.err("expected tcp:HOST:PORT"));
+    };
+    let host = h.trim_start_matches('[').trim_end_matches(']');
+    if host.is_empty() {
+        return Err(a.err("empty host in tcp:HOST:PORT"));
+    }
+    Ok(Address::Tcp {
+        host: host.to_string(),
+        port: tcp_port(a.input, p)?,
+    })
+}
+
+/// `hybrid:PATH:PORT`
+fn hybrid_connect(a: &Parts) -> Result<Address, AddressError> {
+    a.no_opts("hybrid")?;
+    let Some((p, port)) = a.main.rsplit_once(':') else {
+        return Err(a.err("expected hybrid:PATH:PORT"));
+    };
+    Ok(Address::Hybrid {
+        path: unix_path(a.input, p)?,
+        port: vsock_port(a.input, port)?,
+    })
+}
+
+/// `hybrid-listen:PATH[:PORT]`
+fn hybrid_listen(a: &Parts) -> Result<Address, AddressError> {
+    a.no_opts("hybrid-listen")?;
+    // hybrid-listen:PATH:PORT listens on PATH_PORT, as the VMM expects;
+    // hybrid-listen:PATH uses PATH as given.
+    let path = match a.main.rsplit_once(':') {
+        Some((p, port)) if !port.is_empty() && port.bytes().all(|b| b.is_ascii_digit()) => {
+            let port = vsock_port(a.input, port)?;
+            format!("{p}_{port}")
+        }
+        _ => a.main.to_string(),
+    };
+    Ok(Address::HybridListen {
+        path: unix_path(a.input, &path)?,
+    })
 }
 
 impl Address {

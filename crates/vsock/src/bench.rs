@@ -71,7 +71,7 @@ fn read_some(fd: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<usize> {
 }
 
 /// Serves one connection: counts bytes until EOF, answers with the count.
-pub fn serve_one(c: &Conn, buffer: usize) -> io::Result<u64> {
+pub(crate) fn serve_one(c: &Conn, buffer: usize) -> io::Result<u64> {
     let mut buf = vec![0u8; buffer];
     let mut total = 0u64;
     loop {

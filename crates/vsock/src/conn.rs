@@ -1,12 +1,14 @@
 //! Opening addresses as plain file descriptors: listeners, connected sockets, stdio.
 
 use std::io;
-use std::net::{TcpListener, TcpStream};
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::net::{Shutdown, TcpListener, TcpStream};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
+
+use socket2::SockRef;
 
 use crate::addr::Address;
 use crate::hybrid::{self, HybridError};
@@ -47,57 +49,48 @@ fn io_err<'a>(addr: &'a Address, op: &'static str) -> impl FnOnce(io::Error) -> 
 /// One connected end of a relay: a socket, or stdin+stdout.
 #[derive(Debug)]
 pub struct Conn {
+    /// The socket, or a duplicate of stdin.
     read: OwnedFd,
-    /// For sockets, the same socket as `read` (a dup); for stdio, stdout.
-    write: RawFd,
-    _write_owner: Option<OwnedFd>,
-    is_socket: bool,
+    out: Output,
     write_closed: AtomicBool,
     pub label: String,
 }
 
+/// Where a [`Conn`]'s data is written.
+#[derive(Debug)]
+enum Output {
+    /// The socket in `read` (one descriptor both ways).
+    Socket,
+    /// The process's stdout (fd 1), borrowed from std's handle: it stays open for the
+    /// process's lifetime ([`Conn::shutdown_write`] points it at /dev/null instead of closing
+    /// it, so the number is never reused under a borrow).
+    Stdout(io::Stdout),
+}
+
 impl Conn {
     pub fn from_socket(fd: OwnedFd, label: String) -> Self {
-        let write = fd.as_raw_fd();
         Self {
             read: fd,
-            write,
-            _write_owner: None,
-            is_socket: true,
+            out: Output::Socket,
             write_closed: AtomicBool::new(false),
             label,
         }
     }
 
-    /// Standard input and output. The relay closes stdout when the other side's data ends.
+    /// Standard input and output. The relay ends stdout when the other side's data ends.
     pub fn stdio() -> io::Result<Self> {
-        // SAFETY: fcntl(F_DUPFD_CLOEXEC) on fd 0 returns a new descriptor we own, or -1.
-        let r = unsafe { libc::fcntl(0, libc::F_DUPFD_CLOEXEC, 3) };
-        if r < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // SAFETY: r is a fresh descriptor owned by nobody else.
-        let read = unsafe { OwnedFd::from_raw_fd(r) };
+        // F_DUPFD_CLOEXEC: a descriptor of our own, 3 or above, closed on exec.
+        let read = io::stdin().as_fd().try_clone_to_owned()?;
         Ok(Self {
             read,
-            write: 1,
-            _write_owner: None,
-            is_socket: false,
+            out: Output::Stdout(io::stdout()),
             write_closed: AtomicBool::new(false),
             label: "stdio".into(),
         })
     }
 
-    pub fn read_fd(&self) -> RawFd {
-        self.read.as_raw_fd()
-    }
-
-    pub fn write_fd(&self) -> RawFd {
-        self.write
-    }
-
     pub fn is_socket(&self) -> bool {
-        self.is_socket
+        matches!(self.out, Output::Socket)
     }
 
     /// The descriptor data is read from, borrowed from this Conn.
@@ -105,43 +98,38 @@ impl Conn {
         self.read.as_fd()
     }
 
-    /// The descriptor data is written to, borrowed from this Conn. Not for use after
-    /// [`Conn::shutdown_write`] (which closes stdout for stdio).
+    /// The descriptor data is written to, borrowed from this Conn. Writes after
+    /// [`Conn::shutdown_write`] fail (EPIPE on a socket) or, for stdio, go to /dev/null.
     pub fn writer(&self) -> BorrowedFd<'_> {
-        // SAFETY: `write` is `read`'s own socket (owned by this Conn, so open for the borrow's
-        // lifetime) or stdout, which stays open until shutdown_write, after the relay's last
-        // write.
-        unsafe { BorrowedFd::borrow_raw(self.write) }
+        match &self.out {
+            Output::Socket => self.read.as_fd(),
+            Output::Stdout(s) => s.as_fd(),
+        }
     }
 
-    /// Signals end of data to the peer: shutdown(SHUT_WR) for a socket, close(stdout) for stdio.
+    /// Signals end of data to the peer: shutdown(SHUT_WR) for a socket; for stdio, stdout's
+    /// pipe or file is let go (fd 1 is pointed at /dev/null), so its reader sees the end.
     pub fn shutdown_write(&self) -> io::Result<()> {
         if self.write_closed.swap(true, Ordering::SeqCst) {
             return Ok(());
         }
-        // SAFETY: write is a live descriptor of this Conn (a socket we own, or stdout, which
-        // the relay owns from here on and never uses again after this close).
-        let r = unsafe {
-            if self.is_socket {
-                libc::shutdown(self.write, libc::SHUT_WR)
-            } else {
-                libc::close(self.write)
-            }
-        };
-        if r < 0 {
-            let e = io::Error::last_os_error();
-            if e.raw_os_error() != Some(libc::ENOTCONN) {
-                return Err(e);
+        match &self.out {
+            Output::Socket => match SockRef::from(&self.read).shutdown(Shutdown::Write) {
+                Err(e) if e.raw_os_error() == Some(libc::ENOTCONN) => Ok(()),
+                r => r,
+            },
+            Output::Stdout(_) => {
+                let null = std::fs::OpenOptions::new().write(true).open("/dev/null")?;
+                nix::unistd::dup2_stdout(&null).map_err(io::Error::from)
             }
         }
-        Ok(())
     }
 
     /// Tears both directions down (after an error), so a blocked reader on the other side ends.
     pub fn abort(&self) {
-        if self.is_socket {
-            // SAFETY: shutdown on our own live socket; errors are irrelevant here.
-            unsafe { libc::shutdown(self.read.as_raw_fd(), libc::SHUT_RDWR) };
+        if self.is_socket() {
+            // Errors are irrelevant here: the connection is being given up.
+            let _ = SockRef::from(&self.read).shutdown(Shutdown::Both);
         }
     }
 }
@@ -287,7 +275,7 @@ pub fn unix_connect(path: &Path, timeout: Option<Duration>) -> io::Result<UnixSt
 
 /// Connects to a hybrid vsock VMM socket at `path` and performs `CONNECT port`, the connect
 /// and the reply together within `timeout`. Returns the stream, ready for data.
-pub fn hybrid_connect(
+pub(crate) fn hybrid_connect(
     path: &Path,
     port: u32,
     timeout: Option<Duration>,

@@ -7,11 +7,13 @@
 //! - [`bench`]  — iperf-vsock-like throughput client and server on any stream address.
 //! - [`nsmode`] — Linux 7.0 vsock namespace modes: show, create the safe way.
 //! - [`hybrid`] — the host side of the hybrid vsock handshake (`CONNECT PORT\n` / `OK n\n`).
-//! - [`conn`]   — opening addresses: listeners, connections, stdio, as plain file descriptors.
+//! - [`conn`]   — opening addresses: listeners, connections, stdio, as owned file descriptors.
 //! - [`relay`]  — moving bytes both ways with half-close, splice where the kernel allows it.
 //! - [`size`]   — byte sizes such as `256K`, `4MiB`, durations such as `10s`, `500ms`.
 //! - [`unixsock`] — UNIX listeners: stale socket files replaced, live ones refused, removal
 //!   on exit (relay and bridge).
+
+#![forbid(unsafe_code)]
 
 pub mod addr;
 pub mod bench;

@@ -516,7 +516,7 @@ pub fn run(
 }
 
 /// An error with its causes, `a: b: c`.
-pub fn error_chain(e: &dyn std::error::Error) -> String {
+pub(crate) fn error_chain(e: &dyn std::error::Error) -> String {
     let mut s = e.to_string();
     let mut cur = e.source();
     while let Some(c) = cur {
