@@ -24,15 +24,13 @@ fuzz_target!(|data: &[u8]| {
             let _ = e.to_string();
         }
     }
-    match bridge::parse_ports(s) {
+    match nsfast_sys::ports::parse_list("--ports", s, 1, bridge::MAX_VALUE, Some(bridge::MAX_PORTS)) {
         Ok(v) => {
             assert!(!v.is_empty() && v.len() <= bridge::MAX_PORTS, "{}", v.len());
             assert!(v.windows(2).all(|w| w[0] < w[1]), "sorted and distinct");
             assert!(v.iter().all(|&p| (1..=bridge::MAX_VALUE).contains(&p)));
         }
-        Err(e) => {
-            let _ = e.to_string();
-        }
+        Err(e) => assert_eq!(e.flag(), "--ports"),
     }
     if let Ok(g) = bridge::parse_group(s) {
         assert!(g

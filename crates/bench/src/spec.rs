@@ -1,5 +1,6 @@
 //! What to run: workloads, placements, topology names and the run configuration, each parsed
-//! with an error that names the bad value and lists the valid ones.
+//! with an error that names the bad value and lists the valid ones. Sizes, durations and
+//! counts are parsed by the shared parsers (`nsfast_sys::args`) as typed clap values.
 
 use std::fmt;
 use std::path::PathBuf;
@@ -8,6 +9,23 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use crate::BenchError;
+
+/// The one of `all` whose `name` is `s`; the error names `flag`, `s` and the valid names.
+fn by_name<T: Copy>(
+    flag: &'static str,
+    s: &str,
+    all: &[T],
+    name: fn(T) -> &'static str,
+) -> Result<T, BenchError> {
+    all.iter()
+        .copied()
+        .find(|&v| name(v) == s)
+        .ok_or_else(|| BenchError::BadArg {
+            flag,
+            value: s.into(),
+            valid: all.iter().map(|&v| name(v)).collect::<Vec<_>>().join(", "),
+        })
+}
 
 /// A load pattern of the built-in load generator.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
@@ -71,14 +89,7 @@ impl Workload {
     }
 
     pub fn parse(s: &str) -> Result<Self, BenchError> {
-        Self::ALL
-            .into_iter()
-            .find(|w| w.name() == s)
-            .ok_or_else(|| BenchError::BadArg {
-                flag: "--workloads",
-                value: s.into(),
-                valid: Self::ALL.map(|w| w.name()).join(", "),
-            })
+        by_name("--workloads", s, &Self::ALL, Self::name)
     }
 }
 
@@ -112,14 +123,7 @@ impl Placement {
     }
 
     pub fn parse(s: &str) -> Result<Self, BenchError> {
-        Self::ALL
-            .into_iter()
-            .find(|p| p.name() == s)
-            .ok_or_else(|| BenchError::BadArg {
-                flag: "--placement",
-                value: s.into(),
-                valid: Self::ALL.map(|p| p.name()).join(", "),
-            })
+        by_name("--placement", s, &Self::ALL, Self::name)
     }
 
     /// (client CPU, server CPU) chosen from the CPUs this process may use; `None` is unpinned.
@@ -140,32 +144,6 @@ impl fmt::Display for Placement {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.name())
     }
-}
-
-/// Splits a comma-separated list and parses each element.
-pub fn parse_list<T>(
-    flag: &'static str,
-    s: &str,
-    parse: impl Fn(&str) -> Result<T, BenchError>,
-) -> Result<Vec<T>, BenchError>
-where
-    T: PartialEq,
-{
-    let mut out = Vec::new();
-    for part in s.split(',') {
-        let part = part.trim();
-        if part.is_empty() {
-            return Err(BenchError::EmptyList {
-                flag,
-                value: s.into(),
-            });
-        }
-        let v = parse(part)?;
-        if !out.contains(&v) {
-            out.push(v);
-        }
-    }
-    Ok(out)
 }
 
 /// Message sizes and other per-workload knobs.
@@ -234,63 +212,6 @@ pub struct Config {
     pub quick: bool,
 }
 
-/// Parses a positive number of seconds (`0.5`, `2`), naming the flag on error.
-pub fn parse_seconds(
-    flag: &'static str,
-    s: &str,
-    allow_zero: bool,
-) -> Result<Duration, BenchError> {
-    let bad = || BenchError::BadArg {
-        flag,
-        value: s.into(),
-        valid: if allow_zero {
-            "a number of seconds from 0 to 3600, such as 0.5".into()
-        } else {
-            "a number of seconds above 0 and at most 3600, such as 0.5".into()
-        },
-    };
-    let v: f64 = s.trim().parse().map_err(|_| bad())?;
-    if !v.is_finite() || v < 0.0 || (v == 0.0 && !allow_zero) || v > 3600.0 {
-        return Err(bad());
-    }
-    Ok(Duration::from_secs_f64(v))
-}
-
-/// Parses a count of at least 1.
-pub fn parse_count(flag: &'static str, s: &str, max: u32) -> Result<u32, BenchError> {
-    match s.trim().parse::<u32>() {
-        Ok(v) if (1..=max).contains(&v) => Ok(v),
-        _ => Err(BenchError::BadArg {
-            flag,
-            value: s.into(),
-            valid: format!("a whole number from 1 to {max}"),
-        }),
-    }
-}
-
-/// Parses a size in bytes (1..=max); `k`/`m` suffixes mean KiB/MiB.
-pub fn parse_size(flag: &'static str, s: &str, max: u32) -> Result<u32, BenchError> {
-    let bad = || BenchError::BadArg {
-        flag,
-        value: s.into(),
-        valid: format!("a size of 1-{max} bytes (suffix k or m for KiB/MiB)"),
-    };
-    let t = s.trim().to_ascii_lowercase();
-    let (num, mult) = if let Some(n) = t.strip_suffix('k') {
-        (n, 1024u64)
-    } else if let Some(n) = t.strip_suffix('m') {
-        (n, 1024 * 1024)
-    } else {
-        (t.as_str(), 1)
-    };
-    let v: u64 = num.parse().map_err(|_| bad())?;
-    let v = v.checked_mul(mult).ok_or_else(bad)?;
-    if v == 0 || v > u64::from(max) {
-        return Err(bad());
-    }
-    Ok(v as u32)
-}
-
 mod secs {
     use serde::Serializer;
     use std::time::Duration;
@@ -313,16 +234,6 @@ mod tests {
             "{e}"
         );
         assert_eq!(
-            parse_list(
-                "--placement",
-                "same-cpu,cross-cpu,same-cpu",
-                Placement::parse
-            )
-            .unwrap(),
-            vec![Placement::SameCpu, Placement::CrossCpu]
-        );
-        assert!(parse_list("--workloads", "rr,,crr", Workload::parse).is_err());
-        assert_eq!(
             Placement::SameCpu.cpus(&[3, 5]).unwrap(),
             (Some(3), Some(3))
         );
@@ -335,30 +246,15 @@ mod tests {
     }
 
     #[test]
-    fn parses_numbers_with_clear_errors() {
-        assert_eq!(
-            parse_seconds("--duration", "0.5", false).unwrap(),
-            Duration::from_millis(500)
-        );
-        assert!(parse_seconds("--duration", "0", false).is_err());
-        assert!(parse_seconds("--warmup", "0", true).is_ok());
-        let e = parse_seconds("--duration", "-1", false)
-            .unwrap_err()
-            .to_string();
-        assert!(e.contains("--duration") && e.contains("\"-1\""), "{e}");
-        assert!(parse_count("--rounds", "0", 1000).is_err());
-        assert_eq!(parse_count("--rounds", "3", 1000).unwrap(), 3);
-        assert_eq!(
-            parse_size("--stream-size", "128k", MAX_MESSAGE).unwrap(),
-            131072
-        );
-        let e = parse_size("--request-size", "-5", MAX_MESSAGE)
-            .unwrap_err()
-            .to_string();
-        assert!(e.contains("--request-size") && e.contains("\"-5\""), "{e}");
-        assert!(parse_size("--udp-size", "70000", MAX_DATAGRAM).is_err());
+    fn sizes_are_validated() {
+        assert!(Sizes::default().validate().is_ok());
         let s = Sizes {
             datagram: 0,
+            ..Sizes::default()
+        };
+        assert!(s.validate().is_err());
+        let s = Sizes {
+            stream_write: MAX_MESSAGE + 1,
             ..Sizes::default()
         };
         assert!(s.validate().is_err());

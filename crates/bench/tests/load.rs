@@ -10,16 +10,10 @@ use std::time::{Duration, Instant};
 
 use nsfast_bench::load::{run_client, serve, ClientResult, Listener, LoadError, ServerCounts};
 use nsfast_bench::spec::{Sizes, Workload};
+use nsfast_lab::require_root;
 use nsfast_sys::netns::NetNs;
 
 const DUR: Duration = Duration::from_millis(300);
-
-fn require_root() {
-    assert!(
-        nix::unistd::geteuid().is_root(),
-        "these tests create network namespaces and cgroups: run them as root"
-    );
-}
 
 /// A throwaway namespace, deleted on drop (also when the test panics).
 fn netns(tag: &str) -> NetNs {

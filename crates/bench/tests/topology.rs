@@ -12,6 +12,7 @@ use nsfast_bench::proc::Launcher;
 use nsfast_bench::runner::{Runner, Sample};
 use nsfast_bench::spec::{Config, Placement, Sizes, Workload};
 use nsfast_bench::topology::{registry, BuildCtx, Built, RunCgroup};
+use nsfast_lab::require_root;
 
 /// Topologies built from the vpnrelay test world (tested on their own: they start tenant
 /// processes, and the relay binary has to be built first).
@@ -24,13 +25,6 @@ static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 fn serial() -> std::sync::MutexGuard<'static, ()> {
     SERIAL.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-fn require_root() {
-    assert!(
-        nix::unistd::geteuid().is_root(),
-        "these tests create network namespaces and cgroups: run them as root"
-    );
 }
 
 fn leftovers(prefix: &str) -> Vec<String> {

@@ -205,8 +205,9 @@ pub fn open_log_file(path: &Path) -> Result<File, CniError> {
     Ok(file)
 }
 
-/// Sets up logging for one invocation: stderr at `RUST_LOG` (else `logLevel`, else warn)
-/// and, with `logFile`, that file at `logLevel` (default info), without colour.
+/// Sets up logging for one invocation: stderr at `RUST_LOG` (else `logLevel`, else warn),
+/// through the shared stderr layer ([`nsfast_sys::logging`]), and, with `logFile`, that file
+/// at `logLevel` (default info), without colour.
 pub fn init(s: &Settings) -> Result<(), CniError> {
     use tracing_subscriber::layer::SubscriberExt;
     use tracing_subscriber::util::SubscriberInitExt;
@@ -214,11 +215,7 @@ pub fn init(s: &Settings) -> Result<(), CniError> {
     let stderr_filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| {
         EnvFilter::default().add_directive(s.level.unwrap_or(Level::Warn).filter().into())
     });
-    let stderr = tracing_subscriber::fmt::layer()
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .with_target(false)
-        .with_filter(stderr_filter);
+    let stderr = nsfast_sys::logging::stderr_layer(stderr_filter);
     let file = match &s.file {
         Some(p) => Some(
             tracing_subscriber::fmt::layer()

@@ -22,14 +22,11 @@ pub fn pod_name(network: &str, container_id: &str, ifname: &str) -> String {
 
 fn pod_err(code: u32, what: &str) -> impl FnOnce(PodError) -> CniError + '_ {
     move |e| {
-        let mut chain = e.to_string();
-        let mut src = std::error::Error::source(&e);
-        while let Some(s) = src {
-            chain.push_str(": ");
-            chain.push_str(&s.to_string());
-            src = s.source();
-        }
-        CniError::new(code, format!("{what}: {e}"), chain)
+        CniError::new(
+            code,
+            format!("{what}: {e}"),
+            nsfast_sys::report::error_chain(&e),
+        )
     }
 }
 
@@ -133,11 +130,11 @@ fn ids<'a>(env: &'a Env) -> Result<Ids<'a>, CniError> {
         ));
     }
     let ifname = env.need("CNI_IFNAME", &env.ifname)?;
-    if ifname.is_empty() || ifname.len() > 15 || ifname.contains('/') || ifname.contains(' ') {
+    if let Err(e) = nsfast_sys::args::ifname::check("CNI_IFNAME", ifname) {
         return Err(CniError::new(
             code::INVALID_ENV,
             format!("invalid CNI_IFNAME {ifname:?}"),
-            "expected 1-15 characters without '/' or spaces",
+            e.reason,
         ));
     }
     Ok(Ids { container, ifname })
@@ -488,6 +485,27 @@ mod tests {
         assert!(!valid_container_id("-a"));
         assert!(!valid_container_id("a/b"));
         assert!(!valid_container_id(""));
+    }
+
+    #[test]
+    fn ifnames_follow_the_shared_rule() {
+        let env = |ifname: &str| Env {
+            command: Some("DEL".into()),
+            container_id: Some("c1".into()),
+            ifname: Some(ifname.into()),
+            ..Default::default()
+        };
+        for ok in ["eth0", "net1", "eth0.100"] {
+            assert!(ids(&env(ok)).is_ok(), "{ok}");
+        }
+        // ':' and a tab passed the old check; the kernel refuses both.
+        for bad in ["eth:0", "a\tb", "a b", "a/b", "..", "sixteen-chars-xx"] {
+            let e = ids(&env(bad))
+                .err()
+                .unwrap_or_else(|| panic!("{bad:?} accepted"));
+            assert_eq!(e.code, code::INVALID_ENV, "{bad:?}");
+            assert!(e.msg.contains(&format!("{bad:?}")), "{}", e.msg);
+        }
     }
 
     #[test]

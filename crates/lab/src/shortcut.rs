@@ -18,16 +18,8 @@ pub fn attach(cgroup_dir: &Path) -> Result<(Box<dyn Any>, String), String> {
         ports: None,
         exclude_ports: None,
     };
-    let sc = nsfast_sockmap::Shortcut::attach(&opts).map_err(|e| {
-        let mut s = e.to_string();
-        let mut cur = std::error::Error::source(&e);
-        while let Some(c) = cur {
-            s.push_str(": ");
-            s.push_str(&c.to_string());
-            cur = c.source();
-        }
-        s
-    })?;
+    let sc =
+        nsfast_sockmap::Shortcut::attach(&opts).map_err(|e| nsfast_sys::report::error_chain(&e))?;
     let note = format!(
         "sockmap shortcut attached to {}",
         sc.cgroup_path().display()

@@ -5,7 +5,9 @@
 //! - [`cgroup`]  — find the cgroup2 mount, create/remove cgroups, move processes, cgroup ids.
 //! - [`net`]     — rtnetlink through a handle bound to one namespace ([`netns::NetNs::netlink`]),
 //!   split by concern: links (veth, netkit pairs, probe), addresses/routes, rules, tc, neighbours.
-//! - [`ports`]   — parse and validate port lists such as `80,443,8000-8100`.
+//! - [`args`]    — one parser each for sizes, durations, interface names (and [`ports`]:
+//!   port lists such as `80,443,8000-8100`), used by every CLI and config reader.
+//! - [`report`]  — an error with its causes on one line; [`logging`] — the one log setup.
 //! - [`kernel`]  — running kernel version, cached.
 //! - [`bpf`]     — raw `bpf(2)` calls aya 0.14 does not expose (program query on a cgroup,
 //!   netkit `BPF_LINK_CREATE`, object pin).
@@ -23,11 +25,13 @@
 //!
 //! All `unsafe` in nsfast's plumbing lives in this crate, each block with a `// SAFETY:` note.
 
+pub mod args;
 pub mod bpf;
 pub mod cgroup;
 pub mod child;
 pub mod conntrack;
 pub mod kernel;
+pub mod logging;
 pub mod net;
 pub mod netns;
 pub mod out;
@@ -35,6 +39,7 @@ pub mod pidfd;
 pub mod ports;
 pub mod probe;
 pub mod procstat;
+pub mod report;
 pub mod sched;
 pub mod signals;
 pub mod systemd;

@@ -245,13 +245,7 @@ fn probe_netkit() -> Feature {
             format!("cannot test: creating a throwaway network namespace failed: {e} (needs root)"),
         ),
         Err(e) => {
-            let mut why = e.to_string();
-            let mut cur = std::error::Error::source(&e);
-            while let Some(c) = cur {
-                why.push_str(": ");
-                why.push_str(&c.to_string());
-                cur = c.source();
-            }
+            let why = crate::report::error_chain(&e);
             no(
                 NAME,
                 format!("the kernel refused to create a netkit pair in a throwaway network namespace: {why}"),

@@ -49,7 +49,7 @@ enum Command {
 }
 
 fn main() -> ExitCode {
-    init_logging();
+    nsfast_sys::logging::init("info");
     let cli = match Cli::from_arg_matches(&Cli::command().get_matches()) {
         Ok(c) => c,
         Err(e) => e.exit(),
@@ -73,22 +73,6 @@ fn main() -> ExitCode {
             nsfast_sys::out::errln(&format!("nsfast: error: {e:#}"));
             ExitCode::FAILURE
         }
-    }
-}
-
-fn init_logging() {
-    use tracing_subscriber::EnvFilter;
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
-    let fmt = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_target(false);
-    // Under systemd the journal adds the timestamp and shows no colour.
-    if nsfast_sys::systemd::stderr_is_journal() {
-        fmt.with_ansi(false).without_time().init();
-    } else {
-        fmt.with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-            .init();
     }
 }
 

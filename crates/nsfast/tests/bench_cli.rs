@@ -1,18 +1,12 @@
 //! `nsfast bench` end to end: bad arguments, a tiny real run (JSON + SVG), and SIGINT in the
 //! middle of a run leaving nothing behind. The real runs need root; they fail without it.
 
+use nsfast_lab::require_root;
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 const EXE: &str = env!("CARGO_BIN_EXE_nsfast");
-
-fn require_root() {
-    assert!(
-        nix::unistd::geteuid().is_root(),
-        "these tests create network namespaces and cgroups: run them as root"
-    );
-}
 
 fn leftovers(pid: u32) -> Vec<String> {
     let prefix = format!("nsfb-{pid}");
@@ -38,44 +32,29 @@ fn bench(args: &[&str]) -> std::process::Output {
     Command::new(EXE).arg("bench").args(args).output().unwrap()
 }
 
+/// Bad values are clap errors (exit 2) naming the option and the value, on one line, plus
+/// clap's hint.
 #[test]
 fn bad_arguments_give_one_clear_error() {
-    for (args, want) in [
-        (
-            vec!["--topologies", "host,vxlan"],
-            "invalid value \"vxlan\" for --topologies",
-        ),
-        (vec!["--rounds", "0"], "invalid value \"0\" for --rounds"),
-        (
-            vec!["--request-size", "-5"],
-            "invalid value \"-5\" for --request-size",
-        ),
-        (
-            vec!["--udp-size", "-1"],
-            "invalid value \"-1\" for --udp-size",
-        ),
-        (
-            vec!["--duration", "0"],
-            "invalid value \"0\" for --duration",
-        ),
-        (
-            vec!["--workloads", "tcp_rr"],
-            "invalid value \"tcp_rr\" for --workloads",
-        ),
-        (
-            vec!["--placement", "numa"],
-            "invalid value \"numa\" for --placement",
-        ),
+    for (flag, value, bad, meta) in [
+        ("--topologies", "host,vxlan", "vxlan", "LIST"),
+        ("--rounds", "0", "0", "N"),
+        ("--request-size", "-5", "-5", "SIZE"),
+        ("--udp-size", "-1", "-1", "SIZE"),
+        ("--stream-size", "12Q", "12Q", "SIZE"),
+        ("--duration", "0", "0", "DURATION"),
+        ("--workloads", "tcp_rr", "tcp_rr", "LIST"),
+        ("--placement", "numa", "numa", "LIST"),
     ] {
+        let args = [flag, value];
+        let want = format!("error: invalid value '{bad}' for '{flag} <{meta}>'");
         let out = bench(&args);
         let err = String::from_utf8_lossy(&out.stderr);
-        assert!(!out.status.success(), "{args:?} succeeded");
-        assert!(err.contains(want), "{args:?}: {err}");
-        assert_eq!(
-            err.trim().lines().count(),
-            1,
-            "{args:?}: one line expected: {err}"
-        );
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        let lines: Vec<&str> = err.lines().filter(|l| !l.trim().is_empty()).collect();
+        assert_eq!(lines.len(), 2, "{args:?}: one error line expected: {err}");
+        assert!(lines[0].starts_with(&want), "{args:?}: {err}");
+        assert_eq!(lines[1], "For more information, try '--help'.", "{err}");
     }
 }
 

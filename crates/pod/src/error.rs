@@ -14,7 +14,7 @@ pub enum PodError {
     #[error("invalid --mode {0:?}: expected netkit, netkit-l2, veth or auto")]
     BadMode(String),
     /// Bad interface name.
-    #[error("invalid interface name {0:?}: use 1-15 characters, no '/' or whitespace")]
+    #[error("invalid interface name {0:?}: must be 1-15 characters from A-Z a-z 0-9 _ . - and not \".\" or \"..\"")]
     BadIfName(String),
     /// Netkit requested on a kernel without it.
     #[error("kernel {0} lacks netkit (needs Linux >= 6.7 with CONFIG_NETKIT): use --mode veth or --mode auto; nothing was changed")]

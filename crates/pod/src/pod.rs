@@ -140,14 +140,9 @@ pub fn valid_pod_name(name: &str) -> bool {
             .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
 }
 
+/// The one interface-name rule, [`nsfast_sys::args::ifname`].
 fn valid_ifname(name: &str) -> bool {
-    !name.is_empty()
-        && name.len() <= 15
-        && name != "."
-        && name != ".."
-        && !name
-            .chars()
-            .any(|c| c == '/' || c == ':' || c.is_whitespace())
+    nsfast_sys::args::ifname::check("--ifname", name).is_ok()
 }
 
 /// FNV-1a, for short stable device names.

@@ -7,19 +7,8 @@ use std::net::{IpAddr, SocketAddr};
 use aya::maps::{Array, HashMap as BpfHashMap, MapData};
 use aya::programs::{SchedClassifier, TestRun, TestRunOptions};
 use aya::Ebpf;
+use nsfast_lab::require_root;
 use nsfast_sockmap::abi::{self, expected_key, ip4_word, ip6_words, Config, ConnView, PairKey};
-
-fn require_root() {
-    assert!(
-        nix_is_root(),
-        "this test needs root (BPF_PROG_TEST_RUN); run `make test` as root"
-    );
-}
-
-fn nix_is_root() -> bool {
-    // SAFETY: geteuid has no preconditions and cannot fail.
-    unsafe { libc::geteuid() == 0 }
-}
 
 struct Harness {
     ebpf: Ebpf,

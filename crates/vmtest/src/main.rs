@@ -157,15 +157,7 @@ impl CommonArgs {
 }
 
 fn main() -> ExitCode {
-    use tracing_subscriber::EnvFilter;
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
-        )
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .with_target(false)
-        .init();
+    nsfast_sys::logging::init("info");
     let cli = Cli::parse();
     let r = match cli.command {
         Cmd::Run(a) => run(a),

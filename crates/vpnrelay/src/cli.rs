@@ -5,7 +5,9 @@ use std::process::ExitCode;
 
 use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 
-use crate::config::Config;
+use nsfast_sys::args::{duration, size};
+
+use crate::config::{self, Config};
 
 #[derive(Parser, Debug)]
 #[command(
@@ -63,11 +65,14 @@ struct Target {
     #[arg(long, env = "VPNRELAY_RULE", value_name = "N")]
     rule: Option<String>,
     /// Socket buffer request per socket: bytes, or with K/M/G (4096 to 1G) [default: 16M].
-    #[arg(long, env = "VPNRELAY_SOCKBUF", value_name = "SIZE")]
-    sockbuf: Option<String>,
-    /// Seconds without traffic before a flow is closed (1-86400) [default: 180].
-    #[arg(long, env = "VPNRELAY_IDLE_TIMEOUT", value_name = "SECS")]
-    idle_timeout: Option<String>,
+    #[arg(long, env = "VPNRELAY_SOCKBUF", value_name = "SIZE",
+          value_parser = size::arg("--sockbuf", config::MIN_SOCKBUF, config::MAX_SOCKBUF))]
+    sockbuf: Option<u64>,
+    /// Time without traffic before a flow is closed: seconds, or with a unit such as 3m
+    /// (1s to 24h) [default: 180].
+    #[arg(long, env = "VPNRELAY_IDLE_TIMEOUT", value_name = "DURATION",
+          value_parser = duration::arg_in("--idle-timeout", config::MIN_IDLE, config::MAX_IDLE))]
+    idle_timeout: Option<std::time::Duration>,
     /// No UDP GRO on receive (single datagrams); in the variable 0, false, no, off or empty
     /// mean off, anything else on.
     #[arg(long, env = "VPNRELAY_NO_GRO", value_parser = clap::builder::FalseyValueParser::new())]
@@ -97,10 +102,13 @@ impl Target {
             }
         };
         set("VPNRELAY_RULE", self.rule.clone().map(Into::into));
-        set("VPNRELAY_SOCKBUF", self.sockbuf.clone().map(Into::into));
+        set(
+            "VPNRELAY_SOCKBUF",
+            self.sockbuf.map(|v| size::format(v).into()),
+        );
         set(
             "VPNRELAY_IDLE_TIMEOUT",
-            self.idle_timeout.clone().map(Into::into),
+            self.idle_timeout.map(|d| duration::format(d).into()),
         );
         set(
             "VPNRELAY_NO_GRO",
@@ -165,22 +173,6 @@ e.g. `sudo -u USER XDG_RUNTIME_DIR=/run/user/UID vpnrelay ...`, a systemd user u
     })
 }
 
-fn init_logging() {
-    use tracing_subscriber::EnvFilter;
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
-    let fmt = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_target(false);
-    // Under systemd the journal adds the timestamp and shows no colour.
-    let _ = if nsfast_sys::systemd::stderr_is_journal() {
-        fmt.with_ansi(false).without_time().try_init()
-    } else {
-        fmt.with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-            .try_init()
-    };
-}
-
 /// The clap definition (for man pages and completions).
 pub fn command() -> clap::Command {
     Cli::command()
@@ -199,7 +191,7 @@ pub fn main_with_version(version: &'static str) -> ExitCode {
         eprintln!("vpnrelay: error: blocking signals: {e}");
         return ExitCode::FAILURE;
     }
-    init_logging();
+    nsfast_sys::logging::init("info");
     let cli = match Cli::from_arg_matches(&Cli::command().version(version).get_matches()) {
         Ok(c) => c,
         Err(e) => e.exit(),
@@ -361,6 +353,32 @@ mod tests {
         }
     }
 
+    /// Sizes and durations are typed clap values (exit 2 naming the flag and the value), with
+    /// the units every other command takes.
+    #[test]
+    fn sizes_and_durations_are_checked_by_clap() {
+        let t = target(&["--sockbuf", "512KiB", "--idle-timeout", "1.5m"]);
+        assert_eq!(t.sockbuf, Some(512 << 10));
+        assert_eq!(t.idle_timeout, Some(std::time::Duration::from_secs(90)));
+        for (flag, value) in [
+            ("--sockbuf", "9"),
+            ("--sockbuf", "2G"),
+            ("--sockbuf", "lots"),
+            ("--idle-timeout", "0"),
+            ("--idle-timeout", "500ms"),
+            ("--idle-timeout", "2d"),
+        ] {
+            let argv = ["vpnrelay", "transparent", "br-vpn", "51820", flag, value];
+            let e = Cli::try_parse_from(argv).expect_err(value);
+            assert_eq!(e.kind(), clap::error::ErrorKind::ValueValidation, "{e}");
+            let msg = e.to_string();
+            assert!(
+                msg.contains(&format!("invalid value '{value}' for '{flag} ")),
+                "{msg}"
+            );
+        }
+    }
+
     /// Flags become the environment the configuration and the children read.
     #[test]
     fn flags_become_the_environment_the_relay_reads() {
@@ -385,7 +403,8 @@ mod tests {
         let want: Vec<(&str, String)> = [
             ("VPNRELAY_RULE", "5000"),
             ("VPNRELAY_SOCKBUF", "1M"),
-            ("VPNRELAY_IDLE_TIMEOUT", "60"),
+            // Validated by the shared parser and printed back in its form (60 s = 1m).
+            ("VPNRELAY_IDLE_TIMEOUT", "1m"),
             ("VPNRELAY_NO_GRO", "0"),
             ("VPNRELAY_NO_GSO", "1"),
             ("VPNRELAY_DOCKER_STATE", "/srv/rk"),

@@ -2,6 +2,7 @@
 
 use std::time::Duration;
 
+use nsfast_sys::args::{duration, ifname, size, ArgError};
 use nsfast_sys::ports::PortList;
 
 /// Default routing table and rule priority (`VPNRELAY_RULE`).
@@ -27,8 +28,9 @@ pub const MAX_PORTS: usize = 1024;
 pub enum ConfigError {
     #[error(transparent)]
     Ports(#[from] nsfast_sys::ports::PortListError),
-    #[error("invalid bridge name {0:?}: must be 1-15 characters from [A-Za-z0-9_.-]")]
-    Bridge(String),
+    /// A bad bridge name, size or duration (the flag or variable, the value, what is valid).
+    #[error(transparent)]
+    Arg(#[from] ArgError),
     #[error("too many ports in <ports> ({0}): at most {MAX_PORTS}")]
     TooManyPorts(usize),
     #[error("invalid {name}={value:?}: {valid}")]
@@ -59,45 +61,31 @@ fn env(name: &str) -> Option<String> {
     std::env::var(name).ok().filter(|v| !v.is_empty())
 }
 
-fn flag(name: &str) -> bool {
-    env(name).is_some_and(|v| v != "0")
-}
+/// Smallest and largest socket buffer request (`VPNRELAY_SOCKBUF`).
+pub const MIN_SOCKBUF: u64 = 4096;
+pub const MAX_SOCKBUF: u64 = 1 << 30;
+/// Shortest and longest idle timeout (`VPNRELAY_IDLE_TIMEOUT`).
+pub const MIN_IDLE: Duration = Duration::from_secs(1);
+pub const MAX_IDLE: Duration = Duration::from_secs(86400);
 
-/// Parses a size like `16777216`, `16M`, `16MiB`, `512k`.
-pub fn parse_size(s: &str) -> Option<usize> {
-    let t = s.trim();
-    let digits = t.trim_end_matches(|c: char| c.is_ascii_alphabetic());
-    let unit = &t[digits.len()..];
-    let n: usize = digits.parse().ok()?;
-    let mul = match unit.to_ascii_lowercase().as_str() {
-        "" | "b" => 1,
-        "k" | "kib" | "kb" => 1 << 10,
-        "m" | "mib" | "mb" => 1 << 20,
-        "g" | "gib" | "gb" => 1 << 30,
-        _ => return None,
-    };
-    n.checked_mul(mul)
-}
-
-/// Validates an interface name as the kernel would accept it.
+/// Validates the bridge's interface name ([`nsfast_sys::args::ifname`]).
 pub fn check_bridge(name: &str) -> Result<(), ConfigError> {
-    let ok = !name.is_empty()
-        && name.len() <= 15
-        && name != "."
-        && name != ".."
-        && name
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'));
-    if ok {
-        Ok(())
-    } else {
-        Err(ConfigError::Bridge(name.into()))
-    }
+    Ok(ifname::check("<bridge>", name)?)
 }
 
 impl Config {
     /// Builds the configuration from the arguments and the environment.
     pub fn from_args(bridge: &str, ports: &str) -> Result<Self, ConfigError> {
+        Self::from_lookup(bridge, ports, env)
+    }
+
+    /// [`Config::from_args`] with the environment read through `env` (empty values are unset).
+    fn from_lookup(
+        bridge: &str,
+        ports: &str,
+        env: impl Fn(&str) -> Option<String>,
+    ) -> Result<Self, ConfigError> {
+        let flag = |name: &str| env(name).is_some_and(|v| v != "0");
         check_bridge(bridge)?;
         let ports = PortList::parse("<ports>", ports)?;
         if ports.len() > MAX_PORTS {
@@ -118,29 +106,12 @@ impl Config {
         };
         let sockbuf = match env("VPNRELAY_SOCKBUF") {
             None => DEFAULT_SOCKBUF,
-            Some(v) => match parse_size(&v) {
-                Some(n) if (4096..=(1 << 30)).contains(&n) => n,
-                _ => {
-                    return Err(ConfigError::Env {
-                        name: "VPNRELAY_SOCKBUF",
-                        value: v,
-                        valid: "bytes between 4096 and 1G, e.g. 16777216 or 16M",
-                    })
-                }
-            },
+            // At most 1G, so it fits.
+            Some(v) => size::parse_in("VPNRELAY_SOCKBUF", &v, MIN_SOCKBUF, MAX_SOCKBUF)? as usize,
         };
         let idle = match env("VPNRELAY_IDLE_TIMEOUT") {
             None => DEFAULT_IDLE,
-            Some(v) => match v.trim().parse::<u64>() {
-                Ok(n) if (1..=86400).contains(&n) => Duration::from_secs(n),
-                _ => {
-                    return Err(ConfigError::Env {
-                        name: "VPNRELAY_IDLE_TIMEOUT",
-                        value: v,
-                        valid: "seconds 1-86400 (default 180)",
-                    })
-                }
-            },
+            Some(v) => duration::parse_in("VPNRELAY_IDLE_TIMEOUT", &v, MIN_IDLE, MAX_IDLE)?,
         };
         Ok(Self {
             bridge: bridge.into(),
@@ -163,14 +134,7 @@ impl Config {
 
     /// The port list as contiguous ranges (one `ip rule` each).
     pub fn port_ranges(&self) -> Vec<(u16, u16)> {
-        let mut out: Vec<(u16, u16)> = Vec::new();
-        for p in self.ports.iter() {
-            match out.last_mut() {
-                Some((_, end)) if end.checked_add(1) == Some(p) => *end = p,
-                _ => out.push((p, p)),
-            }
-        }
-        out
+        self.ports.ranges()
     }
 }
 
@@ -179,11 +143,40 @@ mod tests {
     use super::*;
 
     #[test]
-    fn parses_sizes() {
-        assert_eq!(parse_size("16M"), Some(16 << 20));
-        assert_eq!(parse_size("4096"), Some(4096));
-        assert_eq!(parse_size("512KiB"), Some(512 << 10));
-        assert_eq!(parse_size("lots"), None);
+    fn sizes_and_durations_come_from_the_environment() {
+        let from = |sockbuf: Option<&str>, idle: Option<&str>| {
+            let env = |k: &str| match k {
+                "VPNRELAY_SOCKBUF" => sockbuf.map(String::from),
+                "VPNRELAY_IDLE_TIMEOUT" => idle.map(String::from),
+                _ => None,
+            };
+            Config::from_lookup("br0", "1", env)
+                .map(|c| (c.sockbuf, c.idle))
+                .map_err(|e| e.to_string())
+        };
+        assert_eq!(from(None, None), Ok((DEFAULT_SOCKBUF, DEFAULT_IDLE)));
+        assert_eq!(
+            from(Some("512KiB"), Some("4")),
+            Ok((512 << 10, Duration::from_secs(4)))
+        );
+        assert_eq!(
+            from(Some("16M"), Some("3m")),
+            Ok((16 << 20, Duration::from_secs(180)))
+        );
+        let e = from(Some("lots"), None).unwrap_err();
+        assert!(e.contains("\"lots\" for VPNRELAY_SOCKBUF"), "{e}");
+        assert!(from(Some("1K"), None).unwrap_err().contains("at least 4K"));
+        let e = from(None, Some("0")).unwrap_err();
+        assert!(e.contains("\"0\" for VPNRELAY_IDLE_TIMEOUT: zero"), "{e}");
+        assert!(from(None, Some("2d")).is_err());
+        assert!(from(None, Some("25h")).unwrap_err().contains("too long"));
+        assert!(from(None, Some("500ms"))
+            .unwrap_err()
+            .contains("at least 1s"));
+        assert_eq!(
+            from(None, Some("1.5")),
+            Ok((DEFAULT_SOCKBUF, Duration::from_millis(1500)))
+        );
     }
 
     #[test]

@@ -56,7 +56,10 @@ fn spawn_child(mode: Mode, cfg: &Config, rl: &Rootless) -> anyhow::Result<Starte
         .env(CHILD_FD_ENV, child.as_raw_fd().to_string())
         .env("VPNRELAY_RULE", cfg.rule.to_string())
         .env("VPNRELAY_SOCKBUF", cfg.sockbuf.to_string())
-        .env("VPNRELAY_IDLE_TIMEOUT", cfg.idle.as_secs().to_string())
+        .env(
+            "VPNRELAY_IDLE_TIMEOUT",
+            nsfast_sys::args::duration::format(cfg.idle),
+        )
         .env(
             "VPNRELAY_MAX_FLOWS_PER_CLIENT",
             cfg.max_flows_per_client.to_string(),

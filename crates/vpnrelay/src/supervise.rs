@@ -48,7 +48,10 @@ pub fn supervise(cfg: &Config) -> anyhow::Result<()> {
             .arg(cfg.ports.to_compact_string())
             .env("VPNRELAY_RULE", cfg.rule.to_string())
             .env("VPNRELAY_SOCKBUF", cfg.sockbuf.to_string())
-            .env("VPNRELAY_IDLE_TIMEOUT", cfg.idle.as_secs().to_string())
+            .env(
+                "VPNRELAY_IDLE_TIMEOUT",
+                nsfast_sys::args::duration::format(cfg.idle),
+            )
             .env(
                 "VPNRELAY_MAX_FLOWS_PER_CLIENT",
                 cfg.max_flows_per_client.to_string(),

@@ -246,7 +246,7 @@ fn tcp_connect(host: &str, port: u16, timeout: Option<Duration>) -> io::Result<T
         Some(e) if e.kind() != io::ErrorKind::TimedOut => e,
         _ => timed_out(format!(
             "no connection within {}",
-            crate::size::fmt_duration(t)
+            nsfast_sys::args::duration::format(t)
         )),
     })
 }
@@ -264,7 +264,7 @@ pub fn unix_connect(path: &Path, timeout: Option<Duration>) -> io::Result<UnixSt
         Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
             return Err(timed_out(format!(
                 "no connection within {} (the listener's backlog is full)",
-                crate::size::fmt_duration(t)
+                nsfast_sys::args::duration::format(t)
             )))
         }
         Err(e) => return Err(e),

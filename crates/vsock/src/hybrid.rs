@@ -24,7 +24,7 @@ pub enum HybridError {
     #[error("connect to the VMM's socket")]
     Connect(#[source] io::Error),
     /// The VMM accepted but did not answer within the connect timeout.
-    #[error("no reply to CONNECT {port} within {}: the VMM accepted but never answered", crate::size::fmt_duration(*.timeout))]
+    #[error("no reply to CONNECT {port} within {}: the VMM accepted but never answered", nsfast_sys::args::duration::format(*.timeout))]
     Timeout {
         port: u32,
         timeout: std::time::Duration,

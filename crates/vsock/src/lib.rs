@@ -9,7 +9,6 @@
 //! - [`hybrid`] — the host side of the hybrid vsock handshake (`CONNECT PORT\n` / `OK n\n`).
 //! - [`conn`]   — opening addresses: listeners, connections, stdio, as owned file descriptors.
 //! - [`relay`]  — moving bytes both ways with half-close, splice where the kernel allows it.
-//! - [`size`]   — byte sizes such as `256K`, `4MiB`, durations such as `10s`, `500ms`.
 //! - [`unixsock`] — UNIX listeners: stale socket files replaced, live ones refused, removal
 //!   on exit (relay and bridge).
 
@@ -22,7 +21,6 @@ pub mod conn;
 pub mod hybrid;
 pub mod nsmode;
 pub mod relay;
-pub mod size;
 pub mod unixsock;
 
 pub use addr::{Address, AddressError};

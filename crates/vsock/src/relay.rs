@@ -120,7 +120,7 @@ impl Activity {
                 io::ErrorKind::TimedOut,
                 format!(
                     "idle for {} (--idle-timeout): closed",
-                    crate::size::fmt_duration(self.idle)
+                    nsfast_sys::args::duration::format(self.idle)
                 ),
             ));
         }
@@ -516,16 +516,7 @@ pub fn run(
 }
 
 /// An error with its causes, `a: b: c`.
-pub(crate) fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut cur = e.source();
-    while let Some(c) = cur {
-        s.push_str(": ");
-        s.push_str(&c.to_string());
-        cur = c.source();
-    }
-    s
-}
+pub(crate) use nsfast_sys::report::error_chain;
 
 #[cfg(test)]
 mod chunk_tests {

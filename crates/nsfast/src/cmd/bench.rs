@@ -1,14 +1,16 @@
 //! `nsfast bench` and its hidden worker `nsfast bench-worker SPEC`.
 
 use std::path::PathBuf;
+use std::time::Duration;
 
 use anyhow::Context;
 use clap::Args;
 use nsfast_bench::proc::Launcher;
 use nsfast_bench::report::{self, Document};
 use nsfast_bench::runner::{Runner, StderrObserver};
-use nsfast_bench::spec::{self, Config, Placement, Sizes, Workload, MAX_DATAGRAM, MAX_MESSAGE};
+use nsfast_bench::spec::{Config, Placement, Sizes, Workload, MAX_DATAGRAM, MAX_MESSAGE};
 use nsfast_bench::{svg, topology, BenchError};
+use nsfast_sys::args::{duration, size};
 
 /// Every path side by side: host, veth, routed, sockmap (and later ones), in one run.
 #[derive(Args, Debug)]
@@ -20,35 +22,47 @@ pub struct BenchArgs {
     /// cni-ptp, cni-ptp-remote, slirp4netns, vpnrelay, vsock, vsock-relay, vsock-socat (the
     /// vsock ones in VM guests only) [default: host,veth,routed,sockmap]. Unsupported ones are
     /// skipped with the reason.
-    #[arg(long, value_name = "LIST", allow_hyphen_values = true)]
-    pub topologies: Option<String>,
+    #[arg(long, value_name = "LIST", value_delimiter = ',', allow_hyphen_values = true,
+          value_parser = |s: &str| topology::find(s.trim()).map(|d| d.name.to_string()))]
+    pub topologies: Option<Vec<String>>,
     /// Comma-separated workloads: rr, crr, stream, udp-stream, ping [default: all].
-    #[arg(long, value_name = "LIST", allow_hyphen_values = true)]
-    pub workloads: Option<String>,
-    /// Interleaved rounds (A B C A B C ...) [default: 5, --quick: 5].
-    #[arg(long, value_name = "N", allow_hyphen_values = true)]
-    pub rounds: Option<String>,
-    /// Seconds per measurement [default: 3, --quick: 0.6].
-    #[arg(long, value_name = "SECS", allow_hyphen_values = true)]
-    pub duration: Option<String>,
-    /// Seconds of warm-up per topology × workload before round 1; 0 disables [default: 1, --quick: 0.2].
-    #[arg(long, value_name = "SECS", allow_hyphen_values = true)]
-    pub warmup: Option<String>,
+    #[arg(long, value_name = "LIST", value_delimiter = ',', allow_hyphen_values = true,
+          value_parser = |s: &str| Workload::parse(s.trim()))]
+    pub workloads: Option<Vec<Workload>>,
+    /// Interleaved rounds (A B C A B C ...), 1-1000 [default: 5, --quick: 5].
+    #[arg(long, value_name = "N", allow_hyphen_values = true,
+          value_parser = clap::value_parser!(u32).range(1..=MAX_ROUNDS))]
+    pub rounds: Option<u32>,
+    /// Time per measurement, e.g. 3, 0.6 or 500ms (a bare number is seconds; at most 1h)
+    /// [default: 3, --quick: 0.6].
+    #[arg(long, value_name = "DURATION", allow_hyphen_values = true,
+          value_parser = duration::arg("--duration", MAX_TIME, false))]
+    pub duration: Option<Duration>,
+    /// Warm-up per topology × workload before round 1; 0 disables (at most 1h) [default: 1,
+    /// --quick: 0.2].
+    #[arg(long, value_name = "DURATION", allow_hyphen_values = true,
+          value_parser = duration::arg("--warmup", MAX_TIME, true))]
+    pub warmup: Option<Duration>,
     /// Comma-separated CPU placements: same-cpu, cross-cpu, unpinned [default: same-cpu].
-    #[arg(long, value_name = "LIST", allow_hyphen_values = true)]
-    pub placement: Option<String>,
-    /// rr/crr/ping request size in bytes (k/m suffixes) [default: 1].
-    #[arg(long, value_name = "BYTES", allow_hyphen_values = true)]
-    pub request_size: Option<String>,
-    /// rr/crr/ping response size in bytes [default: 1].
-    #[arg(long, value_name = "BYTES", allow_hyphen_values = true)]
-    pub response_size: Option<String>,
-    /// stream write size in bytes [default: 128k].
-    #[arg(long, value_name = "BYTES", allow_hyphen_values = true)]
-    pub stream_size: Option<String>,
-    /// udp-stream datagram payload in bytes [default: 1400].
-    #[arg(long, value_name = "BYTES", allow_hyphen_values = true)]
-    pub udp_size: Option<String>,
+    #[arg(long, value_name = "LIST", value_delimiter = ',', allow_hyphen_values = true,
+          value_parser = |s: &str| Placement::parse(s.trim()))]
+    pub placement: Option<Vec<Placement>>,
+    /// rr/crr/ping request size in bytes, e.g. 1, 4K, 1MiB (at most 16M) [default: 1].
+    #[arg(long, value_name = "SIZE", allow_hyphen_values = true,
+          value_parser = size::arg_u32("--request-size", 1, MAX_MESSAGE))]
+    pub request_size: Option<u32>,
+    /// rr/crr/ping response size in bytes (at most 16M) [default: 1].
+    #[arg(long, value_name = "SIZE", allow_hyphen_values = true,
+          value_parser = size::arg_u32("--response-size", 1, MAX_MESSAGE))]
+    pub response_size: Option<u32>,
+    /// stream write size in bytes (at most 16M) [default: 128K].
+    #[arg(long, value_name = "SIZE", allow_hyphen_values = true,
+          value_parser = size::arg_u32("--stream-size", 1, MAX_MESSAGE))]
+    pub stream_size: Option<u32>,
+    /// udp-stream datagram payload in bytes (at most 65507) [default: 1400].
+    #[arg(long, value_name = "SIZE", allow_hyphen_values = true,
+          value_parser = size::arg_u32("--udp-size", 1, MAX_DATAGRAM))]
+    pub udp_size: Option<u32>,
     /// Write every round's raw figures plus machine and kernel as JSON to FILE, and one SVG
     /// chart per workload and placement next to it (FILE-stem-WORKLOAD-PLACEMENT.svg).
     #[arg(long, value_name = "FILE")]
@@ -76,52 +90,55 @@ pub struct WorkerArgs {
     pub spec: String,
 }
 
+/// Most `--rounds`.
+const MAX_ROUNDS: i64 = 1000;
+/// Longest `--duration` and `--warmup`.
+const MAX_TIME: Duration = Duration::from_secs(3600);
+
+/// `v` without repeats, in first-seen order.
+fn distinct<T: PartialEq + Clone>(v: &[T]) -> Vec<T> {
+    let mut out: Vec<T> = Vec::new();
+    for x in v {
+        if !out.contains(x) {
+            out.push(x.clone());
+        }
+    }
+    out
+}
+
 fn config(a: &BenchArgs) -> Result<Config, BenchError> {
     let topologies = match &a.topologies {
-        Some(s) => spec::parse_list("--topologies", s, |t| {
-            topology::find(t).map(|d| d.name.to_string())
-        })?,
+        Some(t) => distinct(t),
         None => topology::DEFAULT.iter().map(|s| s.to_string()).collect(),
     };
     let workloads = match &a.workloads {
-        Some(s) => spec::parse_list("--workloads", s, Workload::parse)?,
+        Some(w) => distinct(w),
         None => Workload::ALL.to_vec(),
     };
     let placements = match &a.placement {
-        Some(s) => spec::parse_list("--placement", s, Placement::parse)?,
+        Some(p) => distinct(p),
         None => vec![Placement::SameCpu],
     };
-    let (def_rounds, def_dur, def_warm) = if a.quick {
-        ("5", "0.6", "0.2")
+    let (def_dur, def_warm) = if a.quick {
+        (Duration::from_millis(600), Duration::from_millis(200))
     } else {
-        ("5", "3", "1")
+        (Duration::from_secs(3), Duration::from_secs(1))
     };
-    let rounds = spec::parse_count("--rounds", a.rounds.as_deref().unwrap_or(def_rounds), 1000)?;
-    let duration = spec::parse_seconds(
-        "--duration",
-        a.duration.as_deref().unwrap_or(def_dur),
-        false,
-    )?;
-    let warmup = spec::parse_seconds("--warmup", a.warmup.as_deref().unwrap_or(def_warm), true)?;
     let d = Sizes::default();
-    let size = |flag, v: &Option<String>, def: u32, max| match v {
-        Some(s) => spec::parse_size(flag, s, max),
-        None => Ok(def),
-    };
     let sizes = Sizes {
-        request: size("--request-size", &a.request_size, d.request, MAX_MESSAGE)?,
-        response: size("--response-size", &a.response_size, d.response, MAX_MESSAGE)?,
-        stream_write: size("--stream-size", &a.stream_size, d.stream_write, MAX_MESSAGE)?,
-        datagram: size("--udp-size", &a.udp_size, d.datagram, MAX_DATAGRAM)?,
+        request: a.request_size.unwrap_or(d.request),
+        response: a.response_size.unwrap_or(d.response),
+        stream_write: a.stream_size.unwrap_or(d.stream_write),
+        datagram: a.udp_size.unwrap_or(d.datagram),
     };
     sizes.validate()?;
     Ok(Config {
         topologies,
         workloads,
         placements,
-        rounds,
-        duration,
-        warmup,
+        rounds: a.rounds.unwrap_or(5),
+        duration: a.duration.unwrap_or(def_dur),
+        warmup: a.warmup.unwrap_or(def_warm),
         sizes,
         json: a.json.clone(),
         cross_check: a.cross_check,
@@ -184,4 +201,85 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
 pub fn worker(a: WorkerArgs) -> anyhow::Result<()> {
     let mut out = std::io::stdout();
     nsfast_bench::worker::run(&a.spec, &mut out).map_err(|e| anyhow::anyhow!("bench-worker: {e}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser, Debug)]
+    struct Cli {
+        #[command(flatten)]
+        a: BenchArgs,
+    }
+
+    fn parse(args: &[&str]) -> Result<BenchArgs, clap::Error> {
+        Cli::try_parse_from(std::iter::once("bench").chain(args.iter().copied())).map(|c| c.a)
+    }
+
+    #[test]
+    fn sizes_and_durations_take_the_units_the_other_commands_take() {
+        let a = parse(&[
+            "--stream-size",
+            "1MiB",
+            "--request-size",
+            "4K",
+            "--response-size",
+            "2kib",
+            "--udp-size",
+            "1400",
+            "--duration",
+            "500ms",
+            "--warmup",
+            "0",
+        ])
+        .unwrap();
+        let c = config(&a).unwrap();
+        assert_eq!(c.sizes.stream_write, 1 << 20);
+        assert_eq!(c.sizes.request, 4 << 10);
+        assert_eq!(c.sizes.response, 2 << 10);
+        assert_eq!(c.sizes.datagram, 1400);
+        assert_eq!(c.duration, std::time::Duration::from_millis(500));
+        assert_eq!(c.warmup, std::time::Duration::ZERO);
+        // The defaults of a plain and a --quick run.
+        let c = config(&parse(&[]).unwrap()).unwrap();
+        assert_eq!(c.sizes, Sizes::default());
+        assert_eq!(c.duration, std::time::Duration::from_secs(3));
+        let c = config(&parse(&["--quick", "--workloads", "rr,ping,rr"]).unwrap()).unwrap();
+        assert_eq!(c.duration, std::time::Duration::from_millis(600));
+        assert_eq!(c.warmup, std::time::Duration::from_millis(200));
+        assert_eq!(c.workloads, vec![Workload::Rr, Workload::Ping]);
+    }
+
+    #[test]
+    fn bad_values_are_clap_errors_naming_the_value() {
+        for (flag, value) in [
+            ("--stream-size", "12Q"),
+            ("--stream-size", "32M"),
+            ("--request-size", "-5"),
+            ("--udp-size", "70000"),
+            ("--duration", "0"),
+            ("--duration", "2h"),
+            ("--warmup", "-1"),
+            ("--rounds", "0"),
+            ("--workloads", "tcp_rr"),
+            ("--placement", "numa"),
+            ("--topologies", "vxlan"),
+        ] {
+            let e = parse(&[flag, value]).expect_err(&format!("{flag} {value} was accepted"));
+            assert_eq!(
+                e.kind(),
+                clap::error::ErrorKind::ValueValidation,
+                "{flag} {value}: {e}"
+            );
+            let msg = e.to_string();
+            assert!(
+                msg.contains(&format!("invalid value '{value}' for '{flag} ")),
+                "{msg}"
+            );
+        }
+        let e = parse(&["--workloads", "rr,,crr"]).unwrap_err();
+        assert_eq!(e.kind(), clap::error::ErrorKind::ValueValidation, "{e}");
+    }
 }

@@ -3,6 +3,7 @@
 use anyhow::Result;
 use clap::{Args, Subcommand};
 use nsfast_pod::{AddOptions, ModeRequest, PodIp};
+use nsfast_sys::args::ifname;
 
 #[derive(Subcommand, Debug)]
 pub enum PodCmd {
@@ -51,10 +52,10 @@ pub struct AddArgs {
     host: Option<String>,
     /// Uplink device(s) on the host: wire traffic for pods jumps straight into them
     /// (attached once per host).
-    #[arg(long = "uplink")]
+    #[arg(long = "uplink", value_parser = ifname::arg("--uplink"))]
     uplinks: Vec<String>,
     /// Name of the pod's device.
-    #[arg(long, default_value = nsfast_pod::pod::POD_IF)]
+    #[arg(long, default_value = nsfast_pod::pod::POD_IF, value_parser = ifname::arg("--ifname"))]
     ifname: String,
     /// Send this pod's traffic (to and from it) through the host's IP stack, so the host's
     /// netfilter rules see it, instead of redirecting it past them (slower; the source address

@@ -6,16 +6,9 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::Subcommand;
 use nsfast_sockmap::{Options, Shortcut};
+use nsfast_sys::args::duration;
 use nsfast_sys::ports::PortList;
 use tracing::info;
-
-fn parse_ports(s: &str) -> Result<PortList, String> {
-    PortList::parse("--ports", s).map_err(|e| e.to_string())
-}
-
-fn parse_exclude_ports(s: &str) -> Result<PortList, String> {
-    PortList::parse("--exclude-ports", s).map_err(|e| e.to_string())
-}
 
 #[derive(Subcommand, Debug)]
 pub enum SockmapCmd {
@@ -38,14 +31,16 @@ pub enum SockmapCmd {
         slice: Option<String>,
         /// Only connections to these server ports take the shortcut, e.g. 80,443,8000-8100
         /// [default: all ports].
-        #[arg(long, value_name = "LIST", value_parser = parse_ports)]
+        #[arg(long, value_name = "LIST", value_parser = PortList::arg("--ports"))]
         ports: Option<PortList>,
         /// Connections to these server ports never take the shortcut.
-        #[arg(long, value_name = "LIST", value_parser = parse_exclude_ports)]
+        #[arg(long, value_name = "LIST", value_parser = PortList::arg("--exclude-ports"))]
         exclude_ports: Option<PortList>,
-        /// Log the counters every SECS seconds while running (0: only at exit).
-        #[arg(long, value_name = "SECS", default_value_t = 0)]
-        stats_interval: u64,
+        /// Log the counters this often while running, e.g. 10 (seconds), 500ms, 1m; 0: only at
+        /// exit (at most 24h).
+        #[arg(long, value_name = "DURATION", default_value = "0",
+              value_parser = duration::arg("--stats-interval", Duration::from_secs(86400), true))]
+        stats_interval: Duration,
     },
     /// Show the instances loaded in the kernel: sockets in the map, messages and bytes
     /// redirected and passed, and where they are attached.
@@ -91,7 +86,7 @@ pub fn run(cmd: SockmapCmd) -> anyhow::Result<()> {
     }
 }
 
-fn run_shortcut(opts: Options, stats_interval: u64) -> anyhow::Result<()> {
+fn run_shortcut(opts: Options, stats_interval: Duration) -> anyhow::Result<()> {
     // Block the termination signals before anything is attached, so a signal arriving at any
     // point is seen by the wait below and the programs are always detached.
     nsfast_sys::signals::block_termination().context("blocking SIGINT/SIGTERM")?;
@@ -108,15 +103,15 @@ fn run_shortcut(opts: Options, stats_interval: u64) -> anyhow::Result<()> {
     ))
     .context("telling systemd the shortcut is attached")?;
     let signal = loop {
-        let wait = if stats_interval == 0 {
+        let wait = if stats_interval.is_zero() {
             Duration::from_secs(3600)
         } else {
-            Duration::from_secs(stats_interval)
+            stats_interval
         };
         if let Some(sig) = nsfast_sys::signals::wait_termination_timeout(wait) {
             break sig;
         }
-        if stats_interval != 0 {
+        if !stats_interval.is_zero() {
             if let Ok(s) = shortcut.stats() {
                 info!(
                     "sockets {} pairs {} redirected {} msgs / {} bytes, passed {} msgs / {} bytes",

@@ -2,6 +2,7 @@
 
 use anyhow::Context;
 use clap::Subcommand;
+use nsfast_sys::args::{duration, size};
 use nsfast_vsock::bridge::{self, Transport};
 use nsfast_vsock::conn::SockOpts;
 use nsfast_vsock::relay::{self, ConnStats};
@@ -13,23 +14,9 @@ fn parse_addr(s: &str) -> Result<Address, String> {
     s.parse::<Address>().map_err(|e| e.to_string())
 }
 
-fn parse_buffer(s: &str) -> Result<u64, String> {
-    nsfast_vsock::size::parse_size("--buffer", s)
-}
-
-fn parse_vsock_buffer(s: &str) -> Result<u64, String> {
-    nsfast_vsock::size::parse_size("--vsock-buffer", s)
-}
-
 const HOUR: Duration = Duration::from_secs(3600);
-
-fn parse_connect_timeout(s: &str) -> Result<Duration, String> {
-    nsfast_vsock::size::parse_duration("--connect-timeout", s, HOUR, false)
-}
-
-fn parse_idle_timeout(s: &str) -> Result<Duration, String> {
-    nsfast_vsock::size::parse_duration("--idle-timeout", s, 24 * HOUR, true)
-}
+/// Largest `--buffer`: the splice pipe size and copy buffer.
+const MAX_BUFFER: u64 = 64 << 20;
 
 #[derive(Subcommand, Debug)]
 pub enum VsockCmd {
@@ -54,15 +41,15 @@ pub enum VsockCmd {
         max_children: usize,
         /// Most bytes moved per call (splice pipe size and largest request / copy buffer),
         /// e.g. 256K, 1M.
-        #[arg(long, value_name = "SIZE", default_value = "256K", value_parser = parse_buffer)]
+        #[arg(long, value_name = "SIZE", default_value = "256K", value_parser = size::arg("--buffer", 1, MAX_BUFFER))]
         buffer: u64,
         /// SO_VM_SOCKETS_BUFFER_SIZE for vsock sockets, e.g. 1M.
-        #[arg(long, value_name = "SIZE", value_parser = parse_vsock_buffer)]
+        #[arg(long, value_name = "SIZE", value_parser = size::arg("--vsock-buffer", 1, u64::MAX))]
         vsock_buffer: Option<u64>,
         /// Limit for opening a connecting address: TCP/UNIX connect and the hybrid CONNECT/OK
         /// handshake together (e.g. 10s, 500ms; at most 1h). A connection that misses it ends,
         /// the relay keeps serving. AF_VSOCK connects use the kernel's timeout (2 s default).
-        #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = parse_connect_timeout)]
+        #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = duration::arg("--connect-timeout", HOUR, false))]
         connect_timeout: Duration,
         /// Print one JSON object per finished connection on stdout.
         #[arg(long)]
@@ -102,18 +89,18 @@ pub enum VsockCmd {
         max_conns_per_cid: usize,
         /// Close a bridged connection that moved no byte either way for this long (e.g. 10m;
         /// 0 = never; at most 24h).
-        #[arg(long, value_name = "DURATION", default_value = "1h", value_parser = parse_idle_timeout)]
+        #[arg(long, value_name = "DURATION", default_value = "1h", value_parser = duration::arg("--idle-timeout", 24 * HOUR, true))]
         idle_timeout: Duration,
         /// Bytes moved per call (splice pipe size / copy buffer), e.g. 256K, 1M.
-        #[arg(long, value_name = "SIZE", default_value = "256K", value_parser = parse_buffer)]
+        #[arg(long, value_name = "SIZE", default_value = "256K", value_parser = size::arg("--buffer", 1, MAX_BUFFER))]
         buffer: u64,
         /// SO_VM_SOCKETS_BUFFER_SIZE for vsock sockets, e.g. 1M.
-        #[arg(long, value_name = "SIZE", value_parser = parse_vsock_buffer)]
+        #[arg(long, value_name = "SIZE", value_parser = size::arg("--vsock-buffer", 1, u64::MAX))]
         vsock_buffer: Option<u64>,
         /// Limit for a hybrid target: connecting to the VMM's socket and its OK reply (e.g.
         /// 10s, 500ms; a bare number is seconds; at most 1h). AF_VSOCK targets use the
         /// kernel's vsock connect timeout, 2 s by default.
-        #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = parse_connect_timeout)]
+        #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = duration::arg("--connect-timeout", HOUR, false))]
         connect_timeout: Duration,
         /// Print one JSON object per event (listening, open, deny, fail, close) on stdout.
         #[arg(long)]
@@ -143,13 +130,13 @@ pub enum VsockCmd {
         #[arg(long, value_parser = parse_addr, value_name = "ADDR", requires = "server")]
         listen: Option<Address>,
         /// Bytes to send, e.g. 1G.
-        #[arg(long, default_value = "1G", value_parser = parse_bytes)]
+        #[arg(long, default_value = "1G", value_parser = size::arg("--bytes", 1, u64::MAX))]
         bytes: u64,
         /// Bytes per write/read, e.g. 256K.
-        #[arg(long, value_name = "SIZE", default_value = "256K", value_parser = parse_buffer)]
+        #[arg(long, value_name = "SIZE", default_value = "256K", value_parser = size::arg("--buffer", 1, MAX_BUFFER))]
         buffer: u64,
         /// SO_VM_SOCKETS_BUFFER_SIZE for vsock sockets.
-        #[arg(long, value_name = "SIZE", value_parser = parse_vsock_buffer)]
+        #[arg(long, value_name = "SIZE", value_parser = size::arg("--vsock-buffer", 1, u64::MAX))]
         vsock_buffer: Option<u64>,
         /// Print the result as JSON.
         #[arg(long)]
@@ -190,17 +177,14 @@ fn parse_vm(s: &str) -> Result<(u32, Transport), String> {
     bridge::parse_vm(s).map_err(|e| e.to_string())
 }
 
-/// One `--ports` value, kept whole (clap would otherwise see a list of lists).
-fn parse_ports(s: &str) -> Result<Vec<u32>, String> {
-    bridge::parse_ports(s).map_err(|e| e.to_string())
+/// One `--ports` value, kept whole (clap would otherwise see a list of lists): vsock ports
+/// 1-4294967294, at most [`bridge::MAX_PORTS`].
+fn parse_ports(s: &str) -> Result<Vec<u32>, nsfast_sys::ports::PortListError> {
+    nsfast_sys::ports::parse_list("--ports", s, 1, bridge::MAX_VALUE, Some(bridge::MAX_PORTS))
 }
 
 fn parse_mode(s: &str) -> Result<nsfast_vsock::nsmode::Mode, String> {
     s.parse()
-}
-
-fn parse_bytes(s: &str) -> Result<u64, String> {
-    nsfast_vsock::size::parse_size("--bytes", s)
 }
 
 pub fn run(cmd: VsockCmd) -> anyhow::Result<()> {
@@ -219,9 +203,6 @@ pub fn run(cmd: VsockCmd) -> anyhow::Result<()> {
                 anyhow::bail!(
                     "--json writes to stdout, which the stdio address uses: drop one of them"
                 );
-            }
-            if buffer > 64 << 20 {
-                anyhow::bail!("invalid size {buffer} for --buffer: at most 64M");
             }
             let opts = relay::Options {
                 fork,
@@ -312,9 +293,6 @@ pub fn run(cmd: VsockCmd) -> anyhow::Result<()> {
                 vsock_buffer,
                 ..SockOpts::default()
             };
-            if buffer > 64 << 20 {
-                anyhow::bail!("invalid size {buffer} for --buffer: at most 64M");
-            }
             if server {
                 let addr = listen.unwrap_or(Address::VsockListen { port, cid: None });
                 info!("vsock bench server on {addr}");
@@ -411,9 +389,6 @@ fn run_bridge(
     opts: bridge::Options,
     json: bool,
 ) -> anyhow::Result<()> {
-    if opts.buffer > 64 << 20 {
-        anyhow::bail!("invalid size {} for --buffer: at most 64M", opts.buffer);
-    }
     let mut all: Vec<u32> = ports.concat();
     all.sort_unstable();
     if let Some(w) = all.windows(2).find(|w| w[0] == w[1]) {

@@ -1,7 +1,6 @@
-//! Command-line values of the bridge: `--ports`, `--group`, `--vm` (and what a member's
-//! transport is). Each bad value is one error naming the flag, the value and what is valid.
+//! Command-line values of the bridge: `--group`, `--vm` (and what a member's transport is);
+//! `--ports` is read by the shared port-list parser, `nsfast_sys::ports::parse_list`. Each bad value is one error naming the flag, the value and what is valid.
 
-use std::collections::BTreeSet;
 use std::path::PathBuf;
 
 use serde::Serialize;
@@ -37,74 +36,6 @@ fn arg_err(
         value: value.into(),
         reason: reason.into(),
     }
-}
-
-fn port(s: &str) -> Result<u32, ArgError> {
-    let why = format!("vsock ports here are 1-{MAX_VALUE}");
-    let v: u64 = s
-        .trim()
-        .parse()
-        .map_err(|_| arg_err("--ports", "port", s, format!("not a number ({why})")))?;
-    if v == 0 || v > u64::from(MAX_VALUE) {
-        return Err(arg_err(
-            "--ports",
-            "port",
-            s,
-            format!("out of range ({why})"),
-        ));
-    }
-    Ok(v as u32)
-}
-
-/// Parses a port list such as `5000,6000-6010` into sorted, distinct ports.
-/// Valid: ports 1-4294967294, ranges `A-B` with A <= B, at most [`MAX_PORTS`] ports in all,
-/// no port twice.
-pub fn parse_ports(s: &str) -> Result<Vec<u32>, ArgError> {
-    let mut set = BTreeSet::new();
-    if s.trim().is_empty() {
-        return Err(arg_err(
-            "--ports",
-            "list",
-            s,
-            "empty: give ports such as 5000,6000-6010",
-        ));
-    }
-    for item in s.split(',') {
-        let (a, b) = match item.split_once('-') {
-            Some((a, b)) => (port(a)?, port(b)?),
-            None => {
-                let p = port(item)?;
-                (p, p)
-            }
-        };
-        if a > b {
-            return Err(arg_err(
-                "--ports",
-                "range",
-                item,
-                "its start is above its end",
-            ));
-        }
-        if u64::from(b - a) + 1 + set.len() as u64 > MAX_PORTS as u64 {
-            return Err(arg_err(
-                "--ports",
-                "list",
-                s,
-                format!("more than {MAX_PORTS} ports"),
-            ));
-        }
-        for p in a..=b {
-            if !set.insert(p) {
-                return Err(arg_err(
-                    "--ports",
-                    "list",
-                    s,
-                    format!("port {p} is listed twice"),
-                ));
-            }
-        }
-    }
-    Ok(set.into_iter().collect())
 }
 
 fn guest_cid(flag: &'static str, s: &str) -> Result<u32, ArgError> {
@@ -198,49 +129,6 @@ mod tests {
     use proptest::prelude::*;
 
     #[test]
-    fn ports_parse_lists_and_ranges() {
-        assert_eq!(parse_ports("5000").unwrap(), vec![5000]);
-        assert_eq!(
-            parse_ports("6002,5000,6000-6001").unwrap(),
-            vec![5000, 6000, 6001, 6002]
-        );
-        assert_eq!(parse_ports("1,4294967294").unwrap(), vec![1, 4294967294]);
-        assert_eq!(parse_ports(" 7 - 8 ").unwrap(), vec![7, 8]);
-    }
-
-    #[test]
-    fn bad_ports_name_the_value_and_what_is_valid() {
-        let e = parse_ports("5000,70000x").unwrap_err();
-        assert_eq!(
-            e.to_string(),
-            "invalid port \"70000x\" in --ports: not a number (vsock ports here are 1-4294967294)"
-        );
-        let e = parse_ports("0").unwrap_err();
-        assert!(e
-            .to_string()
-            .contains("out of range (vsock ports here are 1-4294967294)"));
-        assert!(parse_ports("4294967295").is_err());
-        let e = parse_ports("6010-6000").unwrap_err();
-        assert_eq!(
-            e.to_string(),
-            "invalid range \"6010-6000\" in --ports: its start is above its end"
-        );
-        assert!(parse_ports("5000,5000")
-            .unwrap_err()
-            .to_string()
-            .contains("port 5000 is listed twice"));
-        assert!(parse_ports("1-2000")
-            .unwrap_err()
-            .to_string()
-            .contains("more than 1024 ports"));
-        assert!(parse_ports("").is_err());
-        assert!(parse_ports("5,").is_err());
-        assert!(parse_ports("1-2-3").is_err());
-        // The whole u32 range never allocates or loops for long.
-        assert!(parse_ports("1-4294967294").is_err());
-    }
-
-    #[test]
     fn groups_and_vms_parse() {
         assert_eq!(parse_group("3,4,10").unwrap(), vec![3, 4, 10]);
         assert_eq!(parse_group("3").unwrap(), vec![3]);
@@ -269,26 +157,6 @@ mod tests {
     }
 
     proptest! {
-        // Whatever the text, the port parser returns sorted distinct ports in range or an
-        // error naming --ports; it never panics.
-        #[test]
-        fn ports_parser_never_panics(s in "[0-9,\\- x]{0,40}") {
-            match parse_ports(&s) {
-                Ok(v) => {
-                    prop_assert!(!v.is_empty() && v.len() <= MAX_PORTS);
-                    prop_assert!(v.windows(2).all(|w| w[0] < w[1]));
-                    prop_assert!(v.iter().all(|&p| (1..=MAX_VALUE).contains(&p)));
-                }
-                Err(e) => prop_assert_eq!(e.flag, "--ports"),
-            }
-        }
-
-        #[test]
-        fn ports_parser_round_trips(ps in proptest::collection::btree_set(1u32..=MAX_VALUE, 1..20)) {
-            let s = ps.iter().map(u32::to_string).collect::<Vec<_>>().join(",");
-            prop_assert_eq!(parse_ports(&s).unwrap(), ps.into_iter().collect::<Vec<_>>());
-        }
-
         #[test]
         fn group_and_vm_parsers_never_panic(s in "\\PC{0,40}") {
             if let Ok(g) = parse_group(&s) {

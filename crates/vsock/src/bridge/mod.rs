@@ -35,9 +35,7 @@ mod events;
 mod policy;
 mod server;
 
-pub use args::{
-    parse_group, parse_ports, parse_vm, ArgError, Transport, MAX_PORTS, MAX_VALUE, MIN_GUEST_CID,
-};
+pub use args::{parse_group, parse_vm, ArgError, Transport, MAX_PORTS, MAX_VALUE, MIN_GUEST_CID};
 pub use events::Event;
 pub use policy::{Config, ConfigError, Deny};
 pub use server::{hybrid_listen_path, Bridge, BridgeError, Options};
