@@ -1,27 +1,15 @@
-//! Compiles every `bpf/*.bpf.c` and `bpf/tests/*.bpf.c` into `$OUT_DIR/<name>.bpf.o` with
-//! clang (`-target bpf -g -O2`, BTF-defined maps). A missing clang is one clear error.
+//! Compiles every `bpf/*.bpf.c` into `$OUT_DIR/<name>.bpf.o` with clang (`-target bpf -g -O2`,
+//! BTF-defined maps). A missing clang is one clear error. The test objects (`bpf/tests/`) are
+//! built by crate nsfast-lab's build script (the same [`clang`] module), never shipped.
 
 use std::env;
-use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::path::PathBuf;
+
+#[path = "clang.rs"]
+mod clang;
+use clang::{compile, find_clang};
 
 use sha2::Digest;
-
-fn find_clang() -> Option<String> {
-    if let Ok(c) = env::var("NSFAST_CLANG") {
-        return Some(c);
-    }
-    for c in ["clang-19", "clang-20", "clang-18", "clang"] {
-        if Command::new(c)
-            .arg("--version")
-            .output()
-            .is_ok_and(|o| o.status.success())
-        {
-            return Some(c.to_string());
-        }
-    }
-    None
-}
 
 fn main() {
     let root = PathBuf::from(env::var("CARGO_MANIFEST_DIR").unwrap())
@@ -45,7 +33,7 @@ fn main() {
         env::var("CARGO_CFG_TARGET_ARCH").unwrap_or("x86_64".into())
     );
     let mut sources = Vec::new();
-    for dir in [bpf_dir.clone(), bpf_dir.join("tests"), bpf_dir.join("lib")] {
+    for dir in [bpf_dir.clone(), bpf_dir.join("lib")] {
         for e in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
             let p = e.path();
             println!("cargo:rerun-if-changed={}", p.display());
@@ -75,27 +63,4 @@ fn main() {
     let digest = hash.finalize();
     let hex: String = digest.iter().map(|b| format!("{b:02x}")).collect();
     println!("cargo:rustc-env=NSFAST_BPF_SHA256={hex}");
-}
-
-fn compile(clang: &str, src: &Path, obj: &Path, bpf_dir: &Path, arch_inc: &str) {
-    let output = Command::new(clang)
-        .args([
-            "-target", "bpf", "-g", "-O2", "-Wall", "-Werror", "-mcpu=v3",
-        ])
-        .arg(format!("-I{}", bpf_dir.display()))
-        .arg(format!("-I{}", bpf_dir.join("lib").display()))
-        .arg(format!("-I{arch_inc}"))
-        .arg("-c")
-        .arg(src)
-        .arg("-o")
-        .arg(obj)
-        .output()
-        .unwrap_or_else(|e| panic!("running {clang}: {e}"));
-    if !output.status.success() {
-        panic!(
-            "\n\nnsfast: {clang} failed on {}:\n{}\n",
-            src.display(),
-            String::from_utf8_lossy(&output.stderr)
-        );
-    }
 }

@@ -34,7 +34,7 @@ echo "NSFAST-INIT release=$(uname -r) nproc=$(nproc)"
 # Kernel features the tests expect, from this kernel's own config, never from nsfast's probes
 # (a test branching on the probe under test would follow a wrong probe to its easy branch):
 # NSFAST_EXPECT_NETKIT, NSFAST_EXPECT_TCX, NSFAST_EXPECT_VSOCK_LOOPBACK = 1 or 0
-# (crates/testsupport/src/kernel.rs reads them).
+# (crates/lab/src/kernel.rs reads them).
 export NSFAST_KERNEL_CONFIG=/boot/config
 expect_from_config() {
     if grep -Eq "^$2=(y|m)\$" /boot/config; then export "$1=1"; else export "$1=0"; fi

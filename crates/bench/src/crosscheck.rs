@@ -5,11 +5,11 @@ use std::io::Read;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use crate::built::Built;
 pub use crate::model::CrossCheck;
 use crate::model::Sample;
 use crate::proc::{command_in, sleep_interruptible, ChildGuard};
 use crate::spec::{Placement, Sizes, Workload};
-use crate::topology::Built;
 use crate::BenchError;
 
 /// Ours must agree with the established tool within this fraction on host and veth.

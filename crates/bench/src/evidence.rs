@@ -33,7 +33,7 @@ pub enum FastPath {
         hosts: Vec<(&'static str, String)>,
         required: Vec<(usize, Vec<&'static str>)>,
     },
-    /// The vpnrelay relay's stats file of the [`nsfast_vpnrelay::testbed::World`] kept in the
+    /// The vpnrelay relay's stats file of the [`nsfast_lab::rootless::World`] kept in the
     /// topology's extras. UDP workloads only.
     VpnRelay,
 }
@@ -162,7 +162,7 @@ impl FastPath {
             FastPath::VpnRelay => {
                 let w = extras
                     .iter()
-                    .find_map(|e| e.downcast_ref::<nsfast_vpnrelay::testbed::World>())
+                    .find_map(|e| e.downcast_ref::<nsfast_lab::rootless::World>())
                     .ok_or("the topology holds no vpnrelay world")?;
                 // No file yet: the relay has carried nothing so far.
                 let st = w.relay_stats().unwrap_or_default();

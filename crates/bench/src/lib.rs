@@ -4,6 +4,7 @@
 //! - [`spec`]       — workloads, placements, sizes and the run configuration; argument parsing.
 //! - [`load`]       — the built-in load generator: rr, crr, stream, udp-stream, ping (client + server).
 //! - [`worker`]     — the worker process (`nsfast bench-worker SPEC`): one side of one workload.
+//! - [`built`]      — what a topology build needs and makes (the leaf its adapters share).
 //! - [`topology`]   — host / veth / routed / sockmap (+ the registration point for later paths).
 //! - [`proc`]       — start workers in a namespace + cgroup, pinned; kill-on-drop guards; signals.
 //! - [`model`]      — the data a run produces: samples, CPU cost, skips, machine, cross-checks, outcome.
@@ -15,11 +16,12 @@
 //! - [`export`]     — CSV, HdrHistogram `.hgrm` latency distributions, where a run's files go.
 //! - [`evidence`]   — the fast path's own counters around every sample ("fast path idle").
 //! - [`crosscheck`] — run sockperf and iperf3 on the same topology and compare.
-//! - [`sockmap_hook`] — where the `sockmap` topology attaches crate nsfast-sockmap.
-//! - [`rootless_hook`] — the `slirp4netns` and `vpnrelay` topologies (crate nsfast-vpnrelay's world).
+//! - [`sockmap_hook`] — where the `sockmap` topology attaches the shortcut (`nsfast_lab::shortcut`).
+//! - [`rootless_hook`] — the `slirp4netns` and `vpnrelay` topologies (`nsfast_lab::rootless`).
 
 #![forbid(unsafe_code)]
 
+pub mod built;
 pub(crate) mod cputime;
 pub mod crosscheck;
 pub mod evidence;

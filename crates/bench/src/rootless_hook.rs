@@ -1,6 +1,6 @@
-//! Where the `slirp4netns` and `vpnrelay` topologies meet crate `nsfast-vpnrelay`.
+//! Where the `slirp4netns` and `vpnrelay` topologies meet crate `nsfast-lab`'s rootless world.
 //!
-//! Both build the vpnrelay test world ([`nsfast_vpnrelay::testbed::World`]): a tenant's
+//! Both build the vpnrelay test world ([`nsfast_lab::rootless::World`]): a tenant's
 //! RootlessKit + slirp4netns network with a bridge and a "gluetun" namespace on it (the
 //! client), and a "VPN server" namespace reached over a veth from a throwaway "host"
 //! namespace (the server). `slirp4netns` is Docker's normal rootless path; `vpnrelay` is the
@@ -8,50 +8,15 @@
 //! one the relay steers.
 
 use std::any::Any;
-use std::path::PathBuf;
-use std::sync::OnceLock;
 
+use nsfast_lab::rootless::{self as testbed, World, WorldOpts};
+use nsfast_lab::rootless_bench::RelayProc;
 use nsfast_sys::netns::NetNs;
-use nsfast_vpnrelay::bench::RelayProc;
-use nsfast_vpnrelay::testbed::{self, World, WorldOpts};
 
 /// The port the server listens on (the relay steers it).
 pub const PORT: u16 = testbed::VPN_PORT;
 
-static BIN: OnceLock<PathBuf> = OnceLock::new();
-
-/// Uses `path` as the `vpnrelay` binary (tests; the first call wins).
-pub fn set_vpnrelay_bin(path: PathBuf) {
-    let _ = BIN.set(path);
-}
-
-/// The `vpnrelay` binary: the one set with [`set_vpnrelay_bin`], `NSFAST_VPNRELAY_BIN`, or
-/// `vpnrelay` next to the running executable (or one directory up, for test executables).
-pub fn vpnrelay_bin() -> Result<PathBuf, String> {
-    if let Some(p) = BIN.get() {
-        return Ok(p.clone());
-    }
-    if let Some(p) = std::env::var_os("NSFAST_VPNRELAY_BIN") {
-        let p = PathBuf::from(p);
-        return if p.is_file() {
-            Ok(p)
-        } else {
-            Err(format!("NSFAST_VPNRELAY_BIN={} is not a file", p.display()))
-        };
-    }
-    let exe = std::env::current_exe().map_err(|e| format!("own executable: {e}"))?;
-    let dir = exe.parent().map(PathBuf::from).unwrap_or_default();
-    for d in [Some(dir.as_path()), dir.parent()].into_iter().flatten() {
-        let p = d.join("vpnrelay");
-        if p.is_file() {
-            return Ok(p);
-        }
-    }
-    Err(format!(
-        "no vpnrelay binary next to {} (cargo build -p nsfast --bin vpnrelay, or set NSFAST_VPNRELAY_BIN)",
-        exe.display()
-    ))
-}
+pub use nsfast_lab::rootless::{set_vpnrelay_bin, vpnrelay_bin};
 
 /// Why the rootless world cannot be built here, if it cannot.
 pub fn probe_world() -> Result<(), String> {

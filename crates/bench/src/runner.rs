@@ -55,7 +55,7 @@ impl Runner {
         Self {
             config,
             launcher,
-            prefix: format!("nsfb-{}", std::process::id()),
+            prefix: nsfast_lab::name::run_prefix(),
             progress: true,
         }
     }

@@ -1,61 +1,24 @@
 //! Topologies: where the client and the server live and how packets get between them. Each is
-//! built in throwaway namespaces and cgroups named with the run's prefix (`nsfb-<pid>`), and
-//! torn down when its [`Built`] is dropped.
+//! built in throwaway namespaces and cgroups named with the run's prefix (`nsfb-<pid>`,
+//! `nsfast_lab::name`), through crate nsfast-lab's worlds, and torn down when its [`Built`] is
+//! dropped.
 //!
 //! [`registry`] is the registration point: one [`TopologyDef`] per topology, in the order they
-//! are run. A later part of nsfast adds its path (bpf host routing, netkit, slirp4netns,
-//! vpnrelay) by filling in its entry's `probe` and `build`; `slirp4netns` and `vpnrelay` come
-//! from [`crate::rootless_hook`].
+//! are run; each implements [`nsfast_lab::topology::Topology`]. Adapters (`sockmap_hook`,
+//! `rootless_hook`, `vsock_hook`) provide probe and build functions and import only the shared
+//! types of [`crate::world`], never this module.
 
 use std::any::Any;
-use std::fs;
-use std::io;
 use std::net::{IpAddr, Ipv4Addr};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
-use nsfast_sys::cgroup::{Cgroup, CgroupError};
+use nsfast_lab::pods::{AttachRequest, ModeRequest};
+use nsfast_lab::topology::Topology;
 use nsfast_sys::net::{self, NetError};
-use nsfast_sys::netns::{NetNs, NetnsError};
+use nsfast_sys::netns::NetNs;
 
-/// Errors while building a topology; each names the topology.
-#[derive(Debug, thiserror::Error)]
-pub enum TopologyError {
-    #[error("topology {topology}: {source}")]
-    Netns {
-        topology: &'static str,
-        #[source]
-        source: NetnsError,
-    },
-    #[error("topology {topology}: {source}")]
-    Net {
-        topology: &'static str,
-        #[source]
-        source: NetError,
-    },
-    #[error("topology {topology}: {source}")]
-    Cgroup {
-        topology: &'static str,
-        #[source]
-        source: CgroupError,
-    },
-    #[error("topology {topology}: {what}")]
-    Other {
-        topology: &'static str,
-        what: String,
-    },
-}
-
-/// What a topology build needs to know about the run.
-#[derive(Debug, Clone)]
-pub struct BuildCtx {
-    /// Prefix for every namespace and cgroup of this run, such as `nsfb-1234`.
-    pub prefix: String,
-    /// The run's cgroup directory (created by [`RunCgroup::create`]).
-    pub cgroup_root: PathBuf,
-    /// How to start helper workers (the vsock-relay topology's relay); `None`: such
-    /// topologies cannot be built.
-    pub launcher: Option<crate::proc::Launcher>,
-}
+use crate::built::{cgroups, ns, other};
+pub use crate::built::{BuildCtx, Built, Endpoint, RunCgroup, TopologyError, VsockPath};
 
 /// A topology that can be built.
 pub struct TopologyDef {
@@ -64,6 +27,26 @@ pub struct TopologyDef {
     /// `Err(reason)` when this machine or build cannot run it.
     pub probe: fn() -> Result<(), String>,
     pub build: fn(&BuildCtx) -> Result<Built, TopologyError>,
+}
+
+impl Topology for TopologyDef {
+    type Ctx = BuildCtx;
+    type Guard = Built;
+    type Error = TopologyError;
+
+    fn name(&self) -> &str {
+        self.name
+    }
+
+    fn probe(&self) -> Result<(), String> {
+        (self.probe)()
+    }
+
+    /// Tear-down order ([`Built`]'s drop): extras (attachments, worlds, relays) first, then
+    /// the cgroups, then the namespaces.
+    fn build(&self, ctx: &BuildCtx) -> Result<Built, TopologyError> {
+        (self.build)(ctx)
+    }
 }
 
 /// The registered topologies, in run order. `host` is the baseline and comes first.
@@ -193,176 +176,21 @@ fn probe_netkit() -> Result<(), String> {
 /// Where the reference CNI plugins are (Debian's containernetworking-plugins).
 pub const CNI_PATH: &str = "/usr/lib/cni";
 
+fn ptp_spec(pods_per_host: usize) -> nsfast_lab::ptp::PtpSpec<'static> {
+    nsfast_lab::ptp::PtpSpec {
+        pods_per_host,
+        cni_path: CNI_PATH,
+    }
+}
+
 fn probe_cni_ptp() -> Result<(), String> {
-    for p in ["ptp", "host-local"] {
-        let f = Path::new(CNI_PATH).join(p);
-        if !f.exists() {
-            return Err(format!(
-                "{} not found (install containernetworking-plugins)",
-                f.display()
-            ));
-        }
-    }
-    Ok(())
+    ptp_spec(1).probe()
 }
 
-fn other(topology: &'static str, what: impl Into<String>) -> TopologyError {
-    TopologyError::Other {
-        topology,
-        what: what.into(),
-    }
-}
-
-/// One side of a built topology.
-#[derive(Debug)]
-pub struct Endpoint {
-    /// Index into [`Built::namespaces`].
-    pub ns: usize,
-    pub cgroup: Cgroup,
-}
-
-/// Where a vsock topology's server listens and its client connects (over CID 1, the local
-/// loopback): the same port directly, or a relay's port in front of the server's.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct VsockPath {
-    pub server_port: u32,
-    pub client_port: u32,
-    /// The process in between (relay or socat), if any: before each measurement the runner
-    /// gives it the server's CPU placement (its new per-connection threads and children
-    /// inherit it).
-    pub helper_pid: Option<u32>,
-}
-
-/// A built topology. Dropping it tears it down: extras (e.g. BPF attachments) first, then
-/// cgroups, then namespaces (which takes their links with them).
-pub struct Built {
-    pub name: &'static str,
-    pub namespaces: Vec<NetNs>,
-    pub client: Endpoint,
-    pub server: Endpoint,
-    /// The address the server listens on and the client connects to.
-    pub server_ip: IpAddr,
-    /// The port the server listens on (0: any free port).
-    pub server_port: u16,
-    /// The topology's cgroup directory (parent of the client and server cgroups).
-    pub cgroup_dir: PathBuf,
-    /// vsock topologies: the ports the server listens on and the client connects to (CID 1);
-    /// `server_ip`/`server_port` are then unused.
-    pub vsock: Option<VsockPath>,
-    /// The fast path's counters, read around every sample ([`crate::evidence`]); `None`
-    /// for topologies that claim no fast path.
-    pub fast_path: Option<crate::evidence::FastPath>,
-    /// Things to keep alive while the topology exists (dropped first).
-    pub extras: Vec<Box<dyn Any>>,
-    /// A note printed with the results (e.g. what was attached).
-    pub note: Option<String>,
-}
-
-impl Built {
-    /// Whether `w` can run here: everything on IP topologies, streams only on vsock ones.
-    pub fn supports(&self, w: crate::spec::Workload) -> bool {
-        self.vsock.is_none() || !w.is_udp()
-    }
-
-    pub fn client_ns(&self) -> &NetNs {
-        &self.namespaces[self.client.ns]
-    }
-
-    pub fn server_ns(&self) -> &NetNs {
-        &self.namespaces[self.server.ns]
-    }
-}
-
-impl Drop for Built {
-    fn drop(&mut self) {
-        self.extras.clear();
-        for cg in [&self.client.cgroup, &self.server.cgroup] {
-            if let Err(e) = remove_cgroup_retry(cg.path()) {
-                tracing::warn!("cleanup of cgroup {}: {e}", cg.path().display());
-            }
-        }
-        if let Err(e) = remove_cgroup_retry(&self.cgroup_dir) {
-            tracing::warn!("cleanup of cgroup {}: {e}", self.cgroup_dir.display());
-        }
-        // NetNs handles delete their namespaces when dropped.
-        self.namespaces.clear();
-    }
-}
-
-/// Removes a cgroup directory, retrying briefly while exiting processes leave it.
-pub fn remove_cgroup_retry(path: &Path) -> io::Result<()> {
-    for _ in 0..50 {
-        match fs::remove_dir(path) {
-            Ok(()) => return Ok(()),
-            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
-            Err(e) if e.raw_os_error() == Some(libc::EBUSY) => {
-                std::thread::sleep(std::time::Duration::from_millis(20))
-            }
-            Err(e) => return Err(e),
-        }
-    }
-    fs::remove_dir(path)
-}
-
-/// The run's cgroup directory `<cgroup2>/<prefix>`; removed (with any children) on drop.
-#[derive(Debug)]
-pub struct RunCgroup {
-    path: PathBuf,
-}
-
-impl RunCgroup {
-    pub fn create(prefix: &str) -> Result<Self, CgroupError> {
-        let cg = Cgroup::create_under_root(prefix)?;
-        Ok(Self {
-            path: cg.path().to_path_buf(),
-        })
-    }
-
-    pub fn path(&self) -> &Path {
-        &self.path
-    }
-}
-
-impl Drop for RunCgroup {
-    fn drop(&mut self) {
-        if let Err(e) = remove_cgroup_tree(&self.path) {
-            tracing::warn!("cleanup of cgroup {}: {e}", self.path.display());
-        }
-    }
-}
-
-/// Removes a cgroup and its child cgroups, deepest first.
-pub fn remove_cgroup_tree(path: &Path) -> io::Result<()> {
-    if !path.exists() {
-        return Ok(());
-    }
-    if let Ok(rd) = fs::read_dir(path) {
-        for e in rd.flatten() {
-            if e.file_type().map(|t| t.is_dir()).unwrap_or(false) {
-                remove_cgroup_tree(&e.path())?;
-            }
-        }
-    }
-    remove_cgroup_retry(path)
-}
-
-pub(crate) fn ns(topology: &'static str, name: String) -> Result<NetNs, TopologyError> {
-    NetNs::create(&name).map_err(|source| TopologyError::Netns { topology, source })
-}
+pub use nsfast_lab::cleanup::{remove_cgroup_retry, remove_cgroup_tree};
 
 fn nl<T>(topology: &'static str, r: Result<T, NetError>) -> Result<T, TopologyError> {
     r.map_err(|source| TopologyError::Net { topology, source })
-}
-
-pub(crate) fn cgroups(
-    ctx: &BuildCtx,
-    topology: &'static str,
-) -> Result<(PathBuf, Cgroup, Cgroup), TopologyError> {
-    let cg = |source| TopologyError::Cgroup { topology, source };
-    let dir = Cgroup::create(ctx.cgroup_root.join(topology)).map_err(cg)?;
-    let client = Cgroup::create(dir.path().join("client")).map_err(cg)?;
-    let server = Cgroup::create(dir.path().join("server")).map_err(cg)?;
-    Ok((dir.path().to_path_buf(), client, server))
 }
 
 /// Sysctls for the namespace a client runs in: crr opens tens of thousands of connections,
@@ -523,7 +351,7 @@ fn build_vpnrelay(ctx: &BuildCtx) -> Result<Built, TopologyError> {
     build_rootless(ctx, "vpnrelay", true)
 }
 
-/// The vpnrelay test world (crate nsfast-vpnrelay's testbed): client in its "gluetun"
+/// The vpnrelay test world (`nsfast_lab::rootless`): client in its "gluetun"
 /// namespace inside the tenant's RootlessKit network, server in its VPN server namespace;
 /// with `relay`, the relay runs as the tenant. The world (tenant processes, namespaces, the
 /// relay and its rule) goes away with the topology's extras.
@@ -542,7 +370,7 @@ fn build_rootless(ctx: &BuildCtx, t: &'static str, relay: bool) -> Result<Built,
             ns: 1,
             cgroup: server,
         },
-        server_ip: IpAddr::V4(nsfast_vpnrelay::testbed::SERVER_IP),
+        server_ip: IpAddr::V4(nsfast_lab::rootless::SERVER_IP),
         server_port: crate::rootless_hook::PORT,
         cgroup_dir: dir,
         vsock: None,
@@ -604,19 +432,23 @@ fn server_pod(remote: bool) -> (usize, (usize, usize)) {
     }
 }
 
-/// Two pods (nsfast_pod::topology) in `mode`: pod a0 is the client; the server is pod a1 on
+/// Two pods (nsfast_lab::pods) in `mode`: pod a0 is the client; the server is pod a1 on
 /// the same host, or with `remote` pod b0 on host B across the wire.
 fn build_pods(
     ctx: &BuildCtx,
     t: &'static str,
-    mode: nsfast_pod::ModeRequest,
-    attach: nsfast_pod::AttachRequest,
+    mode: ModeRequest,
+    attach: AttachRequest,
     remote: bool,
 ) -> Result<Built, TopologyError> {
     let prefix = format!("{}-{t}", ctx.prefix);
     let (per_host, (h, i)) = server_pod(remote);
-    let topo = nsfast_pod::topology::Topology::build_with(&prefix, mode, attach, per_host)
-        .map_err(|e| other(t, e.to_string()))?;
+    let spec = nsfast_lab::pods::PodsSpec {
+        mode,
+        attach,
+        pods_per_host: per_host,
+    };
+    let topo = spec.build(&prefix).map_err(|e| other(t, e.to_string()))?;
     let (a0, srv) = (topo.pod(0, 0).clone(), topo.pod(h, i).clone());
     let note = format!(
         "pods {} -> {} (host {} -> {}): {:?}, attached by {}",
@@ -653,25 +485,13 @@ fn build_pods(
 
 /// veth + TCX BPF host routing: pod → pod by bpf_redirect_peer (`nsfast pod --mode veth`).
 fn build_bpf(ctx: &BuildCtx) -> Result<Built, TopologyError> {
-    build_pods(
-        ctx,
-        "bpf",
-        nsfast_pod::ModeRequest::Veth,
-        nsfast_pod::AttachRequest::Auto,
-        false,
-    )
+    build_pods(ctx, "bpf", ModeRequest::Veth, AttachRequest::Auto, false)
 }
 
 /// `bpf` with classic tc attachments (what kernels without TCX, e.g. 6.1, get), to compare
 /// the two attach methods on one kernel.
 fn build_bpf_tc(ctx: &BuildCtx) -> Result<Built, TopologyError> {
-    build_pods(
-        ctx,
-        "bpf-tc",
-        nsfast_pod::ModeRequest::Veth,
-        nsfast_pod::AttachRequest::Tc,
-        false,
-    )
+    build_pods(ctx, "bpf-tc", ModeRequest::Veth, AttachRequest::Tc, false)
 }
 
 /// veth + BPF host routing, pod → pod on another host: fib lookup + redirect out of host A,
@@ -680,8 +500,8 @@ fn build_bpf_remote(ctx: &BuildCtx) -> Result<Built, TopologyError> {
     build_pods(
         ctx,
         "bpf-remote",
-        nsfast_pod::ModeRequest::Veth,
-        nsfast_pod::AttachRequest::Auto,
+        ModeRequest::Veth,
+        AttachRequest::Auto,
         true,
     )
 }
@@ -691,8 +511,8 @@ fn build_netkit(ctx: &BuildCtx) -> Result<Built, TopologyError> {
     build_pods(
         ctx,
         "netkit",
-        nsfast_pod::ModeRequest::Netkit,
-        nsfast_pod::AttachRequest::Auto,
+        ModeRequest::Netkit,
+        AttachRequest::Auto,
         false,
     )
 }
@@ -712,7 +532,8 @@ fn build_cni_ptp_remote(ctx: &BuildCtx) -> Result<Built, TopologyError> {
 fn cni_ptp_pods(ctx: &BuildCtx, t: &'static str, remote: bool) -> Result<Built, TopologyError> {
     let prefix = format!("{}-{}", ctx.prefix, if remote { "ptpr" } else { "ptp" });
     let (per_host, (h, i)) = server_pod(remote);
-    let topo = nsfast_cni::reference::PtpTopology::build(&prefix, per_host, CNI_PATH)
+    let topo = ptp_spec(per_host)
+        .build(&prefix)
         .map_err(|e| other(t, format!("{e} ({})", e.details)))?;
     let (a0, srv) = (topo.pod(0, 0), topo.pod(h, i));
     let names = [a0.netns.name().to_string(), srv.netns.name().to_string()];
@@ -732,81 +553,12 @@ fn ip(a: u8, b: u8, c: u8, d: u8) -> IpAddr {
     IpAddr::V4(Ipv4Addr::new(a, b, c, d))
 }
 
-/// Namespaces and cgroups left by earlier runs whose process is gone (`nsfb-<pid>-...`).
+/// What a killed run left (`nsfb-<dead pid>-*`): see [`nsfast_lab::cleanup::bench_leftovers`].
 pub fn stale_leftovers() -> (Vec<String>, Vec<PathBuf>) {
-    let dead = |name: &str| -> bool {
-        let Some(rest) = name.strip_prefix("nsfb-") else {
-            return false;
-        };
-        let pid = rest.split('-').next().unwrap_or("");
-        match pid.parse::<u32>() {
-            Ok(p) => !Path::new(&format!("/proc/{p}")).exists(),
-            Err(_) => false,
-        }
-    };
-    let ns: Vec<String> = nsfast_sys::netns::list_named()
-        .into_iter()
-        .filter(|n| dead(n))
-        .collect();
-    let cgs = nsfast_sys::cgroup::cgroup2_mount()
-        .ok()
-        .and_then(|m| fs::read_dir(m).ok())
-        .map(|rd| {
-            rd.flatten()
-                .filter(|e| e.file_name().to_str().is_some_and(dead))
-                .map(|e| e.path())
-                .collect()
-        })
-        .unwrap_or_default();
-    (ns, cgs)
+    nsfast_lab::cleanup::bench_leftovers()
 }
 
-/// Removes what [`stale_leftovers`] finds, and the `nsfast pod` state of killed runs' pod
-/// topologies (`bpf`, `netkit`): pods of a stale host namespace are deleted through
-/// `nsfast pod` (their tc filters, pins and records with them) before the namespaces go, and
-/// pod state whose host namespace is already gone is removed after. Returns what was removed.
+/// `nsfast bench --cleanup`: [`nsfast_lab::cleanup::dead_runs`]. Returns what was removed.
 pub fn cleanup_stale() -> Vec<String> {
-    let mut done = Vec::new();
-    let (ns, _) = stale_leftovers();
-    for n in &ns {
-        let Ok(host) = nsfast_pod::Host::open(Some(n)) else {
-            continue;
-        };
-        if !host.state_dir().exists() && !host.pin_dir().exists() {
-            continue;
-        }
-        drop(host);
-        match nsfast_pod::pod::del_all(Some(n)) {
-            Ok(pods) => done.push(format!(
-                "nsfast pod state of host namespace {n} ({} pod(s))",
-                pods.len()
-            )),
-            Err(e) => tracing::warn!("pods of stale host namespace {n}: {e}"),
-        }
-    }
-    // Pod namespaces went with their pods: list again.
-    let (ns, cgs) = stale_leftovers();
-    for n in ns {
-        match nsfast_sys::netns::delete_named(&n) {
-            Ok(()) => done.push(format!("network namespace {n}")),
-            Err(e) => tracing::warn!("{e}"),
-        }
-    }
-    for c in cgs {
-        match remove_cgroup_tree(&c) {
-            Ok(()) => done.push(format!("cgroup {}", c.display())),
-            Err(e) => tracing::warn!("remove cgroup {}: {e}", c.display()),
-        }
-    }
-    match nsfast_pod::pod::remove_orphaned_state() {
-        Ok(dirs) => done.extend(
-            dirs.iter()
-                .map(|d| format!("nsfast pod state of a deleted namespace: {}", d.display())),
-        ),
-        Err(e) => tracing::warn!("orphaned pod state: {e}"),
-    }
-    // The slirp4netns / vpnrelay topologies build vpnrelay's test world (nsfv<pid>x<n>-*):
-    // its tenant processes, namespaces and runtime folder.
-    done.extend(nsfast_vpnrelay::testbed::cleanup_stale());
-    done
+    nsfast_lab::cleanup::dead_runs()
 }

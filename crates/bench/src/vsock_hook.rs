@@ -18,8 +18,8 @@ use std::time::{Duration, Instant};
 use nsfast_sys::probe::{ModuleIndex, ModuleState};
 use nsfast_sys::vsock::{VsockAddr, VsockListener, VsockStream, VMADDR_CID_ANY, VMADDR_CID_LOCAL};
 
+use crate::built::{self, BuildCtx, Built, Endpoint, TopologyError, VsockPath};
 use crate::proc::{command_in, ChildGuard};
-use crate::topology::{self, BuildCtx, Built, Endpoint, TopologyError, VsockPath};
 use crate::worker::{read_report, Role, VsockEnd, WorkerReport, WorkerSpec};
 
 /// The environment variable the VM harness's guest init sets; nothing here opens AF_VSOCK
@@ -92,7 +92,7 @@ fn round_trip(port: u32) -> std::io::Result<()> {
 
 /// One namespace, client and server cgroups, and the vsock ports.
 fn base(ctx: &BuildCtx, t: &'static str, path: VsockPath) -> Result<Built, TopologyError> {
-    let (dir, client, server) = topology::cgroups(ctx, t)?;
+    let (dir, client, server) = built::cgroups(ctx, t)?;
     let mut b = Built {
         name: t,
         namespaces: vec![],
@@ -113,7 +113,7 @@ fn base(ctx: &BuildCtx, t: &'static str, path: VsockPath) -> Result<Built, Topol
         note: None,
     };
     b.namespaces
-        .push(topology::ns(t, format!("{}-{t}", ctx.prefix))?);
+        .push(built::ns(t, format!("{}-{t}", ctx.prefix))?);
     Ok(b)
 }
 

@@ -10,8 +10,8 @@ use std::time::{Duration, Instant};
 
 use nsfast_bench::load::{run_client, serve, ClientResult, Listener, LoadError, ServerCounts};
 use nsfast_bench::spec::{Sizes, Workload};
+use nsfast_lab::require_root;
 use nsfast_sys::netns::NetNs;
-use nsfast_testsupport::require_root;
 
 const DUR: Duration = Duration::from_millis(300);
 

@@ -12,7 +12,7 @@ use nsfast_bench::proc::Launcher;
 use nsfast_bench::runner::{Runner, Sample};
 use nsfast_bench::spec::{Config, Placement, Sizes, Workload};
 use nsfast_bench::topology::{registry, BuildCtx, Built, RunCgroup};
-use nsfast_testsupport::require_root;
+use nsfast_lab::require_root;
 
 /// Topologies built from the vpnrelay test world (tested on their own: they start tenant
 /// processes, and the relay binary has to be built first).
@@ -142,7 +142,7 @@ fn exercise(b: &Built) -> Sample {
 /// vsock_loopback (vsock-socat also without socat); the CNI ones in a VM guest (no
 /// containernetworking-plugins there; `make test` installs them on the host).
 fn expected_skips() -> BTreeMap<&'static str, String> {
-    use nsfast_testsupport::kernel::{expect, Feature};
+    use nsfast_lab::kernel::{expect, Feature};
     let guest = std::env::var("NSFAST_VM_GUEST").as_deref() == Ok("1");
     let mut skip = BTreeMap::new();
     if !expect(Feature::Netkit) {
@@ -572,7 +572,7 @@ fn rootless_topologies_build_and_leave_nothing_behind() {
         let d = nsfast_bench::topology::find(t).unwrap();
         (d.probe)().unwrap_or_else(|e| panic!("{t} cannot run here: {e}"));
     }
-    let tenant = nsfast_vpnrelay::testbed::ensure_tenant().unwrap();
+    let tenant = nsfast_lab::rootless::ensure_tenant().unwrap();
     let tenant_before = processes_of(tenant.uid);
     let rules_before = run_text(&["ip", "-4", "rule"]);
     let nft_before = run_text(&["nft", "list", "ruleset"]);
@@ -588,11 +588,11 @@ fn rootless_topologies_build_and_leave_nothing_behind() {
         for t in ROOTLESS {
             let d = nsfast_bench::topology::find(t).unwrap();
             let b = (d.build)(&ctx).unwrap_or_else(|e| panic!("build {t}: {e}"));
-            assert_eq!(b.server_port, nsfast_vpnrelay::testbed::VPN_PORT);
+            assert_eq!(b.server_port, nsfast_lab::rootless::VPN_PORT);
             let w = b
                 .extras
                 .iter()
-                .find_map(|e| e.downcast_ref::<nsfast_vpnrelay::testbed::World>())
+                .find_map(|e| e.downcast_ref::<nsfast_lab::rootless::World>())
                 .expect("the world is kept in the extras");
             let relay_rule = w.rules().unwrap().contains("lookup 4820");
             assert_eq!(relay_rule, t == "vpnrelay", "{t}: {}", w.rules().unwrap());

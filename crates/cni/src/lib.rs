@@ -6,8 +6,6 @@
 //! - [`ipam`]   — delegation to the IPAM plugin (e.g. `host-local`) found on `CNI_PATH`.
 //! - [`log`]    — `logFile` / `logLevel`: the plugin's log lines appended to a file.
 //! - [`plugin`] — ADD, DEL, CHECK, STATUS, GC, VERSION on top of `nsfast_pod`.
-//! - [`reference`] — pods made by the reference `ptp` plugin on a two-host layout (the
-//!   `cni-ptp` bench baseline).
 //!
 //! The runtime executes the plugin in the host network namespace with `CNI_*` variables and
 //! the network configuration on stdin; the result (or an error object) goes to stdout.
@@ -16,7 +14,6 @@ pub mod error;
 pub mod ipam;
 pub mod log;
 pub mod plugin;
-pub mod reference;
 pub mod spec;
 
 use std::process::ExitCode;

@@ -6,10 +6,10 @@
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 
+use nsfast_lab::require_root;
+use nsfast_lab::world::unique;
 use nsfast_sys::net;
 use nsfast_sys::netns::NetNs;
-use nsfast_testsupport::require_root;
-use nsfast_testsupport::world::unique;
 use serde_json::{json, Value};
 
 fn cni_bin() -> PathBuf {
@@ -551,7 +551,7 @@ fn ptp_reference_topology_connects_and_cleans_up() {
     let prefix = unique("nsft-rp");
     let names;
     {
-        let t = nsfast_cni::reference::PtpTopology::build(&prefix, 1, &cni_path())
+        let t = nsfast_lab::ptp::PtpTopology::build(&prefix, 1, &cni_path())
             .expect("build ptp topology");
         let (a, b) = (t.pod(0, 0), t.pod(1, 0));
         let addr = SocketAddr::from((b.ip, 7200));

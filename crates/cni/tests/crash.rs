@@ -11,10 +11,10 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use nsfast_lab::require_root;
+use nsfast_lab::world::unique;
 use nsfast_sys::net;
 use nsfast_sys::netns::NetNs;
-use nsfast_testsupport::require_root;
-use nsfast_testsupport::world::unique;
 use serde_json::{json, Value};
 
 fn cni_bin() -> PathBuf {

@@ -26,11 +26,7 @@ fn workspace_root() -> PathBuf {
 /// Known import cycles, each owned by a helper who is removing it. An entry drops both edges
 /// between the two modules of that crate. The test fails when an entry is no longer needed,
 /// so the list shrinks as the fixes land.
-const CYCLE_ALLOW: &[(&str, &str, &str, &str)] = &[
-    // h-lab: "topology registration that does not import back from its adapters" (issue 14).
-    // Remove once h-lab's branch is merged.
-    ("nsfast-bench", "topology", "vsock_hook", "h-lab"),
-];
+const CYCLE_ALLOW: &[(&str, &str, &str, &str)] = &[];
 
 /// Documented exceptions to the layering (package, dependency, where it is documented).
 const LAYER_EXCEPTIONS: &[(&str, &str, &str)] = &[(
@@ -41,11 +37,7 @@ const LAYER_EXCEPTIONS: &[(&str, &str, &str)] = &[(
 
 /// Known layering violations (package, dependency), each with its owner; the test fails when
 /// one is no longer there, so the list only shrinks.
-const LAYER_ALLOW: &[(&str, &str, &str)] = &[
-    // h-lab: nsfast drops its normal dependency on the test worlds (issue 14, crates/lab).
-    // Remove once h-lab's branch is merged.
-    ("nsfast", "nsfast-testsupport", "h-lab"),
-];
+const LAYER_ALLOW: &[(&str, &str, &str)] = &[];
 
 // ---------------------------------------------------------------------------------------------
 // Module graph

@@ -1,7 +1,7 @@
 //! `nsfast bench` end to end: bad arguments, a tiny real run (JSON + SVG), and SIGINT in the
 //! middle of a run leaving nothing behind. The real runs need root; they fail without it.
 
-use nsfast_testsupport::require_root;
+use nsfast_lab::require_root;
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -82,7 +82,7 @@ fn tiny_run_writes_json_and_svgs() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stdout}\n{stderr}");
     // netkit runs exactly where the kernel config has it (the harness's word, not the probe's).
-    let netkit = nsfast_testsupport::kernel::expect(nsfast_testsupport::kernel::Feature::Netkit);
+    let netkit = nsfast_lab::kernel::expect(nsfast_lab::kernel::Feature::Netkit);
     assert_eq!(
         stderr.contains("skipping topology netkit"),
         !netkit,

@@ -1,5 +1,5 @@
 //! Root integration tests of `nsfast pod`: two throwaway "hosts" (network namespaces) joined
-//! by a veth wire, pods made by the library (`nsfast_pod::topology`, the code behind the CLI)
+//! by a veth wire, pods made by the library (`nsfast_lab::pods`, the code behind the CLI)
 //! or by the `nsfast` binary, TCP and UDP between them, counters proving the BPF path, and
 //! cleanup. Nothing touches the initial network namespace. Run as root (`make test`).
 
@@ -10,13 +10,13 @@ use std::process::{Command, Output};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
+use nsfast_lab::pods::{self as topology, Topology};
+use nsfast_lab::require_root;
+use nsfast_lab::world::unique;
 use nsfast_pod::abi;
-use nsfast_pod::topology::{self, Topology};
 use nsfast_pod::ModeRequest;
 use nsfast_sys::net;
 use nsfast_sys::netns::{self, NetNs};
-use nsfast_testsupport::require_root;
-use nsfast_testsupport::world::unique;
 
 const TIMEOUT: Duration = Duration::from_secs(5);
 const ROUNDS: usize = 20;
@@ -183,7 +183,7 @@ fn mode() -> ModeRequest {
 /// Whether this kernel has TCX, from the harness (NSFAST_EXPECT_TCX, set by the VM guest's
 /// init, or the kernel config), not from nsfast's own probe, which must agree with it.
 fn tcx() -> bool {
-    let want = nsfast_testsupport::kernel::expect(nsfast_testsupport::kernel::Feature::Tcx);
+    let want = nsfast_lab::kernel::expect(nsfast_lab::kernel::Feature::Tcx);
     let probe = nsfast_pod::pod::tcx_support();
     assert_eq!(
         probe.available, want,
@@ -421,8 +421,7 @@ fn netkit_mode_on_a_kernel_without_netkit_says_so_and_changes_nothing() {
         host: host_ns.name(),
         names: vec![pod.clone()],
     };
-    let has_netkit =
-        nsfast_testsupport::kernel::expect(nsfast_testsupport::kernel::Feature::Netkit);
+    let has_netkit = nsfast_lab::kernel::expect(nsfast_lab::kernel::Feature::Netkit);
     assert_eq!(
         net::probe_netkit().unwrap(),
         has_netkit,

@@ -11,12 +11,12 @@ use std::path::PathBuf;
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
-use nsfast_pod::topology::{self, Topology};
+use nsfast_lab::pods::{self as topology, Topology};
+use nsfast_lab::require_root;
+use nsfast_lab::world::unique;
 use nsfast_pod::ModeRequest;
 use nsfast_sys::net;
 use nsfast_sys::netns::NetNs;
-use nsfast_testsupport::require_root;
-use nsfast_testsupport::world::unique;
 use socket2::{Domain, Protocol, SockAddr, Socket, Type};
 
 const TIMEOUT: Duration = Duration::from_secs(5);

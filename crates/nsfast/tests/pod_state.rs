@@ -8,11 +8,11 @@ use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
+use nsfast_lab::require_root;
+use nsfast_lab::world::unique;
 use nsfast_pod::state::{bpffs_root, PIN_SUBDIR, STATE_ROOT};
 use nsfast_sys::net;
 use nsfast_sys::netns::{self, NetNs};
-use nsfast_testsupport::require_root;
-use nsfast_testsupport::world::unique;
 
 fn nsfast_bin() -> PathBuf {
     std::env::var_os("NSFAST_BIN")

@@ -7,17 +7,15 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use nsfast_lab::peer::{self, BidirReport, KillOnDrop, Report};
+use nsfast_lab::require_root;
+use nsfast_lab::world::{TestCgroup, VethPair};
 use nsfast_sockmap::{Options, Shortcut, Stats};
-use nsfast_testsupport::peer::{self, BidirReport, KillOnDrop, Report};
-use nsfast_testsupport::require_root;
-use nsfast_testsupport::world::{TestCgroup, VethPair};
 
 const GIB: u64 = 1 << 30;
 
 fn peer_bin() -> PathBuf {
-    std::env::var_os("NSFAST_TESTPEER_BIN")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_nsfast-testpeer")))
+    nsfast_lab::bins::testpeer()
 }
 
 fn nsfast_bin() -> PathBuf {

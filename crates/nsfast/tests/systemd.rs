@@ -10,9 +10,9 @@ use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use nsfast_testsupport::peer::KillOnDrop;
-use nsfast_testsupport::require_root;
-use nsfast_testsupport::world::TestCgroup;
+use nsfast_lab::peer::KillOnDrop;
+use nsfast_lab::require_root;
+use nsfast_lab::world::TestCgroup;
 
 fn nsfast_bin() -> PathBuf {
     std::env::var_os("NSFAST_BIN")

@@ -15,9 +15,9 @@ use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use nsfast_testsupport::peer::KillOnDrop;
-use nsfast_testsupport::stream::{bidir, check_pair};
-use nsfast_testsupport::world::unique;
+use nsfast_lab::peer::KillOnDrop;
+use nsfast_lab::stream::{bidir, check_pair};
+use nsfast_lab::world::unique;
 
 const MIB: u64 = 1 << 20;
 

@@ -22,7 +22,7 @@ use std::process::{Command, Stdio};
 use std::sync::atomic::{fence, Ordering};
 use std::time::{Duration, Instant};
 
-use nsfast_testsupport::peer::KillOnDrop;
+use nsfast_lab::peer::KillOnDrop;
 
 fn nsfast_bin() -> PathBuf {
     std::env::var_os("NSFAST_BIN")

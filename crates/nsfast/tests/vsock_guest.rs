@@ -16,9 +16,9 @@ use std::path::PathBuf;
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
+use nsfast_lab::peer::KillOnDrop;
+use nsfast_lab::world::unique;
 use nsfast_sys::netns::NetNs;
-use nsfast_testsupport::peer::KillOnDrop;
-use nsfast_testsupport::world::unique;
 use nsfast_vsock::conn::vsock;
 use nsfast_vsock::nsmode::{self, Mode};
 

@@ -9,11 +9,11 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use nsfast_lab::peer::KillOnDrop;
+use nsfast_lab::require_root;
+use nsfast_lab::stream::{bidir, check_pair, Bidir, ByteStream};
+use nsfast_lab::world::unique;
 use nsfast_sys::netns::NetNs;
-use nsfast_testsupport::peer::KillOnDrop;
-use nsfast_testsupport::require_root;
-use nsfast_testsupport::stream::{bidir, check_pair, Bidir, ByteStream};
-use nsfast_testsupport::world::unique;
 
 const MIB: u64 = 1 << 20;
 

@@ -7,7 +7,6 @@
 //!   attachment and pinning, classic tc (clsact + cls_bpf) where TCX is missing; endpoint
 //!   table and counters.
 //! - [`state`]     — per-host state: bpffs pins and JSON records under /run/nsfast/pod.
-//! - [`topology`]  — reusable two-host test/bench topology (hosts joined by a veth wire, pods).
 //! - [`abi`]       — mirrors of the BPF types and names.
 //! - [`error`]     — [`PodError`].
 
@@ -16,7 +15,6 @@ pub mod datapath;
 pub mod error;
 pub mod pod;
 pub mod state;
-pub mod topology;
 
 pub use error::PodError;
 pub use pod::{add, del, list, AddOptions, Added, AttachRequest, Listing, ModeRequest, PodIp};

@@ -7,11 +7,11 @@ use std::net::Ipv4Addr;
 use aya::maps::{HashMap as BpfHashMap, MapData, PerCpuArray};
 use aya::programs::{SchedClassifier, TestRun, TestRunOptions};
 use aya::Ebpf;
+use nsfast_lab::require_root;
+use nsfast_lab::world::{unique, VethPair};
 use nsfast_pod::abi::{self, cnt, Endpoint};
 use nsfast_sys::net;
 use nsfast_sys::netns::NetNs;
-use nsfast_testsupport::require_root;
-use nsfast_testsupport::world::{unique, VethPair};
 
 const TC_ACT_OK: u32 = 0;
 const TC_ACT_SHOT: u32 = 2;
@@ -644,8 +644,7 @@ fn netkit_link_create_attaches_on_the_primary_only() {
     require_root();
     let w = VethPair::new();
     // From the harness (NSFAST_EXPECT_NETKIT / the kernel config), not the probe under test.
-    let has_netkit =
-        nsfast_testsupport::kernel::expect(nsfast_testsupport::kernel::Feature::Netkit);
+    let has_netkit = nsfast_lab::kernel::expect(nsfast_lab::kernel::Feature::Netkit);
     assert_eq!(
         net::probe_netkit().unwrap(),
         has_netkit,

@@ -7,8 +7,8 @@ use std::net::{IpAddr, SocketAddr};
 use aya::maps::{Array, HashMap as BpfHashMap, MapData};
 use aya::programs::{SchedClassifier, TestRun, TestRunOptions};
 use aya::Ebpf;
+use nsfast_lab::require_root;
 use nsfast_sockmap::abi::{self, expected_key, ip4_word, ip6_words, Config, ConnView, PairKey};
-use nsfast_testsupport::require_root;
 
 struct Harness {
     ebpf: Ebpf,
@@ -18,7 +18,7 @@ const UNKEYABLE: u32 = 255;
 
 impl Harness {
     fn new() -> Self {
-        let mut ebpf = Ebpf::load(nsfast_bpf::TEST_SOCKMAP_KEYS).expect("load test object");
+        let mut ebpf = Ebpf::load(nsfast_lab::bpf::TEST_SOCKMAP_KEYS).expect("load test object");
         let prog: &mut SchedClassifier = ebpf
             .program_mut("nsf_test_keys")
             .unwrap()

@@ -39,20 +39,6 @@ enum Cmd {
     /// Show each relay's counters (flows, bytes, refused, per-client limit) from
     /// $XDG_RUNTIME_DIR/vpnrelay/relay-BRIDGE.stats and whether it runs.
     Status(StatusArgs),
-    /// Benchmark (needs root): builds a throwaway RootlessKit + slirp4netns world and measures
-    /// slirp4netns vs the relay vs a direct host socket in interleaved rounds.
-    #[command(hide = true)]
-    Bench {
-        /// Rounds (medians are reported).
-        #[arg(long, default_value_t = 5)]
-        rounds: usize,
-        /// Seconds per measurement.
-        #[arg(long, default_value_t = 3.0)]
-        secs: f64,
-        /// Also iperf3 TCP through a WireGuard tunnel (wireguard-go on both ends).
-        #[arg(long)]
-        wireguard: bool,
-    },
     #[command(name = "__child", hide = true)]
     Child {
         mode: String,
@@ -287,18 +273,15 @@ pub fn main_with_version(version: &'static str) -> ExitCode {
         Ok(c) => c,
         Err(e) => e.exit(),
     };
-    // Only the hidden benchmark builds throwaway worlds and needs root.
-    if !matches!(cli.command, Cmd::Bench { .. }) {
-        if let Some(msg) = refuse_root(effective_host_uid()) {
-            nsfast_sys::out::errln(&format!("vpnrelay: error: {msg}"));
-            return ExitCode::FAILURE;
-        }
+    if let Some(msg) = refuse_root(effective_host_uid()) {
+        nsfast_sys::out::errln(&format!("vpnrelay: error: {msg}"));
+        return ExitCode::FAILURE;
     }
     // Still one thread: the environment can be written safely.
     match &cli.command {
         Cmd::Supervise(t) | Cmd::Transparent(t) | Cmd::Cleanup(t) => t.export_env(),
         Cmd::Child { target, .. } => target.export_env(),
-        Cmd::Bench { .. } | Cmd::Status(_) => {}
+        Cmd::Status(_) => {}
     }
     let res = match cli.command {
         Cmd::Supervise(t) => config(&t).and_then(|c| crate::supervise::supervise(&c)),
@@ -306,16 +289,6 @@ pub fn main_with_version(version: &'static str) -> ExitCode {
         Cmd::Cleanup(t) => config(&t).and_then(|c| crate::host::cleanup(&c)),
         Cmd::Status(a) => status(&a),
         Cmd::Child { mode, target } => return child(&mode, &target),
-        Cmd::Bench {
-            rounds,
-            secs,
-            wireguard,
-        } => crate::bench::run(&crate::bench::BenchOpts {
-            rounds,
-            secs,
-            wireguard,
-        })
-        .map(drop),
     };
     match res {
         Ok(()) => ExitCode::SUCCESS,

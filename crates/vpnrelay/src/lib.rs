@@ -11,12 +11,11 @@
 //!   table, conntrack hand-over, cleanup on exit.
 //! - [`flow`]    — one flow: two threads forwarding batches (GRO in, GSO out).
 //! - [`supervise`] — single-instance supervisor with cleanup and backoff.
-//! - [`testbed`] — builds and tears down a real rootless world (RootlessKit + slirp4netns in a
-//!   throwaway "host" namespace) for tests and benchmarks. Needs root.
-//! - [`bench`]   — `vpnrelay bench`: slirp4netns vs relay vs direct, interleaved, medians.
 //! - [`cli`]     — the `vpnrelay` command line.
+//!
+//! The test/bench world (RootlessKit + slirp4netns, the `nsfvpn` tenant) lives in crate
+//! `nsfast-lab` (`nsfast_lab::rootless`), never in this crate or the shipped binary.
 
-pub mod bench;
 pub mod child;
 pub mod cli;
 pub mod config;
@@ -24,4 +23,3 @@ pub mod flow;
 pub mod host;
 pub mod state;
 pub mod supervise;
-pub mod testbed;

@@ -1,5 +1,5 @@
 //! Root integration tests: a real RootlessKit + slirp4netns world run by an unprivileged
-//! tenant inside a throwaway "host" namespace (see `nsfast_vpnrelay::testbed`). Everything of
+//! tenant inside a throwaway "host" namespace (see `nsfast_lab::rootless`). Everything of
 //! vpnrelay runs as the tenant. The world is torn down on every exit path (Drop guards).
 //!
 //! Needs root and: rootlesskit slirp4netns uidmap iproute2 nftables util-linux
@@ -12,8 +12,9 @@ use std::process::{Child, Stdio};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
-use nsfast_vpnrelay::testbed::{
-    self, Echo, Pinger, World, WorldOpts, BRIDGE, GLUETUN2_IP, GLUETUN_IP, SERVER_IP, VPN_PORT,
+use nsfast_lab::rootless::{
+    self as testbed, Echo, Pinger, World, WorldOpts, BRIDGE, GLUETUN2_IP, GLUETUN_IP, SERVER_IP,
+    VPN_PORT,
 };
 
 /// One world at a time: the tests share 2 cores and the tenant.

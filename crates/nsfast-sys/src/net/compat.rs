@@ -2,9 +2,9 @@
 //! opens a [`Netlink`] handle for that one call.
 //!
 //! TODO(lab merge): callers in topology code. Kept only for test and topology code (the
-//! worlds in `crates/testsupport`, `crates/bench`, `pod/src/topology.rs`,
-//! `cni/src/reference.rs`, `vpnrelay/src/testbed.rs` and the integration tests), which move
-//! to the lab crate; product code opens one handle per namespace per operation instead.
+//! worlds in `crates/lab` — `world.rs`, `pods.rs`, `ptp.rs`, `rootless.rs` — `crates/bench`
+//! and the integration tests); product code opens one handle per namespace per operation
+//! instead.
 //! Remove once those callers hold handles.
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddrV4};

@@ -7,12 +7,12 @@ use std::net::{IpAddr, Ipv4Addr};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
-use nsfast_pod::topology::{host_ip, WIRE_IF};
+use crate::pods::{host_ip, WIRE_IF};
 use nsfast_sys::net;
 use nsfast_sys::netns::NetNs;
 use serde_json::{json, Value};
 
-use crate::spec::{code, CniError};
+use nsfast_cni::spec::{code, CniError};
 
 /// One ptp pod.
 #[derive(Debug)]
@@ -147,5 +147,42 @@ impl Drop for PtpTopology {
         }
         self.pods.clear();
         let _ = std::fs::remove_dir_all(&self.data_dir);
+    }
+}
+
+/// The reference-ptp world as a [`crate::topology::Topology`]: `pods_per_host` ptp pods per
+/// host with the plugins in `cni_path`; built under the name prefix given as the context.
+#[derive(Debug, Clone, Copy)]
+pub struct PtpSpec<'a> {
+    pub pods_per_host: usize,
+    pub cni_path: &'a str,
+}
+
+impl crate::topology::Topology for PtpSpec<'_> {
+    type Ctx = str;
+    type Guard = PtpTopology;
+    type Error = CniError;
+
+    fn name(&self) -> &str {
+        "cni-ptp"
+    }
+
+    fn probe(&self) -> Result<(), String> {
+        for p in ["ptp", "host-local"] {
+            let f = Path::new(self.cni_path).join(p);
+            if !f.exists() {
+                return Err(format!(
+                    "{} not found (install containernetworking-plugins)",
+                    f.display()
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Tear-down order ([`PtpTopology`]'s drop): ptp DEL for every pod, the IPAM store, then
+    /// the namespaces.
+    fn build(&self, prefix: &str) -> Result<PtpTopology, CniError> {
+        PtpTopology::build(prefix, self.pods_per_host, self.cni_path)
     }
 }

@@ -1,5 +1,5 @@
 //! A reusable pod topology for tests and `nsfast bench`: two "hosts" (network namespaces)
-//! joined by a veth "wire", each with pods made by [`crate::pod::add`]. Dropping it deletes
+//! joined by a veth "wire", each with pods made by [`nsfast_pod::add`]. Dropping it deletes
 //! the pods (and with them their pins and state), then the hosts.
 //!
 //! ```text
@@ -14,9 +14,10 @@ use std::net::{IpAddr, Ipv4Addr};
 use nsfast_sys::net;
 use nsfast_sys::netns::NetNs;
 
-use crate::error::PodError;
-use crate::pod::{self, AddOptions, AttachRequest, ModeRequest, PodIp};
-use crate::state::PodRecord;
+use nsfast_pod::pod::{self, AddOptions, PodIp};
+pub use nsfast_pod::pod::{AttachRequest, ModeRequest};
+use nsfast_pod::PodError;
+use nsfast_pod::PodRecord;
 
 /// Uplink device name on both hosts.
 pub const WIRE_IF: &str = "wire0";
@@ -138,5 +139,31 @@ impl Drop for Topology {
             }
         }
         // Host namespaces (and the wire) go when `hosts` drops.
+    }
+}
+
+/// The two-host pod world as a [`crate::topology::Topology`]: `pods_per_host` pods per host in
+/// `mode`, attached by `attach`; built under the name prefix given as the context.
+#[derive(Debug, Clone, Copy)]
+pub struct PodsSpec {
+    pub mode: ModeRequest,
+    pub attach: AttachRequest,
+    pub pods_per_host: usize,
+}
+
+impl crate::topology::Topology for PodsSpec {
+    type Ctx = str;
+    type Guard = Topology;
+    type Error = PodError;
+
+    fn name(&self) -> &str {
+        "pods"
+    }
+
+    /// Tear-down order ([`Topology`]'s drop): pods in reverse order of creation (through
+    /// `nsfast pod del`, which removes their filters, pins and records), then the host
+    /// namespaces with the wire.
+    fn build(&self, prefix: &str) -> Result<Topology, PodError> {
+        Topology::build_with(prefix, self.mode, self.attach, self.pods_per_host)
     }
 }

@@ -201,288 +201,331 @@ async fn connect(addr: SocketAddr) -> Result<TcpStream> {
         .with_context(|| format!("connect {addr}"))
 }
 
+/// Runs one mode; each mode is one function below, returning its JSON report.
 async fn run(mode: Mode) -> Result<String> {
-    Ok(match mode {
+    match mode {
         Mode::BidirServer {
             listen: a,
             bytes,
             seed,
-        } => {
-            let l = listen(a).await?;
-            let (s, _) = l.accept().await?;
-            serde_json::to_string(&bidir(s, bytes, seed, 0).await?)?
-        }
+        } => bidir_server(a, bytes, seed).await,
         Mode::BidirClient {
             connect: a,
             bytes,
             seed,
             start_delay_ms,
             rate,
-        } => {
-            let s = connect(a).await?;
-            tokio::time::sleep(Duration::from_millis(start_delay_ms)).await;
-            serde_json::to_string(&bidir(s, bytes, seed, rate).await?)?
-        }
-        Mode::EchoServer { listen: a, count } => {
-            let l = listen(a).await?;
-            let mut tasks = tokio::task::JoinSet::new();
-            let mut accepted = 0u64;
-            let mut done = 0u64;
-            let mut failed = 0u64;
-            loop {
-                if count != 0 && accepted == count {
-                    break;
-                }
-                tokio::select! {
-                    r = l.accept() => {
-                        let (s, _) = r?;
-                        accepted += 1;
-                        tasks.spawn(echo(s));
-                    }
-                    Some(r) = tasks.join_next(), if !tasks.is_empty() => {
-                        match r { Ok(Ok(())) => done += 1, _ => failed += 1 }
-                    }
-                }
-            }
-            while let Some(r) = tasks.join_next().await {
-                match r {
-                    Ok(Ok(())) => done += 1,
-                    _ => failed += 1,
-                }
-            }
-            serde_json::to_string(&Report {
-                ok: done,
-                failed,
-                ..Default::default()
-            })?
-        }
+        } => bidir_client(a, bytes, seed, start_delay_ms, rate).await,
+        Mode::EchoServer { listen: a, count } => echo_server(a, count).await,
         Mode::Many {
             connect: a,
             conns,
             size,
-        } => {
-            let start = Instant::now();
-            let mut tasks = tokio::task::JoinSet::new();
-            for i in 0..conns {
-                tasks.spawn(async move { many_one(a, i, size).await });
-            }
-            let (mut ok, mut failed, mut detail) = (0, 0, String::new());
-            while let Some(r) = tasks.join_next().await {
-                match r {
-                    Ok(Ok(())) => ok += 1,
-                    Ok(Err(e)) => {
-                        failed += 1;
-                        if detail.is_empty() {
-                            detail = format!("{e:#}");
-                        }
-                    }
-                    Err(e) => {
-                        failed += 1;
-                        detail = e.to_string();
-                    }
-                }
-            }
-            serde_json::to_string(&Report {
-                ok,
-                failed,
-                elapsed_ms: start.elapsed().as_millis() as u64,
-                detail,
-                ..Default::default()
-            })?
-        }
+        } => many(a, conns, size).await,
         Mode::Pingpong {
             connect: a,
             rounds,
             size,
-        } => {
-            let mut s = connect(a).await?;
-            s.set_nodelay(true)?;
-            let mut out = vec![0u8; size];
-            let mut back = vec![0u8; size];
-            let mut stream = ByteStream::new(7);
-            let start = Instant::now();
-            for r in 0..rounds {
-                stream.fill(&mut out);
-                s.write_all(&out).await?;
-                tokio::time::timeout(Duration::from_secs(5), s.read_exact(&mut back))
-                    .await
-                    .with_context(|| format!("round {r}: no reply within 5 s (stall)"))??;
-                if back != out {
-                    bail!("round {r}: reply differs from request");
-                }
-            }
-            serde_json::to_string(&Report {
-                ok: rounds,
-                elapsed_ms: start.elapsed().as_millis() as u64,
-                ..Default::default()
-            })?
-        }
-        Mode::HalfcloseServer { listen: a } => {
-            let l = listen(a).await?;
-            let (mut s, _) = l.accept().await?;
-            let mut h = Sha256::new();
-            let mut buf = vec![0u8; 1 << 16];
-            let mut n = 0u64;
-            loop {
-                let r = s.read(&mut buf).await?;
-                if r == 0 {
-                    break;
-                }
-                n += r as u64;
-                h.update(&buf[..r]);
-            }
-            let reply = format!("{n} {}", hex(&h.finalize()));
-            s.write_all(reply.as_bytes()).await?;
-            s.shutdown().await?;
-            serde_json::to_string(&Report {
-                value: n,
-                detail: reply,
-                ..Default::default()
-            })?
-        }
-        Mode::HalfcloseClient { connect: a, bytes } => {
-            let mut s = connect(a).await?;
-            let mut stream = ByteStream::new(11);
-            let mut h = Sha256::new();
-            let mut buf = vec![0u8; 1 << 16];
-            let mut left = bytes;
-            while left > 0 {
-                let n = left.min(buf.len() as u64) as usize;
-                stream.fill(&mut buf[..n]);
-                h.update(&buf[..n]);
-                s.write_all(&buf[..n]).await?;
-                left -= n as u64;
-            }
-            s.shutdown().await?;
-            let mut reply = String::new();
-            s.read_to_string(&mut reply).await?;
-            let want = format!("{bytes} {}", hex(&h.finalize()));
-            if reply != want {
-                bail!("half-close reply {reply:?}, expected {want:?}");
-            }
-            serde_json::to_string(&Report {
-                ok: 1,
-                value: bytes,
-                detail: reply,
-                ..Default::default()
-            })?
-        }
-        Mode::FionreadServer { listen: a, bytes } => {
-            let l = listen(a).await?;
-            let (s, _) = l.accept().await?;
-            // Wait until all bytes are queued, then read FIONREAD before consuming anything.
-            let deadline = Instant::now() + Duration::from_secs(10);
-            let mut queued;
-            loop {
-                s.readable().await?;
-                queued = fionread(&s)?;
-                if queued >= bytes || Instant::now() > deadline {
-                    break;
-                }
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-            let mut s = s;
-            let mut buf = vec![0u8; bytes];
-            s.read_exact(&mut buf).await?;
-            let after = fionread(&s)?;
-            serde_json::to_string(&Report {
-                value: queued as u64,
-                ok: u64::from(after == 0),
-                detail: format!("fionread before read {queued}, after {after}"),
-                ..Default::default()
-            })?
-        }
-        Mode::SendClient { connect: a, bytes } => {
-            let mut s = connect(a).await?;
-            let mut buf = vec![0u8; bytes as usize];
-            ByteStream::new(3).fill(&mut buf);
-            s.write_all(&buf).await?;
-            let mut rest = Vec::new();
-            s.read_to_end(&mut rest).await?;
-            serde_json::to_string(&Report {
-                ok: 1,
-                value: bytes,
-                ..Default::default()
-            })?
-        }
+        } => pingpong(a, rounds, size).await,
+        Mode::HalfcloseServer { listen: a } => halfclose_server(a).await,
+        Mode::HalfcloseClient { connect: a, bytes } => halfclose_client(a, bytes).await,
+        Mode::FionreadServer { listen: a, bytes } => fionread_server(a, bytes).await,
+        Mode::SendClient { connect: a, bytes } => send_client(a, bytes).await,
         Mode::TagServer {
             listen: a,
             tag,
             bytes,
             count,
-        } => {
-            let l = listen(a).await?;
-            let mut served = 0u64;
-            while count == 0 || served < count {
-                let (mut s, _) = l.accept().await?;
-                let tag = tag.clone();
-                // Serve inline: the client connects from one fixed port, one at a time.
-                let mut payload = tag.into_bytes();
-                let mut body = vec![0u8; bytes as usize];
-                ByteStream::new(served).fill(&mut body);
-                payload.extend_from_slice(&body);
-                s.write_all(&payload).await?;
-                s.shutdown().await?;
-                let mut sink = Vec::new();
-                let _ = s.read_to_end(&mut sink).await;
-                served += 1;
-            }
-            serde_json::to_string(&Report {
-                ok: served,
-                ..Default::default()
-            })?
-        }
+        } => tag_server(a, tag, bytes, count).await,
         Mode::TagClient {
             connect: a,
             bind,
             expect,
             bytes,
             iterations,
-        } => {
-            let mut wrong = 0u64;
-            let mut detail = String::new();
-            for i in 0..iterations {
-                let sock = socket2::Socket::new(
-                    socket2::Domain::for_address(a),
-                    socket2::Type::STREAM,
-                    None,
-                )?;
-                sock.set_reuse_address(true)?;
-                sock.bind(&bind.into())
-                    .with_context(|| format!("bind {bind}"))?;
-                sock.set_nonblocking(true)?;
-                let std_sock: std::net::TcpStream = sock.into();
-                let s = TcpSocket::from_std_stream(std_sock);
-                let mut s = s
-                    .connect(a)
-                    .await
-                    .with_context(|| format!("iteration {i}: connect {a}"))?;
-                let mut got = Vec::new();
-                s.read_to_end(&mut got).await?;
-                let want_len = expect.len() + bytes as usize;
-                if !got.starts_with(expect.as_bytes()) || got.len() != want_len {
-                    wrong += 1;
-                    if detail.is_empty() {
-                        detail = format!(
+        } => tag_client(a, bind, expect, bytes, iterations).await,
+    }
+}
+
+/// `bidir-server`: Accept one connection; send BYTES of stream SEED while receiving until EOF.
+async fn bidir_server(a: SocketAddr, bytes: u64, seed: u64) -> Result<String> {
+    let l = listen(a).await?;
+    let (s, _) = l.accept().await?;
+    Ok(serde_json::to_string(&bidir(s, bytes, seed, 0).await?)?)
+}
+
+/// `bidir-client`: Connect; send BYTES of stream SEED while receiving until EOF.
+async fn bidir_client(
+    a: SocketAddr,
+    bytes: u64,
+    seed: u64,
+    start_delay_ms: u64,
+    rate: u64,
+) -> Result<String> {
+    let s = connect(a).await?;
+    tokio::time::sleep(Duration::from_millis(start_delay_ms)).await;
+    Ok(serde_json::to_string(&bidir(s, bytes, seed, rate).await?)?)
+}
+
+/// `echo-server`: Echo every connection until COUNT connections have finished (0: forever).
+async fn echo_server(a: SocketAddr, count: u64) -> Result<String> {
+    let l = listen(a).await?;
+    let mut tasks = tokio::task::JoinSet::new();
+    let mut accepted = 0u64;
+    let mut done = 0u64;
+    let mut failed = 0u64;
+    loop {
+        if count != 0 && accepted == count {
+            break;
+        }
+        tokio::select! {
+            r = l.accept() => {
+                let (s, _) = r?;
+                accepted += 1;
+                tasks.spawn(echo(s));
+            }
+            Some(r) = tasks.join_next(), if !tasks.is_empty() => {
+                match r { Ok(Ok(())) => done += 1, _ => failed += 1 }
+            }
+        }
+    }
+    while let Some(r) = tasks.join_next().await {
+        match r {
+            Ok(Ok(())) => done += 1,
+            _ => failed += 1,
+        }
+    }
+    Ok(serde_json::to_string(&Report {
+        ok: done,
+        failed,
+        ..Default::default()
+    })?)
+}
+
+/// `many`: Open CONNS connections at once; each sends SIZE checksummed bytes and checks the echo.
+async fn many(a: SocketAddr, conns: u64, size: usize) -> Result<String> {
+    let start = Instant::now();
+    let mut tasks = tokio::task::JoinSet::new();
+    for i in 0..conns {
+        tasks.spawn(async move { many_one(a, i, size).await });
+    }
+    let (mut ok, mut failed, mut detail) = (0, 0, String::new());
+    while let Some(r) = tasks.join_next().await {
+        match r {
+            Ok(Ok(())) => ok += 1,
+            Ok(Err(e)) => {
+                failed += 1;
+                if detail.is_empty() {
+                    detail = format!("{e:#}");
+                }
+            }
+            Err(e) => {
+                failed += 1;
+                detail = e.to_string();
+            }
+        }
+    }
+    Ok(serde_json::to_string(&Report {
+        ok,
+        failed,
+        elapsed_ms: start.elapsed().as_millis() as u64,
+        detail,
+        ..Default::default()
+    })?)
+}
+
+/// `pingpong`: ROUNDS round trips of SIZE bytes against an echo server, checking every reply.
+async fn pingpong(a: SocketAddr, rounds: u64, size: usize) -> Result<String> {
+    let mut s = connect(a).await?;
+    s.set_nodelay(true)?;
+    let mut out = vec![0u8; size];
+    let mut back = vec![0u8; size];
+    let mut stream = ByteStream::new(7);
+    let start = Instant::now();
+    for r in 0..rounds {
+        stream.fill(&mut out);
+        s.write_all(&out).await?;
+        tokio::time::timeout(Duration::from_secs(5), s.read_exact(&mut back))
+            .await
+            .with_context(|| format!("round {r}: no reply within 5 s (stall)"))??;
+        if back != out {
+            bail!("round {r}: reply differs from request");
+        }
+    }
+    Ok(serde_json::to_string(&Report {
+        ok: rounds,
+        elapsed_ms: start.elapsed().as_millis() as u64,
+        ..Default::default()
+    })?)
+}
+
+/// `halfclose-server`: Accept one connection, read until EOF, reply with the SHA-256 of what was read, close.
+async fn halfclose_server(a: SocketAddr) -> Result<String> {
+    let l = listen(a).await?;
+    let (mut s, _) = l.accept().await?;
+    let mut h = Sha256::new();
+    let mut buf = vec![0u8; 1 << 16];
+    let mut n = 0u64;
+    loop {
+        let r = s.read(&mut buf).await?;
+        if r == 0 {
+            break;
+        }
+        n += r as u64;
+        h.update(&buf[..r]);
+    }
+    let reply = format!("{n} {}", hex(&h.finalize()));
+    s.write_all(reply.as_bytes()).await?;
+    s.shutdown().await?;
+    Ok(serde_json::to_string(&Report {
+        value: n,
+        detail: reply,
+        ..Default::default()
+    })?)
+}
+
+/// `halfclose-client`: Send BYTES, shutdown(SHUT_WR), read the reply until EOF and check it.
+async fn halfclose_client(a: SocketAddr, bytes: u64) -> Result<String> {
+    let mut s = connect(a).await?;
+    let mut stream = ByteStream::new(11);
+    let mut h = Sha256::new();
+    let mut buf = vec![0u8; 1 << 16];
+    let mut left = bytes;
+    while left > 0 {
+        let n = left.min(buf.len() as u64) as usize;
+        stream.fill(&mut buf[..n]);
+        h.update(&buf[..n]);
+        s.write_all(&buf[..n]).await?;
+        left -= n as u64;
+    }
+    s.shutdown().await?;
+    let mut reply = String::new();
+    s.read_to_string(&mut reply).await?;
+    let want = format!("{bytes} {}", hex(&h.finalize()));
+    if reply != want {
+        bail!("half-close reply {reply:?}, expected {want:?}");
+    }
+    Ok(serde_json::to_string(&Report {
+        ok: 1,
+        value: bytes,
+        detail: reply,
+        ..Default::default()
+    })?)
+}
+
+/// `fionread-server`: Accept one connection; wait until BYTES are queued, report FIONREAD, then read them.
+async fn fionread_server(a: SocketAddr, bytes: usize) -> Result<String> {
+    let l = listen(a).await?;
+    let (s, _) = l.accept().await?;
+    // Wait until all bytes are queued, then read FIONREAD before consuming anything.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut queued;
+    loop {
+        s.readable().await?;
+        queued = fionread(&s)?;
+        if queued >= bytes || Instant::now() > deadline {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let mut s = s;
+    let mut buf = vec![0u8; bytes];
+    s.read_exact(&mut buf).await?;
+    let after = fionread(&s)?;
+    Ok(serde_json::to_string(&Report {
+        value: queued as u64,
+        ok: u64::from(after == 0),
+        detail: format!("fionread before read {queued}, after {after}"),
+        ..Default::default()
+    })?)
+}
+
+/// `send-client`: Connect and send BYTES, then wait for the server to close.
+async fn send_client(a: SocketAddr, bytes: u64) -> Result<String> {
+    let mut s = connect(a).await?;
+    let mut buf = vec![0u8; bytes as usize];
+    ByteStream::new(3).fill(&mut buf);
+    s.write_all(&buf).await?;
+    let mut rest = Vec::new();
+    s.read_to_end(&mut rest).await?;
+    Ok(serde_json::to_string(&Report {
+        ok: 1,
+        value: bytes,
+        ..Default::default()
+    })?)
+}
+
+/// `tag-server`: Serve COUNT connections (0: forever): send TAG, then BYTES of stream, then close.
+async fn tag_server(a: SocketAddr, tag: String, bytes: u64, count: u64) -> Result<String> {
+    let l = listen(a).await?;
+    let mut served = 0u64;
+    while count == 0 || served < count {
+        let (mut s, _) = l.accept().await?;
+        let tag = tag.clone();
+        // Serve inline: the client connects from one fixed port, one at a time.
+        let mut payload = tag.into_bytes();
+        let mut body = vec![0u8; bytes as usize];
+        ByteStream::new(served).fill(&mut body);
+        payload.extend_from_slice(&body);
+        s.write_all(&payload).await?;
+        s.shutdown().await?;
+        let mut sink = Vec::new();
+        let _ = s.read_to_end(&mut sink).await;
+        served += 1;
+    }
+    Ok(serde_json::to_string(&Report {
+        ok: served,
+        ..Default::default()
+    })?)
+}
+
+/// `tag-client`: ITERATIONS connections from the fixed source BIND; each must read exactly TAG + BYTES.
+async fn tag_client(
+    a: SocketAddr,
+    bind: SocketAddr,
+    expect: String,
+    bytes: u64,
+    iterations: u64,
+) -> Result<String> {
+    let mut wrong = 0u64;
+    let mut detail = String::new();
+    for i in 0..iterations {
+        let sock =
+            socket2::Socket::new(socket2::Domain::for_address(a), socket2::Type::STREAM, None)?;
+        sock.set_reuse_address(true)?;
+        sock.bind(&bind.into())
+            .with_context(|| format!("bind {bind}"))?;
+        sock.set_nonblocking(true)?;
+        let std_sock: std::net::TcpStream = sock.into();
+        let s = TcpSocket::from_std_stream(std_sock);
+        let mut s = s
+            .connect(a)
+            .await
+            .with_context(|| format!("iteration {i}: connect {a}"))?;
+        let mut got = Vec::new();
+        s.read_to_end(&mut got).await?;
+        let want_len = expect.len() + bytes as usize;
+        if !got.starts_with(expect.as_bytes()) || got.len() != want_len {
+            wrong += 1;
+            if detail.is_empty() {
+                detail = format!(
                             "iteration {i}: got {} bytes starting {:?}, expected {want_len} starting {expect:?}",
                             got.len(),
                             String::from_utf8_lossy(&got[..got.len().min(expect.len())])
                         );
-                    }
-                }
-                // Close with RST (linger 0) so the same 4-tuple can be used again at once.
-                let std_s = s.into_std()?;
-                socket2::SockRef::from(&std_s).set_linger(Some(Duration::ZERO))?;
-                drop(std_s);
             }
-            serde_json::to_string(&Report {
-                ok: iterations - wrong,
-                failed: wrong,
-                detail,
-                ..Default::default()
-            })?
         }
-    })
+        // Close with RST (linger 0) so the same 4-tuple can be used again at once.
+        let std_s = s.into_std()?;
+        socket2::SockRef::from(&std_s).set_linger(Some(Duration::ZERO))?;
+        drop(std_s);
+    }
+    Ok(serde_json::to_string(&Report {
+        ok: iterations - wrong,
+        failed: wrong,
+        detail,
+        ..Default::default()
+    })?)
 }
 
 async fn bidir(s: TcpStream, bytes: u64, seed: u64, rate: u64) -> Result<BidirReport> {

@@ -3,19 +3,12 @@
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU32, Ordering};
 
 use nsfast_sys::cgroup::{cgroup2_mount, Cgroup};
 use nsfast_sys::net;
 use nsfast_sys::netns::NetNs;
 
-static COUNTER: AtomicU32 = AtomicU32::new(0);
-
-/// A unique short name: `<tag><pid mod 100000>x<counter>` (fits interface names).
-pub fn unique(tag: &str) -> String {
-    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
-    format!("{tag}{}x{n}", std::process::id() % 100_000)
-}
+pub use crate::name::unique;
 
 /// A cgroup under the cgroup2 mount, removed on drop (processes in it must have exited).
 #[derive(Debug)]
@@ -124,5 +117,24 @@ impl VethPair {
 impl Default for VethPair {
     fn default() -> Self {
         Self::new()
+    }
+}
+
+/// [`VethPair`] as a [`crate::topology::Topology`] (names come from [`unique`]).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct VethSpec;
+
+impl crate::topology::Topology for VethSpec {
+    type Ctx = ();
+    type Guard = VethPair;
+    type Error = std::convert::Infallible;
+
+    fn name(&self) -> &str {
+        "veth-pair"
+    }
+
+    /// Tear-down: both namespaces (and the pair with them) when the guard drops.
+    fn build(&self, _: &()) -> Result<VethPair, Self::Error> {
+        Ok(VethPair::new())
     }
 }

@@ -22,7 +22,7 @@ use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
@@ -169,15 +169,6 @@ pub struct World {
     children: Mutex<Vec<Child>>,
 }
 
-fn unique_prefix() -> String {
-    static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-    format!(
-        "nsfv{}x{}",
-        std::process::id(),
-        N.fetch_add(1, Ordering::Relaxed)
-    )
-}
-
 impl World {
     /// Builds the world. Needs root (namespaces, the tenant user, /dev/net/tun mode).
     pub fn build(opts: &WorldOpts) -> anyhow::Result<World> {
@@ -198,7 +189,7 @@ impl World {
                     .context("chmod 0666 /dev/net/tun")?;
             }
         }
-        let prefix = unique_prefix();
+        let prefix = crate::name::world_prefix();
         let host = NetNs::create(&format!("{prefix}-host"))?;
         let server = NetNs::create(&format!("{prefix}-srv"))?;
         let runtime_dir = std::env::temp_dir().join(format!("{prefix}-xdg"));
@@ -1093,14 +1084,7 @@ impl Drop for WireGuard {
 /// The world prefix (`nsfv<pid>x<n>`) at the start of `name` if the process that built that
 /// world is gone, e.g. after a SIGKILLed test or `nsfast bench` run.
 fn dead_world_prefix(name: &str) -> Option<String> {
-    let rest = name.strip_prefix("nsfv")?;
-    let (pid, tail) = rest.split_once('x')?;
-    let n: String = tail.chars().take_while(|c| c.is_ascii_digit()).collect();
-    if pid.is_empty() || n.is_empty() || !pid.bytes().all(|b| b.is_ascii_digit()) {
-        return None;
-    }
-    let alive = Path::new(&format!("/proc/{pid}")).exists();
-    (!alive).then(|| format!("nsfv{pid}x{n}"))
+    crate::name::dead_owner(name).filter(|p| p.starts_with(crate::name::WORLD))
 }
 
 /// Removes what worlds of dead processes left: their tenant processes (RootlessKit,
@@ -1193,6 +1177,62 @@ fn world_processes(env_marker: &str, host_ino: Option<u64>) -> BTreeSet<u32> {
         }
     }
     out
+}
+
+impl crate::topology::Topology for WorldOpts {
+    type Ctx = ();
+    type Guard = World;
+    type Error = anyhow::Error;
+
+    fn name(&self) -> &str {
+        "rootless"
+    }
+
+    fn probe(&self) -> Result<(), String> {
+        check_programs(NEEDS).map_err(|e| e.to_string())
+    }
+
+    /// Tear-down order ([`World`]'s drop): its children, every process of the world's user
+    /// and host namespaces (SIGTERM, then SIGKILL), RootlessKit, the runtime folder; the
+    /// namespaces with the handles.
+    fn build(&self, _: &()) -> anyhow::Result<World> {
+        World::build(self)
+    }
+}
+
+static BIN: OnceLock<PathBuf> = OnceLock::new();
+
+/// Uses `path` as the `vpnrelay` binary (tests; the first call wins).
+pub fn set_vpnrelay_bin(path: PathBuf) {
+    let _ = BIN.set(path);
+}
+
+/// The `vpnrelay` binary: the one set with [`set_vpnrelay_bin`], `NSFAST_VPNRELAY_BIN`, or
+/// `vpnrelay` next to the running executable (or one directory up, for test executables).
+pub fn vpnrelay_bin() -> Result<PathBuf, String> {
+    if let Some(p) = BIN.get() {
+        return Ok(p.clone());
+    }
+    if let Some(p) = std::env::var_os("NSFAST_VPNRELAY_BIN") {
+        let p = PathBuf::from(p);
+        return if p.is_file() {
+            Ok(p)
+        } else {
+            Err(format!("NSFAST_VPNRELAY_BIN={} is not a file", p.display()))
+        };
+    }
+    let exe = std::env::current_exe().map_err(|e| format!("own executable: {e}"))?;
+    let dir = exe.parent().map(PathBuf::from).unwrap_or_default();
+    for d in [Some(dir.as_path()), dir.parent()].into_iter().flatten() {
+        let p = d.join("vpnrelay");
+        if p.is_file() {
+            return Ok(p);
+        }
+    }
+    Err(format!(
+        "no vpnrelay binary next to {} (cargo build -p nsfast --bin vpnrelay, or set NSFAST_VPNRELAY_BIN)",
+        exe.display()
+    ))
 }
 
 #[cfg(test)]

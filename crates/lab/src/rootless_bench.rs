@@ -1,4 +1,4 @@
-//! `vpnrelay bench` (hidden; needs root): builds the [`crate::testbed`] world and measures,
+//! `nsfast-lab vpnrelay-bench` (needs root): builds the [`crate::rootless`] world and measures,
 //! in interleaved rounds, a UDP stream of 1420-byte datagrams (WireGuard-sized) from the
 //! "gluetun" namespace to the server over Docker's normal path (slirp4netns), through the
 //! relay, and from a plain host socket (direct); optionally iperf3 TCP through a WireGuard
@@ -13,11 +13,11 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Context};
+use anyhow::bail;
 use nsfast_sys::netns::NetNs;
 use nsfast_sys::udp::{self, RecvBatch, SendBatch};
 
-use crate::testbed::{World, WorldOpts, BRIDGE, SERVER_IP, VPN_PORT};
+use crate::rootless::{World, WorldOpts, BRIDGE, SERVER_IP, VPN_PORT};
 
 /// Datagram size of the UDP stream (WireGuard's usual 1420-byte MTU payload).
 pub const DGRAM: usize = 1420;
@@ -107,14 +107,14 @@ impl RelayProc {
                 &[
                     "transparent",
                     BRIDGE,
-                    &format!("{VPN_PORT}-{}", crate::testbed::WG_PORT),
+                    &format!("{VPN_PORT}-{}", crate::rootless::WG_PORT),
                 ],
             )
             // A benchmark client may open more flows than one container normally would:
             // keep them all in the relay so a figure never mixes in Docker's path.
             .env(
                 "VPNRELAY_MAX_FLOWS_PER_CLIENT",
-                crate::config::MAX_FLOWS.to_string(),
+                nsfast_vpnrelay::config::MAX_FLOWS.to_string(),
             )
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -124,7 +124,7 @@ impl RelayProc {
         let until = Instant::now() + Duration::from_secs(15);
         loop {
             if w.rules()?
-                .contains(&format!("lookup {}", crate::config::DEFAULT_RULE))
+                .contains(&format!("lookup {}", nsfast_vpnrelay::config::DEFAULT_RULE))
             {
                 break;
             }
@@ -156,9 +156,11 @@ impl Drop for RelayProc {
     }
 }
 
-/// Options of `vpnrelay bench`.
+/// Options of `nsfast-lab vpnrelay-bench`.
 #[derive(Debug, Clone)]
 pub struct BenchOpts {
+    /// The `vpnrelay` binary to measure.
+    pub bin: std::path::PathBuf,
     pub rounds: usize,
     pub secs: f64,
     pub wireguard: bool,
@@ -166,7 +168,7 @@ pub struct BenchOpts {
 
 /// Runs the benchmark and prints a table; returns the medians (Gbit/s) by topology name.
 pub fn run(opts: &BenchOpts) -> anyhow::Result<Vec<(String, f64)>> {
-    let bin = std::env::current_exe().context("own executable")?;
+    let bin = &opts.bin;
     let w = World::build(&WorldOpts::default())?;
     let g = w.gluetun_ns()?;
     let dst = SocketAddrV4::new(SERVER_IP, VPN_PORT);
@@ -183,7 +185,7 @@ pub fn run(opts: &BenchOpts) -> anyhow::Result<Vec<(String, f64)>> {
     ];
     let mut samples: Vec<Vec<f64>> = vec![Vec::new(); names.len()];
     let wg = if opts.wireguard {
-        Some(crate::testbed::WireGuard::start(&w)?)
+        Some(crate::rootless::WireGuard::start(&w)?)
     } else {
         None
     };
@@ -199,7 +201,7 @@ pub fn run(opts: &BenchOpts) -> anyhow::Result<Vec<(String, f64)>> {
             got[6] = wg.iperf3(&w, opts.secs)?;
         }
         {
-            let _relay = RelayProc::start(&w, &bin)?;
+            let _relay = RelayProc::start(&w, bin)?;
             got[1] = udp_stream(&g, &w.server, dst, opts.secs, true)?;
             got[4] = udp_stream(&g, &w.server, dst, opts.secs, false)?;
             if let Some(wg) = &wg {
@@ -221,7 +223,7 @@ pub fn run(opts: &BenchOpts) -> anyhow::Result<Vec<(String, f64)>> {
     }
     let med: Vec<f64> = samples.iter_mut().map(|v| median(v)).collect();
     nsfast_sys::outln!(
-        "vpnrelay bench: {} rounds x {} s, kernel {}, medians in Gbit/s received",
+        "vpnrelay-bench: {} rounds x {} s, kernel {}, medians in Gbit/s received",
         opts.rounds,
         opts.secs,
         nsfast_sys::kernel::release()
@@ -244,7 +246,7 @@ pub fn run(opts: &BenchOpts) -> anyhow::Result<Vec<(String, f64)>> {
         let (s, r) = (med[6], med[7]);
         nsfast_sys::outln!(
             "WireGuard tunnel ({} on both ends), iperf3 TCP:",
-            crate::testbed::wireguard_go_version()
+            crate::rootless::wireguard_go_version()
         )?;
         nsfast_sys::outln!("  slirp4netns  {s:8.2}")?;
         nsfast_sys::outln!(

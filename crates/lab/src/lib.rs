@@ -1,0 +1,45 @@
+//! nsfast lab: the one place that builds throwaway worlds, for bench and the root
+//! integration tests (never for product crates: they take it as a dev-dependency only;
+//! `nsfast-bench` uses it by design, as a benchmark builds throwaway worlds).
+//!
+//! Module map:
+//! - [`topology`] — the one trait of a throwaway world: probe (reason to skip), build (a guard
+//!   that tears the world down on drop, in an order each implementor documents).
+//! - [`name`]  — the one naming scheme (`nsf<kind><pid>...`) and who owns a name.
+//! - [`cleanup`] — the one "remove what a dead run left" (`nsfast bench --cleanup`).
+//! - [`world`] — throwaway network namespaces joined by veth, cgroups, all removed on drop
+//!   (also when a test panics).
+//! - [`pods`]  — two hosts joined by a veth wire, with nsfast pods (`nsfast_pod::add`).
+//! - [`ptp`]   — the same layout with pods of the reference CNI `ptp` plugin (bench baseline).
+//! - [`rootless`] — a real rootless world (RootlessKit + slirp4netns, the `nsfvpn` tenant,
+//!   `useradd`) for vpnrelay's tests and the bench; [`rootless_bench`] measures in it
+//!   (`nsfast-lab vpnrelay-bench`).
+//! - [`shortcut`] — the sockmap shortcut on a throwaway cgroup (bench's `sockmap` topology).
+//! - [`bpf`]   — BPF test objects (`bpf/tests/`), built by this crate's build script.
+//! - [`bins`]  — finding (building) workspace binaries, e.g. the traffic peer, that tests run.
+//! - [`peer`]  — the `nsfast-testpeer` traffic program (bulk with hashes, echo, many
+//!   connections, ping-pong, half-close, FIONREAD, tagged servers) and helpers to run it.
+//! - [`stream`] — a deterministic byte stream for byte-exact checks.
+//! - [`kernel`] — kernel features a test expects, from the harness (env or kernel config).
+
+pub mod bins;
+pub mod bpf;
+pub mod cleanup;
+pub mod kernel;
+pub mod name;
+pub mod peer;
+pub mod pods;
+pub mod ptp;
+pub mod rootless;
+pub mod rootless_bench;
+pub mod shortcut;
+pub mod stream;
+pub mod topology;
+pub mod world;
+
+/// Panics with a clear message unless running as root (root tests must never pass silently).
+pub fn require_root() {
+    if !nix::unistd::Uid::effective().is_root() {
+        panic!("this test needs root (network namespaces, cgroups, BPF); run `make test` as root");
+    }
+}

@@ -1,0 +1,28 @@
+//! The sockmap shortcut (crate nsfast-sockmap) attached to a throwaway cgroup, as the bench's
+//! `sockmap` topology uses it.
+
+use std::any::Any;
+use std::path::Path;
+
+/// Why the shortcut cannot be attached here, if it cannot (no cgroup2 mount).
+pub fn probe() -> Result<(), String> {
+    nsfast_sys::cgroup::cgroup2_mount()
+        .map(|_| ())
+        .map_err(|e| e.to_string())
+}
+
+/// Attaches the shortcut to `cgroup_dir`; returns a guard that detaches it on drop and a note.
+pub fn attach(cgroup_dir: &Path) -> Result<(Box<dyn Any>, String), String> {
+    let opts = nsfast_sockmap::Options {
+        cgroup: Some(cgroup_dir.to_path_buf()),
+        ports: None,
+        exclude_ports: None,
+    };
+    let sc =
+        nsfast_sockmap::Shortcut::attach(&opts).map_err(|e| nsfast_sys::report::error_chain(&e))?;
+    let note = format!(
+        "sockmap shortcut attached to {}",
+        sc.cgroup_path().display()
+    );
+    Ok((Box::new(sc), note))
+}
