@@ -24,7 +24,8 @@ fuzz_target!(|data: &[u8]| {
             let _ = e.to_string();
         }
     }
-    match nsfast_sys::ports::parse_list("--ports", s, 1, bridge::MAX_VALUE, Some(bridge::MAX_PORTS)) {
+    match nsfast_sys::ports::parse_list("--ports", s, 1, bridge::MAX_VALUE, Some(bridge::MAX_PORTS))
+    {
         Ok(v) => {
             assert!(!v.is_empty() && v.len() <= bridge::MAX_PORTS, "{}", v.len());
             assert!(v.windows(2).all(|w| w[0] < w[1]), "sorted and distinct");
