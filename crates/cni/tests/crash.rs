@@ -193,23 +193,6 @@ impl Rig {
         v
     }
 
-    /// Device names in namespace `ns` (name or path), from /proc/thread-self/net/dev inside it.
-    fn links(ns: &str) -> Vec<String> {
-        let ns = NetNs::open(ns).expect("open namespace");
-        let dev = ns
-            .run(|| std::fs::read_to_string("/proc/thread-self/net/dev"))
-            .unwrap()
-            .expect("read net/dev");
-        let mut v: Vec<String> = dev
-            .lines()
-            .skip(2)
-            .filter_map(|l| l.split(':').next())
-            .map(|n| n.trim().to_string())
-            .collect();
-        v.sort();
-        v
-    }
-
     /// Nothing of any pod is left: records, state and pin directories (and with them the
     /// endpoint map and link pins), devices on the host and in `ctr_netns`, leases.
     fn assert_clean(&self, ctr_netns: &str, when: &str) {
@@ -224,7 +207,7 @@ impl Rig {
             self.state_dirs()
         );
         assert_eq!(
-            Self::links(self.host.name()),
+            nsfast_lab::world::link_names(self.host.name()),
             ["lo"],
             "{when}: host devices"
         );

@@ -138,3 +138,21 @@ impl crate::topology::Topology for VethSpec {
         Ok(VethPair::new())
     }
 }
+
+/// Device names in namespace `ns` (a name under /run/netns or a path), sorted, read from
+/// /proc/thread-self/net/dev inside it (no `ip` needed: the VM guests have busybox only).
+pub fn link_names(ns: &str) -> Vec<String> {
+    let ns = NetNs::open(ns).expect("open namespace");
+    let dev = ns
+        .run(|| std::fs::read_to_string("/proc/thread-self/net/dev"))
+        .unwrap()
+        .expect("read net/dev");
+    let mut v: Vec<String> = dev
+        .lines()
+        .skip(2)
+        .filter_map(|l| l.split(':').next())
+        .map(|n| n.trim().to_string())
+        .collect();
+    v.sort();
+    v
+}

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 use nsfast_lab::require_root;
-use nsfast_lab::world::unique;
+use nsfast_lab::world::{link_names as links, unique};
 use nsfast_pod::state::{bpffs_root, PIN_SUBDIR, STATE_ROOT};
 use nsfast_sys::net;
 use nsfast_sys::netns::{self, NetNs};
@@ -42,24 +42,6 @@ fn text(o: &Output) -> String {
         String::from_utf8_lossy(&o.stdout),
         String::from_utf8_lossy(&o.stderr)
     )
-}
-
-/// Device names in namespace `ns` (a name under /run/netns), from the thread's
-/// /proc/thread-self/net/dev inside it (no `ip` needed: the VM guests have busybox only).
-fn links(ns: &str) -> Vec<String> {
-    let ns = NetNs::open(ns).expect("open namespace");
-    let dev = ns
-        .run(|| std::fs::read_to_string("/proc/thread-self/net/dev"))
-        .unwrap()
-        .expect("read net/dev");
-    let mut v: Vec<String> = dev
-        .lines()
-        .skip(2)
-        .filter_map(|l| l.split(':').next())
-        .map(|n| n.trim().to_string())
-        .collect();
-    v.sort();
-    v
 }
 
 /// Pod state directories (under /run/nsfast/pod) holding a record of pod `pod`.
