@@ -468,3 +468,56 @@ fn bad_ip_lists_are_one_clear_error_and_change_nothing() {
     assert_eq!(l["pods"][0]["ip6"], "fd52::5", "{l}");
     nsfast_ok(&["pod", "del", "--all", "--host", host.name()]);
 }
+
+/// SIGKILL of a dual-stack `pod add` after its endpoint entries are in (the last step before
+/// the record is complete): both entries are undone by the next `add` (which then works) or
+/// by `del`; nothing of either family is left in the host's endpoint tables.
+#[test]
+fn dual_stack_add_killed_after_the_endpoints_is_undone_by_add_or_del() {
+    let d = Dual::new([1, 0]); // pod a0 keeps the host's maps pinned throughout
+    let host = d.host(0);
+    let h = nsfast_pod::Host::open(Some(&host)).unwrap();
+    let (v4, v6) = (pod4(0, 5), pod6(0, 5));
+    let ip = format!("{v4}/24,{v6}/64");
+    let present = |ip: IpAddr| {
+        nsfast_pod::datapath::endpoint_get(&h, ip)
+            .unwrap()
+            .is_some()
+    };
+    for then in ["add", "del"] {
+        let name = unique("nsft-dk");
+        let args = [
+            "pod",
+            "add",
+            &name,
+            "--host",
+            &host,
+            "--ip",
+            &ip,
+            "--mode",
+            &mode(),
+        ];
+        let out = Command::new(nsfast_bin())
+            .args(args)
+            .env("RUST_LOG", "error")
+            .env(nsfast_pod::pod::CRASH_ENV, "endpoint")
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "the add was to be killed");
+        assert!(
+            present(v4.into()) && present(v6.into()),
+            "killed after both entries"
+        );
+        if then == "add" {
+            nsfast_ok(&args);
+            assert!(present(v4.into()) && present(v6.into()));
+            let r = h.record(&name).unwrap().unwrap();
+            assert!(!r.pending && r.ip6 == Some(v6), "{r:?}");
+        }
+        nsfast_ok(&["pod", "del", &name, "--host", &host]);
+        assert!(!present(v4.into()), "{then}: IPv4 endpoint left");
+        assert!(!present(v6.into()), "{then}: IPv6 endpoint left");
+        assert!(NetNs::open(&name).is_err(), "{then}: pod namespace left");
+    }
+    assert!(present(pod6(0, 0).into()), "the other pod's entry kept");
+}

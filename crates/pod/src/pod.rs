@@ -760,8 +760,8 @@ fn set_addresses(
 /// The IPv6 half of [`set_addresses`]: the pod's address, usable at once (no duplicate
 /// address detection: the address is the pod's by the endpoint table, and the datapath drops
 /// the DAD probes, sent from `::`), its default route via fe80::1 on its device (netkit L3:
-/// out of the device), and in the host a /128 route to the pod and IPv6 forwarding, which
-/// bpf_fib_lookup requires.
+/// out of the device), and in the host a /128 route to the pod and IPv6 forwarding on the
+/// host-side device, which bpf_fib_lookup requires (on every device for host-firewall pods).
 fn set_addresses6(
     host: &Host,
     pod_ns: &NetNs,
@@ -786,7 +786,14 @@ fn set_addresses6(
     }
     set_proc(Some(&host.ns), &conf(host_if, "disable_ipv6"), "0")?;
     hnl.add_route(IpAddr::V6(a.ip), 128, None, Some(host_if))?;
-    set_proc(Some(&host.ns), "net/ipv6/conf/all/forwarding", "1")?;
+    // bpf_fib_lookup (AF_INET6) asks the ingress device, the host-side device, whether it
+    // forwards; the host's own interfaces keep their setting (a host that learns its IPv6
+    // route from router advertisements would stop accepting them with forwarding on). The
+    // host-firewall path is the stack's forwarding, which needs it for every device.
+    set_proc(Some(&host.ns), &conf(host_if, "forwarding"), "1")?;
+    if opts.host_firewall {
+        set_proc(Some(&host.ns), "net/ipv6/conf/all/forwarding", "1")?;
+    }
     Ok(())
 }
 
