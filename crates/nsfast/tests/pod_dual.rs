@@ -95,17 +95,15 @@ impl Dual {
         nl[0]
             .create_veth_into(WIRE_IF, "wiretmp0", &nl[1], WIRE_IF)
             .expect("wire");
-        for h in 0..2 {
+        for (h, nl) in nl.iter().enumerate() {
             let o = 1 - h;
-            nl[h].add_address(WIRE_IF, wire4(h).into(), 24).unwrap();
-            nl[h].add_address(WIRE_IF, wire6(h).into(), 64).unwrap();
+            nl.add_address(WIRE_IF, wire4(h).into(), 24).unwrap();
+            nl.add_address(WIRE_IF, wire6(h).into(), 64).unwrap();
             let net4 = Ipv4Addr::new(10, 251, 1 + o as u8, 0);
-            nl[h]
-                .add_route(net4.into(), 24, Some(wire4(o).into()), None)
+            nl.add_route(net4.into(), 24, Some(wire4(o).into()), None)
                 .unwrap();
             let net6 = Ipv6Addr::new(0xfd51, 1 + o as u16, 0, 0, 0, 0, 0, 0);
-            nl[h]
-                .add_route(net6.into(), 64, Some(wire6(o).into()), None)
+            nl.add_route(net6.into(), 64, Some(wire6(o).into()), None)
                 .unwrap();
         }
         for (h, &n) in pods.iter().enumerate() {
