@@ -464,6 +464,27 @@ fn bad_ip_lists_are_one_clear_error_and_change_nothing() {
     ]))
     .unwrap();
     assert_eq!(l["pods"][0]["ip6"], "fd52::5", "{l}");
+    // Its IPv6 address is taken: a second pod with it is refused, nothing made.
+    let other = unique("nsft-dx");
+    let out = nsfast(&[
+        "pod",
+        "add",
+        &other,
+        "--host",
+        host.name(),
+        "--ip",
+        "10.0.0.9/24,fd52::5/64",
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        err.contains(&format!("address fd52::5 is already used by pod {name:?}")),
+        "{err}"
+    );
+    assert!(
+        NetNs::open(&other).is_err(),
+        "no namespace for the refused pod"
+    );
     nsfast_ok(&["pod", "del", "--all", "--host", host.name()]);
 }
 
