@@ -1169,6 +1169,40 @@ mod tests {
     }
 
     #[test]
+    fn parses_dual_stack_ip_lists() {
+        let a = PodAddrs::parse(&["10.244.1.5/24,fd00:10::5/64"]).unwrap();
+        assert_eq!(a.v4.unwrap().ip, Ipv4Addr::new(10, 244, 1, 5));
+        assert_eq!(a.v6.unwrap().prefix, 64);
+        assert_eq!(
+            a,
+            PodAddrs::parse(&["fd00:10::5/64", "10.244.1.5/24"]).unwrap()
+        );
+        let six = PodAddrs::parse(&["fd00::7"]).unwrap();
+        assert!(six.v4.is_none() && six.v6.unwrap().prefix == 128);
+        for (bad, needle) in [
+            (
+                vec!["10.0.0.1/24", "10.0.0.2/24"],
+                "a second IPv4 address \"10.0.0.2/24\"",
+            ),
+            (
+                vec!["fd00::1/64,fd00::2/64"],
+                "a second IPv6 address \"fd00::2/64\"",
+            ),
+            (vec!["10.0.0.1/24,"], "an empty address"),
+            (vec![""], "an empty address"),
+            (vec!["fe80::1/64"], "\"fe80::1/64\""),
+            (vec!["ff02::1"], "\"ff02::1\""),
+            (vec!["::"], "\"::\""),
+            (vec!["::ffff:10.0.0.1"], "\"::ffff:10.0.0.1\""),
+            (vec!["fd00::1/8"], "\"fd00::1/8\""),
+            (vec!["fd00::1/129"], "\"fd00::1/129\""),
+        ] {
+            let e = PodAddrs::parse(&bad).unwrap_err().to_string();
+            assert!(e.contains(needle), "{bad:?}: {e}");
+        }
+    }
+
+    #[test]
     fn validates_names() {
         assert!(valid_pod_name("web-1"));
         assert!(!valid_pod_name("Web"));
