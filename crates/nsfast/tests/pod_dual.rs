@@ -334,8 +334,15 @@ fn send_nd(ns: &NetNs, src: Ipv6Addr, typ: u8, target: Ipv6Addr) {
         s.set_unicast_hops_v6(255)?;
         let idx = nix::net::if_::if_nametoindex("eth0").map_err(std::io::Error::from)?;
         let to = std::net::SocketAddrV6::new("ff02::1".parse().unwrap(), 0, 0, idx);
-        s.send_to(&msg, &SockAddr::from(to))?;
-        Ok(())
+        match s.send_to(&msg, &SockAddr::from(to)) {
+            // netkit runs the program inside the pod's transmit: the drop is reported at once.
+            Err(e)
+                if e.raw_os_error() == Some(nix::libc::ENOBUFS) && mode().starts_with("netkit") =>
+            {
+                Ok(())
+            }
+            r => r.map(|_| ()),
+        }
     })
     .unwrap()
     .unwrap_or_else(|e| panic!("send ICMPv6 type {typ}: {e}"));
