@@ -456,8 +456,9 @@ fn cleanup_removes_the_pod_state_a_killed_run_left() {
         let host = format!("{prefix}-{tag}-ha");
         drop(nsfast_sys::netns::NetNs::create(&host).unwrap().persist());
         let h = nsfast_sys::netns::NetNs::open(&host).unwrap();
-        nsfast_sys::net::create_veth(&h, "wire0", &h, "wire1").unwrap();
-        drop(h);
+        let n = h.netlink().unwrap();
+        n.create_veth("wire0", &n, "wire1").unwrap();
+        drop((n, h));
         for i in 0..2u8 {
             let mut o = nsfast_pod::AddOptions::new(
                 &format!("{prefix}-{tag}-a{i}"),

@@ -8,7 +8,6 @@ use std::process::{Command, Stdio};
 
 use nsfast_lab::require_root;
 use nsfast_lab::world::unique;
-use nsfast_sys::net;
 use nsfast_sys::netns::NetNs;
 use serde_json::{json, Value};
 
@@ -182,7 +181,8 @@ fn add_check_add_twice_del_twice() {
     assert_eq!(rig.reservations().len(), 1);
     // The pod is real: its address is on eth0 in the container's namespace.
     let ctr = NetNs::open(&netns).unwrap();
-    let have = net::link_ipv4_addresses(Some(&ctr), "eth0").unwrap();
+    let ctr_nl = ctr.netlink().unwrap();
+    let have = ctr_nl.link_ipv4_addresses("eth0").unwrap();
     assert_eq!(format!("{}/{}", have[0].0, have[0].1), addr);
 
     let chk = rig.run("CHECK", "ctr-a", &netns, &Rig::with_prev(&conf, r));
@@ -216,7 +216,7 @@ fn add_check_add_twice_del_twice() {
     assert!(rig.reservations().is_empty());
     let h = nsfast_pod::Host::open(Some(rig.host.name())).unwrap();
     assert!(!h.pin_dir().exists() && !h.state_dir().exists());
-    assert!(!net::link_exists(Some(&ctr), "eth0").unwrap());
+    assert!(!ctr_nl.link_exists("eth0").unwrap());
     // CHECK after DEL: unknown container.
     let chk = rig.run("CHECK", "ctr-a", &netns, &Rig::with_prev(&conf, r));
     assert!(!chk.ok);
@@ -233,7 +233,11 @@ fn check_fails_after_manual_damage_and_del_still_cleans_up() {
     let pods = rig.host_pods();
     assert_eq!(pods.len(), 1);
     // Damage: someone deletes the host-side device (and with it the pair).
-    net::delete_link(Some(&rig.host), &pods[0].host_if).unwrap();
+    rig.host
+        .netlink()
+        .unwrap()
+        .delete_link(&pods[0].host_if)
+        .unwrap();
     let chk = rig.run("CHECK", "ctr-d", &netns, &Rig::with_prev(&conf, &add.json));
     assert!(!chk.ok, "CHECK passed on a damaged attachment");
     assert_eq!(chk.json["code"], 101, "{}", chk.raw);
@@ -274,7 +278,7 @@ fn gc_removes_only_attachments_not_listed_as_valid() {
         "the collected address was released"
     );
     let ctr2 = NetNs::open(&n2).unwrap();
-    assert!(!net::link_exists(Some(&ctr2), "eth0").unwrap());
+    assert!(!ctr2.netlink().unwrap().link_exists("eth0").unwrap());
     assert!(rig.run("DEL", "ctr-keep", &n1, &conf).ok);
 }
 

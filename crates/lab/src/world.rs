@@ -80,36 +80,19 @@ impl VethPair {
             net::set_sysctl(Some(ns), "net.ipv6.conf.all.accept_dad", "0").expect("sysctl");
             net::set_sysctl(Some(ns), "net.ipv6.conf.default.accept_dad", "0").expect("sysctl");
         }
-        net::create_veth(&client, Self::CLIENT_IF, &server, Self::SERVER_IF)
+        let (c, s) = (
+            client.netlink().expect("netlink in client"),
+            server.netlink().expect("netlink in server"),
+        );
+        c.create_veth(Self::CLIENT_IF, &s, Self::SERVER_IF)
             .expect("create veth pair");
-        net::add_address(
-            Some(&client),
-            Self::CLIENT_IF,
-            IpAddr::V4(Self::CLIENT_V4),
-            24,
-        )
-        .expect("addr");
-        net::add_address(
-            Some(&server),
-            Self::SERVER_IF,
-            IpAddr::V4(Self::SERVER_V4),
-            24,
-        )
-        .expect("addr");
-        net::add_address(
-            Some(&client),
-            Self::CLIENT_IF,
-            IpAddr::V6(Self::CLIENT_V6),
-            64,
-        )
-        .expect("addr6");
-        net::add_address(
-            Some(&server),
-            Self::SERVER_IF,
-            IpAddr::V6(Self::SERVER_V6),
-            64,
-        )
-        .expect("addr6");
+        for (nl, ifname, v4, v6) in [
+            (&c, Self::CLIENT_IF, Self::CLIENT_V4, Self::CLIENT_V6),
+            (&s, Self::SERVER_IF, Self::SERVER_V4, Self::SERVER_V6),
+        ] {
+            nl.add_address(ifname, IpAddr::V4(v4), 24).expect("addr");
+            nl.add_address(ifname, IpAddr::V6(v6), 64).expect("addr6");
+        }
         Self { client, server }
     }
 }

@@ -15,7 +15,6 @@ use nsfast_lab::pods::{self as topology, Topology};
 use nsfast_lab::require_root;
 use nsfast_lab::world::unique;
 use nsfast_pod::ModeRequest;
-use nsfast_sys::net;
 use nsfast_sys::netns::NetNs;
 use socket2::{Domain, Protocol, SockAddr, Socket, Type};
 
@@ -259,8 +258,10 @@ fn arp_with_another_pods_sender_ip_is_not_answered() {
     let (a, b) = (t.pod(0, 0), t.pod(0, 1));
     let a_ns = a.netns().unwrap();
     let pod_if = &a.record.pod_if;
-    let ifindex = net::link_index(Some(&a_ns), pod_if).unwrap();
-    let mac = net::link_mac(Some(&a_ns), pod_if).unwrap();
+    let a_nl = a_ns.netlink().unwrap();
+    let ifindex = a_nl.link_index(pod_if).unwrap();
+    let mac = a_nl.link_mac(pod_if).unwrap();
+    drop(a_nl);
     let s = a_ns.run(|| arp_socket(ifindex)).unwrap();
     let mut buf = [std::mem::MaybeUninit::<u8>::uninit(); 1500];
     let mut replied = |tip: Ipv4Addr| -> bool {
