@@ -10,7 +10,6 @@
 
 use std::any::Any;
 use std::net::{IpAddr, Ipv4Addr};
-use std::path::PathBuf;
 
 use nsfast_lab::pods::{AttachRequest, ModeRequest};
 use nsfast_lab::topology::Topology;
@@ -543,9 +542,9 @@ fn ip(a: u8, b: u8, c: u8, d: u8) -> IpAddr {
     IpAddr::V4(Ipv4Addr::new(a, b, c, d))
 }
 
-/// What a killed run left (`nsfb-<dead pid>-*`): see [`nsfast_lab::cleanup::bench_leftovers`].
-pub fn stale_leftovers() -> (Vec<String>, Vec<PathBuf>) {
-    nsfast_lab::cleanup::bench_leftovers()
+/// What killed runs left (`nsfb<dead pid>-*`): see [`nsfast_lab::cleanup::leftovers`].
+pub fn stale_leftovers() -> nsfast_lab::cleanup::Leftovers {
+    nsfast_lab::cleanup::leftovers()
 }
 
 /// `nsfast bench --cleanup`: [`nsfast_lab::cleanup::dead_runs`]. Returns what was removed.

@@ -43,7 +43,7 @@ struct Rig {
 impl Rig {
     fn new() -> Self {
         require_root();
-        let tag = unique("nsft-cni");
+        let tag = unique("cni");
         let host = NetNs::create(&format!("{tag}-h")).expect("host netns");
         let data_dir = std::env::temp_dir().join(&tag);
         std::fs::create_dir_all(&data_dir).unwrap();
@@ -59,7 +59,7 @@ impl Rig {
     }
 
     fn container(&mut self) -> String {
-        let ns = NetNs::create(&unique("nsft-ctr")).expect("container netns");
+        let ns = NetNs::create(&unique("ctr")).expect("container netns");
         let p = ns.path().display().to_string();
         self.containers.push(ns);
         p
@@ -552,7 +552,7 @@ fn ptp_reference_topology_connects_and_cleans_up() {
     use std::io::{Read, Write};
     use std::net::{SocketAddr, TcpListener, TcpStream};
     require_root();
-    let prefix = unique("nsft-rp");
+    let prefix = unique("rp");
     let names;
     {
         let t = nsfast_lab::ptp::PtpTopology::build(&prefix, 1, &cni_path())

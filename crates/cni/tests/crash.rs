@@ -61,7 +61,7 @@ struct Rig {
 impl Rig {
     fn new() -> Self {
         require_root();
-        let tag = unique("nsft-cc");
+        let tag = unique("cc");
         let host = NetNs::create(&format!("{tag}-h")).expect("host netns");
         let data_dir = std::env::temp_dir().join(&tag);
         std::fs::create_dir_all(&data_dir).unwrap();
@@ -74,7 +74,7 @@ impl Rig {
     }
 
     fn container(&mut self) -> String {
-        let ns = NetNs::create(&unique("nsft-cctr")).expect("container netns");
+        let ns = NetNs::create(&unique("cctr")).expect("container netns");
         let p = ns.path().display().to_string();
         self.containers.push(ns);
         p

@@ -19,7 +19,7 @@ pub struct TestCgroup {
 impl TestCgroup {
     pub fn new() -> Self {
         let root = cgroup2_mount().expect("cgroup2 mount");
-        let cg = Cgroup::create(root.join(unique("nsft-cg"))).expect("create test cgroup");
+        let cg = Cgroup::create(root.join(unique("cg"))).expect("create test cgroup");
         Self { cg }
     }
 
@@ -73,8 +73,8 @@ impl VethPair {
     pub const SERVER_IF: &'static str = "nss0";
 
     pub fn new() -> Self {
-        let client = NetNs::create(&unique("nsft-c")).expect("create client netns");
-        let server = NetNs::create(&unique("nsft-s")).expect("create server netns");
+        let client = NetNs::create(&unique("c")).expect("create client netns");
+        let server = NetNs::create(&unique("s")).expect("create server netns");
         for ns in [&client, &server] {
             // No DAD, so IPv6 addresses are usable at once.
             net::set_sysctl(Some(ns), "net.ipv6.conf.all.accept_dad", "0").expect("sysctl");

@@ -36,7 +36,7 @@ fn nsfast(args: &[&str]) -> Output {
 }
 
 fn prefix() -> String {
-    unique("nsft-p")
+    unique("p")
 }
 
 /// A TCP echo server in `ns` on `addr`, serving `conns` connections of `ROUNDS` messages.
@@ -928,7 +928,7 @@ fn del_all_removes_every_pod_and_the_hosts_state() {
 #[ignore = "needs netkit: runs in the VM harness's 6.12 and 7.2 guests (pod-bench)"]
 fn bench_pod_topologies_with_netkit_run() {
     require_root();
-    let dir = std::env::temp_dir().join(unique("nsft-podbench"));
+    let dir = std::env::temp_dir().join(unique("podbench"));
     std::fs::create_dir_all(&dir).unwrap();
     let json = dir.join("run.json");
     let topologies = ["host", "bpf", "bpf-remote", "netkit"];
@@ -985,7 +985,7 @@ fn bench_pod_topologies_with_netkit_run() {
     }
     let left: Vec<String> = netns::list_named()
         .into_iter()
-        .filter(|n| n.starts_with("nsfb-"))
+        .filter(|n| n.starts_with(nsfast_lab::name::BENCH))
         .collect();
     assert!(left.is_empty(), "{left:?}");
     let _ = std::fs::remove_dir_all(&dir);

@@ -168,7 +168,7 @@ fn forged_is_dropped_own_arrives(
 #[test]
 fn raw_socket_in_a_pod_cannot_send_with_another_pods_source() {
     require_root();
-    let t = Topology::build(&unique("nsft-sp"), mode(), 3).expect("build topology");
+    let t = Topology::build(&unique("sp"), mode(), 3).expect("build topology");
     let host = t.host_name(0).to_string();
     let (a, b, c) = (t.pod(0, 0), t.pod(0, 1), t.pod(0, 2));
     let remote = t.pod(1, 0);
@@ -253,7 +253,7 @@ fn arp_with_another_pods_sender_ip_is_not_answered() {
         eprintln!("netkit L3 pods have no ARP (IFF_NOARP): nothing to test");
         return;
     }
-    let t = Topology::build(&unique("nsft-sa"), mode(), 2).expect("build topology");
+    let t = Topology::build(&unique("sa"), mode(), 2).expect("build topology");
     let host = t.host_name(0).to_string();
     let (a, b) = (t.pod(0, 0), t.pod(0, 1));
     let a_ns = a.netns().unwrap();
@@ -410,10 +410,10 @@ fn host_firewall_pods_meet_host_netfilter_other_pods_bypass_it() {
     const PORT: u16 = 7100;
     const N: usize = 10;
     let h = FwHost {
-        ns: Some(NetNs::create(&unique("nsft-fw")).expect("host netns")),
+        ns: Some(NetNs::create(&unique("fw")).expect("host netns")),
     };
     let host = h.name();
-    let p = unique("nsft-f");
+    let p = unique("f");
     let ips: Vec<Ipv4Addr> = (0..4).map(|i| Ipv4Addr::new(10, 252, 1, 10 + i)).collect();
     let names: Vec<String> = (0..4).map(|i| format!("{p}-{i}")).collect();
     // 0, 1: host firewall; 2, 3: not.

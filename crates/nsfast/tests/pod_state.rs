@@ -134,7 +134,7 @@ fn assert_clean(host: &str, pod: &str, when: &str) {
 #[test]
 fn pod_add_killed_after_each_step_then_del_and_add_work_and_nothing_is_left() {
     require_root();
-    let p = unique("nsft-pk");
+    let p = unique("pk");
     let host = format!("{p}-h");
     let pod = format!("{p}-k");
     let _c = Cleanup {
@@ -233,7 +233,7 @@ fn pod_add_killed_after_each_step_then_del_and_add_work_and_nothing_is_left() {
 #[test]
 fn host_inode_reuse_never_blocks_add_and_del_all_touches_only_the_new_host() {
     require_root();
-    let p = unique("nsft-pr");
+    let p = unique("pr");
     let (old_h, old_pod, new_pod) = (format!("{p}-old"), format!("{p}-a"), format!("{p}-b"));
     let mut c = Cleanup {
         hosts: vec![],
@@ -362,7 +362,7 @@ fn plant(dir: &Path, name: &str, ip: &str, host_if: &str, ifindex: u32, netns: &
 #[test]
 fn planted_stale_records_never_block_and_cleanup_touches_nothing_live() {
     require_root();
-    let p = unique("nsft-ps");
+    let p = unique("ps");
     let host = format!("{p}-h");
     let victim = format!("{p}-v");
     let mut c = Cleanup {
@@ -430,7 +430,7 @@ fn planted_stale_records_never_block_and_cleanup_touches_nothing_live() {
 #[test]
 fn legacy_state_of_a_live_host_is_adopted() {
     require_root();
-    let p = unique("nsft-pl");
+    let p = unique("pl");
     let host = format!("{p}-h");
     let pod_ns = format!("{p}-m");
     let mut c = Cleanup {

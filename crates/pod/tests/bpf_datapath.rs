@@ -195,7 +195,7 @@ fn arp_request(sender_mac: [u8; 6], sip: Ipv4Addr, tip: Ipv4Addr) -> Vec<u8> {
 /// Runs `f` on a thread inside a throwaway namespace.
 fn in_netns(f: impl FnOnce() + Send) {
     require_root();
-    let ns = NetNs::create(&unique("nsft-pb")).expect("netns");
+    let ns = NetNs::create(&unique("pb")).expect("netns");
     ns.run(f).expect("test body");
 }
 
@@ -649,7 +649,7 @@ fn netkit_link_create_attaches_on_the_primary_only() {
         has_netkit,
         "netkit probe vs kernel config"
     );
-    let pod = NetNs::create(&unique("nsft-nk")).unwrap();
+    let pod = NetNs::create(&unique("nk")).unwrap();
     let (client_nl, pod_nl) = (w.client.netlink().unwrap(), pod.netlink().unwrap());
     if has_netkit {
         client_nl
