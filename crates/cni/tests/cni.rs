@@ -7,6 +7,7 @@ use std::path::PathBuf;
 use std::process::{Command, Stdio};
 
 use nsfast_lab::require_root;
+use nsfast_lab::topology::Topology as _;
 use nsfast_lab::world::unique;
 use nsfast_sys::netns::NetNs;
 use serde_json::{json, Value};
@@ -17,10 +18,13 @@ fn cni_bin() -> PathBuf {
 
 fn cni_path() -> String {
     let p = std::env::var("NSFAST_CNI_PATH").unwrap_or_else(|_| "/usr/lib/cni".into());
-    assert!(
-        PathBuf::from(&p).join("host-local").is_file() && PathBuf::from(&p).join("ptp").is_file(),
-        "host-local/ptp not found in {p}: apt-get install containernetworking-plugins (make deps)"
-    );
+    let ptp = nsfast_lab::ptp::PtpSpec {
+        pods_per_host: 1,
+        cni_path: &p,
+    };
+    if let Err(why) = ptp.probe() {
+        panic!("{why} (make deps)");
+    }
     p
 }
 
@@ -555,8 +559,11 @@ fn ptp_reference_topology_connects_and_cleans_up() {
     let prefix = unique("rp");
     let names;
     {
-        let t = nsfast_lab::ptp::PtpTopology::build(&prefix, 1, &cni_path())
-            .expect("build ptp topology");
+        let t = nsfast_lab::ptp::PtpSpec {
+            pods_per_host: 1,
+            cni_path: &cni_path(),
+        }
+        .expect_built(&prefix);
         let (a, b) = (t.pod(0, 0), t.pod(1, 0));
         let addr = SocketAddr::from((b.ip, 7200));
         let l = b.netns.run(|| TcpListener::bind(addr)).unwrap().unwrap();

@@ -153,7 +153,7 @@ impl crate::topology::Topology for PtpSpec<'_> {
     fn probe(&self) -> Result<(), String> {
         for p in ["ptp", "host-local"] {
             let f = Path::new(self.cni_path).join(p);
-            if !f.exists() {
+            if !f.is_file() {
                 return Err(format!(
                     "{} not found (install containernetworking-plugins)",
                     f.display()

@@ -10,8 +10,9 @@ use std::process::{Command, Output};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use nsfast_lab::pods::{self as topology, Topology};
+use nsfast_lab::pods::{self as topology, PodsSpec, Topology};
 use nsfast_lab::require_root;
+use nsfast_lab::topology::Topology as _;
 use nsfast_lab::world::unique;
 use nsfast_pod::abi;
 use nsfast_pod::ModeRequest;
@@ -198,8 +199,18 @@ fn l3() -> bool {
 }
 
 fn build(p: &str, pods: usize) -> Topology {
+    build_with(p, nsfast_pod::AttachRequest::Auto, pods)
+}
+
+/// The two-host pod world bench builds (`nsfast_lab::pods::PodsSpec`), in this run's mode.
+fn build_with(p: &str, attach: nsfast_pod::AttachRequest, pods_per_host: usize) -> Topology {
     require_root();
-    Topology::build(p, mode(), pods).expect("build topology")
+    PodsSpec {
+        mode: mode(),
+        attach,
+        pods_per_host,
+    }
+    .expect_built(p)
 }
 
 #[test]
@@ -598,8 +609,7 @@ fn veth_without_tcx_falls_back_to_tc_and_forced_tcx_is_refused() {
 #[test]
 fn tc_attach_carries_pod_and_wire_traffic_and_cleans_up_exactly() {
     require_root();
-    let t = Topology::build_with(&prefix(), mode(), nsfast_pod::AttachRequest::Tc, 2)
-        .expect("build topology");
+    let t = build_with(&prefix(), nsfast_pod::AttachRequest::Tc, 2);
     let (a0, a1, b0) = (t.pod(0, 0), t.pod(0, 1), t.pod(1, 0));
     let veth = mode() == ModeRequest::Veth;
     // What was attached, as `pod list --json` reports it.

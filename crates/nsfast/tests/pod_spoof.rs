@@ -11,8 +11,9 @@ use std::path::PathBuf;
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
-use nsfast_lab::pods::{self as topology, Topology};
+use nsfast_lab::pods::{self as topology, PodsSpec, Topology};
 use nsfast_lab::require_root;
+use nsfast_lab::topology::Topology as _;
 use nsfast_lab::world::unique;
 use nsfast_pod::ModeRequest;
 use nsfast_sys::netns::NetNs;
@@ -162,13 +163,23 @@ fn forged_is_dropped_own_arrives(
     );
 }
 
+/// The two-host pod world bench builds, `pods_per_host` pods a host, in this run's mode.
+fn pods(prefix: &str, pods_per_host: usize) -> Topology {
+    PodsSpec {
+        mode: mode(),
+        attach: nsfast_pod::AttachRequest::Auto,
+        pods_per_host,
+    }
+    .expect_built(prefix)
+}
+
 /// Pods A (a0), B (a1), C (a2) on host A, a remote pod on host B: A forges B's address (and
 /// a remote pod's, and one nobody has) towards C, towards the remote pod over the wire and
 /// towards the host; every forged datagram is dropped and counted, the genuine one arrives.
 #[test]
 fn raw_socket_in_a_pod_cannot_send_with_another_pods_source() {
     require_root();
-    let t = Topology::build(&unique("sp"), mode(), 3).expect("build topology");
+    let t = pods(&unique("sp"), 3);
     let host = t.host_name(0).to_string();
     let (a, b, c) = (t.pod(0, 0), t.pod(0, 1), t.pod(0, 2));
     let remote = t.pod(1, 0);
@@ -253,7 +264,7 @@ fn arp_with_another_pods_sender_ip_is_not_answered() {
         eprintln!("netkit L3 pods have no ARP (IFF_NOARP): nothing to test");
         return;
     }
-    let t = Topology::build(&unique("sa"), mode(), 2).expect("build topology");
+    let t = pods(&unique("sa"), 2);
     let host = t.host_name(0).to_string();
     let (a, b) = (t.pod(0, 0), t.pod(0, 1));
     let a_ns = a.netns().unwrap();
