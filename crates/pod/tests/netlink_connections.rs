@@ -4,7 +4,8 @@
 //! no other test of the same process opens connections while it counts (the counter is
 //! process-wide); keep it that way.
 //!
-//! Uses no test-support crate on purpose (plain `std` + the crates under test).
+//! Uses nothing of the lab but its names (`nsfast_lab::name`, which opens no connection), so
+//! every connection counted is the pod crate's.
 
 use nsfast_pod::pod::{self, AddOptions, AttachRequest, ModeRequest};
 use nsfast_pod::Host;
