@@ -614,7 +614,7 @@ fn tc_attach_carries_pod_and_wire_traffic_and_cleans_up_exactly() {
     let veth = mode() == ModeRequest::Veth;
     // What was attached, as `pod list --json` reports it.
     let nl = [t.hosts[0].netlink().unwrap(), t.hosts[1].netlink().unwrap()];
-    for h in 0..2 {
+    for (h, host_nl) in nl.iter().enumerate() {
         let out = nsfast(&["pod", "list", "--host", t.host_name(h), "--json"]);
         let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
         for p in v["pods"].as_array().unwrap() {
@@ -623,7 +623,7 @@ fn tc_attach_carries_pod_and_wire_traffic_and_cleans_up_exactly() {
         }
         assert_eq!(v["uplinks"][0]["ifname"], topology::WIRE_IF, "{v}");
         assert_eq!(v["uplinks"][0]["attach"], "tc", "{v}");
-        let f = nl[h].tc_filters(topology::WIRE_IF, true).unwrap();
+        let f = host_nl.tc_filters(topology::WIRE_IF, true).unwrap();
         assert_eq!(f.len(), 1, "{f:?}");
         assert_eq!(f[0].bpf_name.as_deref(), Some(abi::PROG_FROM_WIRE));
         if tcx() {
@@ -661,9 +661,9 @@ fn tc_attach_carries_pod_and_wire_traffic_and_cleans_up_exactly() {
         let f = nl[p.host].tc_filters(topology::WIRE_IF, true).unwrap();
         assert_eq!(f.len(), usize::from(left > 0), "{host}: {left} pods, {f:?}");
     }
-    for h in 0..2 {
+    for (h, host_nl) in nl.iter().enumerate() {
         assert!(
-            !nl[h].has_clsact(topology::WIRE_IF).unwrap(),
+            !host_nl.has_clsact(topology::WIRE_IF).unwrap(),
             "host {h}: the clsact qdisc nsfast added is still on {}",
             topology::WIRE_IF
         );
