@@ -44,7 +44,7 @@ impl Observer for StderrObserver {
 pub struct Runner {
     pub config: Config,
     pub launcher: Launcher,
-    /// Prefix for namespaces and cgroups (`nsfb-<pid>` by default).
+    /// Prefix for namespaces and cgroups (`nsfb<pid>` by default).
     pub prefix: String,
     /// Show a progress bar on stderr.
     pub progress: bool,

@@ -1,5 +1,5 @@
 //! Topologies: where the client and the server live and how packets get between them. Each is
-//! built in throwaway namespaces and cgroups named with the run's prefix (`nsfb-<pid>`,
+//! built in throwaway namespaces and cgroups named with the run's prefix (`nsfb<pid>`,
 //! `nsfast_lab::name`), through crate nsfast-lab's worlds, and torn down when its [`Built`] is
 //! dropped.
 //!
