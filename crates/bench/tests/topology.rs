@@ -27,6 +27,13 @@ fn serial() -> std::sync::MutexGuard<'static, ()> {
     SERIAL.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+/// A pid of `candidates` that no process has: what a SIGKILLed run would have been.
+fn dead_pid(mut candidates: impl Iterator<Item = u32>) -> u32 {
+    candidates
+        .find(|p| !Path::new(&format!("/proc/{p}")).exists())
+        .expect("a free pid")
+}
+
 fn leftovers(prefix: &str) -> Vec<String> {
     let mut left: Vec<String> = nsfast_sys::netns::list_named()
         .into_iter()
@@ -360,9 +367,7 @@ fn cleanup_removes_what_a_killed_run_left() {
     require_root();
     let _serial = serial();
     // A pid that is not running: what a SIGKILLed run would have left.
-    let dead = (3_000_000..4_000_000u32)
-        .find(|p| !Path::new(&format!("/proc/{p}")).exists())
-        .unwrap();
+    let dead = dead_pid(3_000_000..4_000_000u32);
     let prefix = format!("nsfb-{dead}");
     let ns = nsfast_sys::netns::NetNs::create(&format!("{prefix}-host"))
         .unwrap()
@@ -393,9 +398,7 @@ fn cleanup_removes_what_a_killed_test_left_and_keeps_a_live_ones() {
     use nsfast_lab::name::{unique, TEST};
     require_root();
     let _serial = serial();
-    let dead = (3_000_000..4_000_000u32)
-        .find(|p| !Path::new(&format!("/proc/{p}")).exists())
-        .unwrap();
+    let dead = dead_pid(3_000_000..4_000_000u32);
     let me = std::process::id();
     let theirs =
         |tag: &str| unique(tag).replacen(&format!("{TEST}{me}x"), &format!("{TEST}{dead}x"), 1);
@@ -431,10 +434,7 @@ fn cleanup_removes_what_a_killed_test_left_and_keeps_a_live_ones() {
 fn cleanup_removes_a_killed_runs_vpnrelay_world() {
     require_root();
     let _serial = serial();
-    let dead = (3_000_000..4_000_000u32)
-        .rev()
-        .find(|p| !Path::new(&format!("/proc/{p}")).exists())
-        .unwrap();
+    let dead = dead_pid((3_000_000..4_000_000u32).rev());
     let prefix = format!("nsfv{dead}x0");
     for suffix in ["host", "srv"] {
         drop(
@@ -490,9 +490,7 @@ fn cleanup_removes_a_killed_runs_vpnrelay_world() {
 fn cleanup_removes_the_pod_state_a_killed_run_left() {
     require_root();
     let _serial = serial();
-    let dead = (4_000_000..5_000_000u32)
-        .find(|p| !Path::new(&format!("/proc/{p}")).exists())
-        .unwrap();
+    let dead = dead_pid(4_000_000..5_000_000u32);
     let prefix = format!("nsfb-{dead}");
     let make_host = |tag: &str, attach: nsfast_pod::AttachRequest, net: u8| {
         let host = format!("{prefix}-{tag}-ha");
