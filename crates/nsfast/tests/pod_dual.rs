@@ -75,8 +75,8 @@ struct Dual {
 impl Dual {
     fn new(pods: [usize; 2]) -> Self {
         require_root();
-        let a = NetNs::create(&unique("nsft-dha")).expect("host a");
-        let b = NetNs::create(&unique("nsft-dhb")).expect("host b");
+        let a = NetNs::create(&unique("dha")).expect("host a");
+        let b = NetNs::create(&unique("dhb")).expect("host b");
         let mut d = Dual {
             hosts: [a, b],
             pods: [Vec::new(), Vec::new()],
@@ -108,7 +108,7 @@ impl Dual {
         }
         for (h, &n) in pods.iter().enumerate() {
             for i in 0..n {
-                let name = unique(&format!("nsft-d{}", ["a", "b"][h]));
+                let name = unique(&format!("d{}", ["a", "b"][h]));
                 let ip = format!("{}/24,{}/64", pod4(h, i), pod6(h, i));
                 let host = d.hosts[h].name().to_string();
                 nsfast_ok(&[
@@ -433,8 +433,8 @@ fn ipv6_spoofing_from_a_pod_is_dropped_and_counted() {
 #[test]
 fn bad_ip_lists_are_one_clear_error_and_change_nothing() {
     require_root();
-    let host = NetNs::create(&unique("nsft-dhx")).unwrap();
-    let name = unique("nsft-dx");
+    let host = NetNs::create(&unique("dhx")).unwrap();
+    let name = unique("dx");
     for (ip, needle) in [
         (
             "10.0.0.1/24,10.0.0.2/24",
@@ -482,7 +482,7 @@ fn bad_ip_lists_are_one_clear_error_and_change_nothing() {
     .unwrap();
     assert_eq!(l["pods"][0]["ip6"], "fd52::5", "{l}");
     // Its IPv6 address is taken: a second pod with it is refused, nothing made.
-    let other = unique("nsft-dx");
+    let other = unique("dx");
     let out = nsfast(&[
         "pod",
         "add",
@@ -521,7 +521,7 @@ fn dual_stack_add_killed_after_the_endpoints_is_undone_by_add_or_del() {
             .is_some()
     };
     for then in ["add", "del"] {
-        let name = unique("nsft-dk");
+        let name = unique("dk");
         let args = [
             "pod",
             "add",
