@@ -32,6 +32,23 @@ struct {
 	__type(value, struct nsf_endpoint);
 } nsf_pod_eps SEC(".maps");
 
+/* An IPv6 address as a map key: the 16 bytes as on the wire. */
+struct nsf_ip6 {
+	__u32 w[4];
+};
+
+/*
+ * The same for IPv6: key the pod's IPv6 address (bytes as on the wire), value as above (one
+ * dual-stack pod has an entry in each table, with the same value). Its own table, so that
+ * IPv4-only hosts keep their 4-byte keys and nothing about them changes.
+ */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 4096);
+	__type(key, struct nsf_ip6);
+	__type(value, struct nsf_endpoint);
+} nsf_pod_eps6 SEC(".maps");
+
 /* Counter slots (indexes into nsf_pod_cnt). */
 enum {
 	NSF_CNT_POD_TO_POD = 0,	   /* pod -> local pod, bpf_redirect_peer / netkit redirect */
@@ -41,10 +58,14 @@ enum {
 	NSF_CNT_WIRE_TO_POD = 4,   /* wire -> local pod, bpf_redirect_peer */
 	NSF_CNT_WIRE_TO_STACK = 5, /* wire -> not a pod: normal stack */
 	NSF_CNT_ARP_REPLY = 6,	   /* ARP request from a pod answered with the host MAC */
-	NSF_CNT_NOT_IPV4 = 7,	   /* pod frame that is neither IPv4 nor ARP, or malformed: dropped */
-	NSF_CNT_SPOOFED = 8,	   /* pod packet / ARP with a source that is not the pod's: dropped;
+	NSF_CNT_NOT_IPV4 = 7,	   /* pod frame that is not IPv4, IPv6 or ARP, or malformed, or IPv6
+				    * from the unspecified or a link-local source (the pod's own link
+				    * chatter: DAD, MLD, router solicitations): dropped */
+	NSF_CNT_SPOOFED = 8,	   /* pod packet / ARP / NDP with a source or target that is not the
+				    * pod's, router advertisements and redirects from a pod: dropped;
 				    * wire frame to a pod claiming a local pod's source: dropped */
-	NSF_CNT_MAX = 9,
+	NSF_CNT_NDP_REPLY = 9,	   /* IPv6 neighbour solicitation from a pod answered with the host MAC */
+	NSF_CNT_MAX = 10,
 };
 
 struct {
@@ -65,4 +86,13 @@ NSF_INLINE void nsf_count(__u32 slot)
 NSF_INLINE struct nsf_endpoint *nsf_endpoint(__u32 ip4)
 {
 	return bpf_map_lookup_elem(&nsf_pod_eps, &ip4);
+}
+
+/* The endpoint of the IPv6 address at `addr` (16 bytes, e.g. in a packet). */
+NSF_INLINE struct nsf_endpoint *nsf_endpoint6(const void *addr)
+{
+	struct nsf_ip6 k;
+
+	__builtin_memcpy(&k, addr, sizeof(k));
+	return bpf_map_lookup_elem(&nsf_pod_eps6, &k);
 }

@@ -12,9 +12,18 @@
  * the endpoint of that address must name the device the packet came from (skb->ifindex: the
  * host-side veth at its ingress; for a netkit pod the primary, which netkit makes skb->dev
  * before running the peer program). Anything else is dropped and counted (`spoofed`), before
- * any routing decision, so it covers pod -> pod, pod -> wire and pod -> host alike. Pods are
- * IPv4-only: IPv6 and other ethertypes from a pod are dropped too (`pod_not_ipv4`), since the
- * host stack would take them with any source (and forward them where IPv6 forwarding is on).
+ * any routing decision, so it covers pod -> pod, pod -> wire and pod -> host alike. Other
+ * ethertypes from a pod are dropped too (`pod_not_ipv4`), since the host stack would take them
+ * with any source.
+ * IPv6 (dual-stack pods) follows the same paths with its own endpoint table (nsf_pod_eps6):
+ * the source must be an IPv6 address of the pod (an IPv4-only pod has none, so all its IPv6 is
+ * dropped); the unspecified and link-local sources (the pod's own link chatter: DAD, MLD,
+ * router solicitations) are dropped uncounted as spoofing (`pod_not_ipv4`), the gateway's
+ * fe80::1 as source is spoofing. NDP is checked as ARP is: a neighbour solicitation is answered
+ * in place with the host-side MAC (the gateway fe80::1 and on-link peers alike), a neighbour
+ * advertisement must be for the pod's own address, router advertisements and redirects from a
+ * pod are dropped (`spoofed`). Packets to link-local or multicast destinations go to the host
+ * stack of the pod's own link, never the FIB. Hop limit as TTL.
  * Host firewall (NSF_EP_HOST_FW on the source or destination pod): after the source check,
  * the packet goes to the host stack (netfilter, routing) instead of being redirected.
  * Routed hops (pod -> wire, wire -> pod) decrement the TTL (TTL 1 goes to the stack for
@@ -29,6 +38,7 @@
 
 #include <linux/if_ether.h>
 #include <linux/ip.h>
+#include <linux/ipv6.h>
 #include <linux/pkt_cls.h>
 
 #include "pod_endpoints.h"
@@ -58,6 +68,33 @@ struct nsf_arp4 {
 	__u8 tha[6];
 	__u8 tip[4];
 } __attribute__((packed));
+
+/* IPv6 next header / ICMPv6 types used here. */
+#define NSF_NEXTHDR_ICMPV6 58
+#define NSF_ND_ROUTER_SOLICIT 133
+#define NSF_ND_ROUTER_ADVERT 134
+#define NSF_ND_NEIGH_SOLICIT 135
+#define NSF_ND_NEIGH_ADVERT 136
+#define NSF_ND_REDIRECT 137
+#define NSF_ND_OPT_TARGET_LLADDR 2
+/* Neighbour advertisement flags (RFC 4861 4.4), network order: Router, Solicited, Override. */
+#define NSF_NA_FLAGS bpf_htonl(0xe0000000)
+
+/* The pods' IPv6 gateway, fe80::1 (answered by the NDP responder). */
+#define NSF_GW6_W0 bpf_htonl(0xfe800000)
+#define NSF_GW6_W3 bpf_htonl(1)
+
+/* An ICMPv6 neighbour solicitation / advertisement (RFC 4861 4.3, 4.4), options follow. */
+struct nsf_nd {
+	__u8 type;
+	__u8 code;
+	__be16 csum;
+	__be32 flags; /* NA: R, S, O; NS: reserved */
+	__u8 target[16];
+} __attribute__((packed));
+
+/* Continue with the next check (not a verdict: verdicts are >= -1 and < 8). */
+#define NSF_CONTINUE (-100)
 
 NSF_INLINE void nsf_mac_copy(__u8 *dst, const __u8 *src)
 {
@@ -162,6 +199,316 @@ NSF_INLINE long nsf_arp_from_pod(struct __sk_buff *skb, long pass)
 	return bpf_redirect(ep->ifindex, 0);
 }
 
+
+/* fe80::/10 */
+NSF_INLINE int nsf_ip6_link_local(const __u8 *a)
+{
+	return a[0] == 0xfe && (a[1] & 0xc0) == 0x80;
+}
+
+NSF_INLINE int nsf_ip6_multicast(const __u8 *a)
+{
+	return a[0] == 0xff;
+}
+
+NSF_INLINE int nsf_ip6_unspecified(const struct in6_addr *a)
+{
+	return !(a->in6_u.u6_addr32[0] | a->in6_u.u6_addr32[1] | a->in6_u.u6_addr32[2] |
+		 a->in6_u.u6_addr32[3]);
+}
+
+NSF_INLINE int nsf_ip6_is_gateway(const struct in6_addr *a)
+{
+	return a->in6_u.u6_addr32[0] == NSF_GW6_W0 && a->in6_u.u6_addr32[1] == 0 &&
+	       a->in6_u.u6_addr32[2] == 0 && a->in6_u.u6_addr32[3] == NSF_GW6_W3;
+}
+
+/* Routing is a hop: the IPv6 hop limit at `l3` minus one (no header checksum); -1 if it
+ * would reach zero (the stack answers with ICMPv6 time exceeded). */
+NSF_INLINE int nsf_dec_hop_limit(struct __sk_buff *skb, __u32 l3, __u8 hl)
+{
+	__u8 new_hl = hl - 1;
+
+	if (hl <= 1)
+		return -1;
+	return bpf_skb_store_bytes(skb, l3 + offsetof(struct ipv6hdr, hop_limit), &new_hl, 1, 0) <
+			       0 ?
+		       -1 :
+		       0;
+}
+
+/* A neighbour advertisement as nsfast sends it: Ethernet, IPv6, NA, target link-layer
+ * address option. */
+struct nsf_na_frame {
+	struct ethhdr eth;
+	struct ipv6hdr ip6;
+	struct nsf_nd na;
+	__u8 opt_type;
+	__u8 opt_len; /* in units of 8 bytes */
+	__u8 opt_mac[6];
+} __attribute__((packed));
+
+/* What the ICMPv6 checksum covers (RFC 8200 8.1): the pseudo header and the message. */
+struct nsf_na_csum {
+	struct in6_addr src;
+	struct in6_addr dst;
+	__be32 len;
+	__be32 nexthdr;
+	struct nsf_nd na;
+	__u8 opt_type;
+	__u8 opt_len;
+	__u8 opt_mac[6];
+} __attribute__((aligned(4)));
+
+_Static_assert(sizeof(struct nsf_na_frame) == ETH_HLEN + 40 + 32, "NA frame");
+_Static_assert(sizeof(struct nsf_na_csum) == 72, "NA checksum input");
+
+/* The 16-bit one's complement checksum of the 32-bit partial sum `s`. */
+NSF_INLINE __u16 nsf_csum_fold(__u64 s)
+{
+	s = (s & 0xffffffff) + (s >> 32);
+	s = (s & 0xffff) + (s >> 16);
+	s = (s & 0xffff) + (s >> 16);
+	s = (s & 0xffff) + (s >> 16);
+	return (__u16)~s;
+}
+
+/*
+ * Answers the neighbour solicitation at `ip6` (from pod endpoint `src`, source checked) in
+ * place: a solicited advertisement from the target (fe80::1 or any other address the pod asks
+ * for: every route goes via the host) with the host-side MAC, sent back into the pod.
+ */
+NSF_INLINE long nsf_ndp_answer(struct __sk_buff *skb, __u32 l2, const struct nsf_endpoint *src)
+{
+	void *data = (void *)(long)skb->data;
+	void *data_end = (void *)(long)skb->data_end;
+	struct ethhdr *eth = data;
+	struct ipv6hdr *ip6 = data + l2;
+	struct nsf_nd *nd = (void *)(ip6 + 1);
+	struct nsf_na_frame r = {};
+	struct nsf_na_csum c = {};
+	__u32 want = sizeof(r);
+	__s64 sum;
+
+	if (!l2 || (void *)(nd + 1) > data_end)
+		return NSF_DROP;
+	__builtin_memcpy(r.eth.h_dest, eth->h_source, 6);
+	__builtin_memcpy(r.eth.h_source, src->host_mac, 6);
+	r.eth.h_proto = bpf_htons(ETH_P_IPV6);
+	r.ip6.version = 6;
+	r.ip6.payload_len = bpf_htons(32);
+	r.ip6.nexthdr = NSF_NEXTHDR_ICMPV6;
+	r.ip6.hop_limit = 255;
+	__builtin_memcpy(&r.ip6.saddr, nd->target, 16);
+	r.ip6.daddr = ip6->saddr;
+	r.na.type = NSF_ND_NEIGH_ADVERT;
+	r.na.flags = NSF_NA_FLAGS;
+	__builtin_memcpy(r.na.target, nd->target, 16);
+	r.opt_type = NSF_ND_OPT_TARGET_LLADDR;
+	r.opt_len = 1;
+	__builtin_memcpy(r.opt_mac, src->host_mac, 6);
+
+	c.src = r.ip6.saddr;
+	c.dst = r.ip6.daddr;
+	c.len = bpf_htonl(32);
+	c.nexthdr = bpf_htonl(NSF_NEXTHDR_ICMPV6);
+	c.na = r.na;
+	c.opt_type = r.opt_type;
+	c.opt_len = r.opt_len;
+	__builtin_memcpy(c.opt_mac, r.opt_mac, 6);
+	sum = bpf_csum_diff(0, 0, (__be32 *)&c, sizeof(c), 0);
+	if (sum < 0)
+		return NSF_DROP;
+	r.na.csum = nsf_csum_fold((__u64)sum);
+
+	if (skb->len != want && bpf_skb_change_tail(skb, want, 0) < 0)
+		return NSF_DROP;
+	if (bpf_skb_store_bytes(skb, 0, &r, sizeof(r), 0) < 0)
+		return NSF_DROP;
+	nsf_count(NSF_CNT_NDP_REPLY);
+	return bpf_redirect(src->ifindex, 0);
+}
+
+/*
+ * NDP and router messages in an ICMPv6 packet from pod endpoint `src` (source checked):
+ * a verdict, or NSF_CONTINUE for any other ICMPv6 message. Only messages carried directly
+ * after the IPv6 header are NDP here; the kernel acts on one behind extension headers only
+ * for neighbour entries of the device it came in on, i.e. the pod's own link.
+ */
+NSF_INLINE long nsf_icmp6_from_pod(struct __sk_buff *skb, __u32 l2,
+				   const struct nsf_endpoint *src, long pass)
+{
+	void *data = (void *)(long)skb->data;
+	void *data_end = (void *)(long)skb->data_end;
+	struct ipv6hdr *ip6 = data + l2;
+	struct nsf_nd *nd = (void *)(ip6 + 1);
+	struct nsf_endpoint *t;
+	__u8 type;
+
+	if ((void *)(ip6 + 1) > data_end)
+		return NSF_DROP;
+	if ((void *)nd + 1 > data_end) {
+		nsf_count(NSF_CNT_NOT_IPV4);
+		return NSF_DROP;
+	}
+	type = nd->type;
+	if (type < NSF_ND_ROUTER_SOLICIT || type > NSF_ND_REDIRECT)
+		return NSF_CONTINUE;
+	/* A pod is a host, never a router: router advertisements and redirects are spoofing. */
+	if (type == NSF_ND_ROUTER_ADVERT || type == NSF_ND_REDIRECT) {
+		nsf_count(NSF_CNT_SPOOFED);
+		return NSF_DROP;
+	}
+	if (type == NSF_ND_ROUTER_SOLICIT) {
+		nsf_count(NSF_CNT_NOT_IPV4);
+		return NSF_DROP;
+	}
+	/* Neighbour solicitation or advertisement: well formed (RFC 4861 7.1.1, 7.1.2). */
+	if ((void *)(nd + 1) > data_end || nd->code != 0 || ip6->hop_limit != 255 ||
+	    bpf_ntohs(ip6->payload_len) < sizeof(*nd) || nsf_ip6_multicast(nd->target)) {
+		nsf_count(NSF_CNT_NOT_IPV4);
+		return NSF_DROP;
+	}
+	t = nsf_endpoint6(nd->target);
+	if (type == NSF_ND_NEIGH_ADVERT) {
+		/* The pod advertises only its own address (to the host stack, which asked). */
+		if (!t || t->ifindex != skb->ifindex) {
+			nsf_count(NSF_CNT_SPOOFED);
+			return NSF_DROP;
+		}
+		return pass;
+	}
+	/* Asking for its own address: nobody else on this link answers. */
+	if (t && t->ifindex == skb->ifindex)
+		return pass;
+	return nsf_ndp_answer(skb, l2, src);
+}
+
+/* An IPv6 packet a pod sent, at `l2` (see nsf_from_pod). */
+NSF_INLINE long nsf_from_pod6(struct __sk_buff *skb, __u32 l2, int netkit, long pass)
+{
+	void *data = (void *)(long)skb->data;
+	void *data_end = (void *)(long)skb->data_end;
+	struct bpf_fib_lookup fib = {};
+	struct nsf_endpoint *src, *ep;
+	struct ipv6hdr *ip6 = data + l2;
+	long rc;
+
+	if ((void *)(ip6 + 1) > data_end || ip6->version != 6) {
+		nsf_count(NSF_CNT_NOT_IPV4);
+		return NSF_DROP;
+	}
+	/* Anti-spoofing: the source must be one of this pod's IPv6 addresses. */
+	if (nsf_ip6_is_gateway(&ip6->saddr)) {
+		nsf_count(NSF_CNT_SPOOFED);
+		return NSF_DROP;
+	}
+	if (nsf_ip6_unspecified(&ip6->saddr) || nsf_ip6_link_local(ip6->saddr.in6_u.u6_addr8)) {
+		nsf_count(NSF_CNT_NOT_IPV4);
+		return NSF_DROP;
+	}
+	src = nsf_endpoint6(&ip6->saddr);
+	if (!src || src->ifindex != skb->ifindex) {
+		nsf_count(NSF_CNT_SPOOFED);
+		return NSF_DROP;
+	}
+	if (ip6->nexthdr == NSF_NEXTHDR_ICMPV6) {
+		rc = nsf_icmp6_from_pod(skb, l2, src, pass);
+		if (rc != NSF_CONTINUE)
+			return rc;
+		data = (void *)(long)skb->data;
+		data_end = (void *)(long)skb->data_end;
+		ip6 = data + l2;
+		if ((void *)(ip6 + 1) > data_end)
+			return NSF_DROP;
+	}
+	/* The pod's own link (the host-side device's link-local address, multicast): the host
+	 * stack, which never forwards these. */
+	if (nsf_ip6_link_local(ip6->daddr.in6_u.u6_addr8) ||
+	    nsf_ip6_multicast(ip6->daddr.in6_u.u6_addr8)) {
+		nsf_count(NSF_CNT_POD_TO_STACK);
+		return pass;
+	}
+
+	ep = nsf_endpoint6(&ip6->daddr);
+	if (ep) {
+		if ((src->flags | ep->flags) & NSF_EP_HOST_FW) {
+			nsf_count(NSF_CNT_POD_TO_STACK);
+			return pass;
+		}
+		rc = nsf_to_pod(skb, ep, l2, netkit);
+		if (rc < 0)
+			return pass;
+		nsf_count(NSF_CNT_POD_TO_POD);
+		return rc;
+	}
+	if (src->flags & NSF_EP_HOST_FW) {
+		nsf_count(NSF_CNT_POD_TO_STACK);
+		return pass;
+	}
+
+	fib.family = AF_INET6;
+	fib.flowinfo = *(__be32 *)ip6 & bpf_htonl(0x0fffffff);
+	fib.l4_protocol = ip6->nexthdr;
+	fib.tot_len = bpf_ntohs(ip6->payload_len) + sizeof(*ip6);
+	__builtin_memcpy(fib.ipv6_src, &ip6->saddr, 16);
+	__builtin_memcpy(fib.ipv6_dst, &ip6->daddr, 16);
+	fib.ifindex = skb->ingress_ifindex ? skb->ingress_ifindex : skb->ifindex;
+
+	rc = bpf_fib_lookup(skb, &fib, sizeof(fib), 0);
+	if ((rc == BPF_FIB_LKUP_RET_SUCCESS || rc == BPF_FIB_LKUP_RET_NO_NEIGH) &&
+	    nsf_dec_hop_limit(skb, l2, ip6->hop_limit) < 0) {
+		nsf_count(NSF_CNT_POD_TO_STACK);
+		return pass;
+	}
+	if (rc == BPF_FIB_LKUP_RET_SUCCESS && l2) {
+		if (nsf_set_macs(skb, fib.dmac, fib.smac) < 0)
+			return pass;
+		nsf_count(NSF_CNT_FIB_REDIRECT);
+		return bpf_redirect(fib.ifindex, 0);
+	}
+	if (rc == BPF_FIB_LKUP_RET_NO_NEIGH || (rc == BPF_FIB_LKUP_RET_SUCCESS && !l2)) {
+		struct bpf_redir_neigh nh = { .nh_family = AF_INET6 };
+
+		__builtin_memcpy(nh.ipv6_nh, fib.ipv6_dst, 16); /* the next hop */
+		nsf_count(NSF_CNT_FIB_NEIGH);
+		return bpf_redirect_neigh(fib.ifindex, &nh, sizeof(nh), 0);
+	}
+	nsf_count(NSF_CNT_POD_TO_STACK);
+	return pass;
+}
+
+/* An IPv6 frame that arrived on the wire (see nsf_from_wire). */
+NSF_INLINE long nsf_from_wire6(struct __sk_buff *skb)
+{
+	void *data = (void *)(long)skb->data;
+	void *data_end = (void *)(long)skb->data_end;
+	struct ipv6hdr *ip6 = data + ETH_HLEN;
+	struct nsf_endpoint *ep;
+	long rc;
+
+	if ((void *)(ip6 + 1) > data_end)
+		return TC_ACT_OK;
+	ep = nsf_endpoint6(&ip6->daddr);
+	if (!ep || (ep->flags & NSF_EP_HOST_FW)) {
+		nsf_count(NSF_CNT_WIRE_TO_STACK);
+		return TC_ACT_OK;
+	}
+	if (nsf_endpoint6(&ip6->saddr)) {
+		nsf_count(NSF_CNT_SPOOFED);
+		return TC_ACT_SHOT;
+	}
+	if (nsf_dec_hop_limit(skb, ETH_HLEN, ip6->hop_limit) < 0) {
+		nsf_count(NSF_CNT_WIRE_TO_STACK);
+		return TC_ACT_OK;
+	}
+	rc = nsf_to_pod(skb, ep, ETH_HLEN, 0);
+	if (rc < 0)
+		return TC_ACT_OK;
+	nsf_count(NSF_CNT_WIRE_TO_POD);
+	return rc;
+}
+
 /*
  * A packet a pod sent. `pass` is the "normal stack" verdict of the attach point
  * (TC_ACT_OK for tc/tcx, NETKIT_NEXT for netkit).
@@ -184,10 +531,14 @@ NSF_INLINE long nsf_from_pod(struct __sk_buff *skb, __u32 l2, int netkit, long p
 		}
 		if (eth->h_proto == bpf_htons(ETH_P_ARP))
 			return nsf_arp_from_pod(skb, pass);
+		if (eth->h_proto == bpf_htons(ETH_P_IPV6))
+			return nsf_from_pod6(skb, l2, netkit, pass);
 		if (eth->h_proto != bpf_htons(ETH_P_IP)) {
 			nsf_count(NSF_CNT_NOT_IPV4);
 			return NSF_DROP;
 		}
+	} else if (skb->protocol == bpf_htons(ETH_P_IPV6)) {
+		return nsf_from_pod6(skb, l2, netkit, pass);
 	} else if (skb->protocol != bpf_htons(ETH_P_IP)) {
 		nsf_count(NSF_CNT_NOT_IPV4);
 		return NSF_DROP;
@@ -268,7 +619,11 @@ NSF_INLINE long nsf_from_wire(struct __sk_buff *skb)
 	struct iphdr *ip;
 	long rc;
 
-	if ((void *)(eth + 1) > data_end || eth->h_proto != bpf_htons(ETH_P_IP))
+	if ((void *)(eth + 1) > data_end)
+		return TC_ACT_OK;
+	if (eth->h_proto == bpf_htons(ETH_P_IPV6))
+		return nsf_from_wire6(skb);
+	if (eth->h_proto != bpf_htons(ETH_P_IP))
 		return TC_ACT_OK;
 	ip = (void *)(eth + 1);
 	if ((void *)(ip + 1) > data_end)

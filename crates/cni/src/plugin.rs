@@ -2,7 +2,7 @@
 //! the pod is `cni-<hash of network/container/ifname>` on that host, in the runtime's
 //! namespace (`CNI_NETNS`, never deleted by us).
 
-use nsfast_pod::pod::{self, AddOptions, ModeRequest, PodIp};
+use nsfast_pod::pod::{self, AddOptions, ModeRequest, PodAddrs, PodIp, PodIp6};
 use nsfast_pod::state::CniAttachment;
 use nsfast_pod::{Host, PodError};
 use serde_json::{json, Value};
@@ -110,7 +110,7 @@ pub fn run(env: &Env, stdin: &[u8]) -> Result<Option<String>, CniError> {
 pub fn check_input(env: &Env, stdin: &[u8]) -> Result<(), CniError> {
     let req = parse(env, stdin)?;
     if let Some(prev) = req.conf.as_ref().and_then(|(c, _)| c.prev_result.as_ref()) {
-        let _ = ipam_ipv4(prev);
+        let _ = ipam_addrs(prev);
     }
     Ok(())
 }
@@ -155,21 +155,52 @@ fn mode(conf: &NetConf) -> Result<ModeRequest, CniError> {
     })
 }
 
-/// The first IPv4 address of an IPAM result.
-fn ipam_ipv4(result: &Value) -> Result<PodIp, CniError> {
+/// The addresses of an IPAM result: at most one IPv4 and one IPv6 (host-local with one range
+/// per family, e.g. `"ranges": [[{"subnet": "10.244.1.0/24"}], [{"subnet": "fd00::/64"}]]`).
+/// Another address of a family already seen, or none at all, is an error naming them.
+fn ipam_addrs(result: &Value) -> Result<PodAddrs, CniError> {
     let ips = result["ips"].as_array().cloned().unwrap_or_default();
-    for ip in ips {
-        if let Some(a) = ip["address"].as_str() {
-            if let Ok(p) = a.parse::<PodIp>() {
-                return Ok(p);
+    let mut out = PodAddrs::default();
+    for ip in &ips {
+        let Some(a) = ip["address"].as_str() else {
+            continue;
+        };
+        let second = |first: String| {
+            CniError::new(
+                code::INVALID_CONFIG,
+                format!(
+                    "IPAM returned a second address of one family, {a:?} (the first is {first})"
+                ),
+                "an nsfast pod has one IPv4 and/or one IPv6 address: give host-local one \
+                 range set per family",
+            )
+        };
+        if let Ok(p) = a.parse::<PodIp>() {
+            if let Some(f) = out.v4 {
+                return Err(second(format!("{}/{}", f.ip, f.prefix)));
             }
+            out.v4 = Some(p);
+        } else if let Ok(p) = a.parse::<PodIp6>() {
+            if let Some(f) = out.v6 {
+                return Err(second(format!("{}/{}", f.ip, f.prefix)));
+            }
+            out.v6 = Some(p);
+        } else {
+            return Err(CniError::new(
+                code::INVALID_CONFIG,
+                format!("IPAM returned an address nsfast cannot give a pod: {a:?}"),
+                format!("IPAM result: {result}"),
+            ));
         }
     }
-    Err(CniError::new(
-        code::INVALID_CONFIG,
-        "IPAM returned no IPv4 address",
-        format!("IPAM result: {result}"),
-    ))
+    if out.v4.is_none() && out.v6.is_none() {
+        return Err(CniError::new(
+            code::INVALID_CONFIG,
+            "IPAM returned no IPv4 or IPv6 address",
+            format!("IPAM result: {result}"),
+        ));
+    }
+    Ok(out)
 }
 
 /// Whether the record's CNI identity is the request's.
@@ -277,10 +308,14 @@ fn add(env: &Env, conf: &NetConf, raw: &Value) -> Result<String, CniError> {
         Err(e) => return Err(fail(e)),
     };
     pod::crash_point("ipam");
-    o.ip = match ipam_ipv4(&ipam_result) {
-        Ok(ip) => ip,
+    let addrs = match ipam_addrs(&ipam_result) {
+        Ok(a) => a,
         Err(e) => return Err(fail(e)),
     };
+    if let Some(v4) = addrs.v4 {
+        o.ip = v4;
+    }
+    o.ip6 = addrs.v6;
     let added = match pod::add_locked(&plan, &lock, &o) {
         Ok(a) => a,
         Err(e) => return Err(fail(add_err(e))),
@@ -304,15 +339,45 @@ fn add(env: &Env, conf: &NetConf, raw: &Value) -> Result<String, CniError> {
                 sandbox: Some(netns.to_string()),
             },
         ],
-        ips: vec![IpConfig {
-            address: format!("{}/{}", r.ip, r.prefix),
-            gateway: Some(r.gateway.to_string()),
-            interface: Some(1),
-        }],
-        routes: vec![json!({"dst": "0.0.0.0/0", "gw": r.gateway.to_string()})],
+        ips: result_ips(r),
+        routes: result_routes(r),
         dns: ipam_result.get("dns").cloned().unwrap_or_else(|| json!({})),
     };
     Ok(serde_json::to_string(&result).expect("serialise result"))
+}
+
+/// The result's `ips`: IPv4 first, then IPv6, each with its (link-local) gateway, on the
+/// container interface (index 1).
+fn result_ips(r: &nsfast_pod::PodRecord) -> Vec<IpConfig> {
+    let mut v = Vec::new();
+    if !r.ip.is_unspecified() {
+        v.push(IpConfig {
+            address: format!("{}/{}", r.ip, r.prefix),
+            gateway: Some(r.gateway.to_string()),
+            interface: Some(1),
+        });
+    }
+    if let (Some(ip6), Some(p6)) = (r.ip6, r.prefix6) {
+        v.push(IpConfig {
+            address: format!("{ip6}/{p6}"),
+            gateway: Some(r.gateway6.unwrap_or(pod::GATEWAY6).to_string()),
+            interface: Some(1),
+        });
+    }
+    v
+}
+
+/// The result's `routes`: a default route per family, via that family's gateway.
+fn result_routes(r: &nsfast_pod::PodRecord) -> Vec<Value> {
+    let mut v = Vec::new();
+    if !r.ip.is_unspecified() {
+        v.push(json!({"dst": "0.0.0.0/0", "gw": r.gateway.to_string()}));
+    }
+    if r.ip6.is_some() {
+        let gw = r.gateway6.unwrap_or(pod::GATEWAY6);
+        v.push(json!({"dst": "::/0", "gw": gw.to_string()}));
+    }
+    v
 }
 
 /// DEL. Best effort and idempotent, under the host's lock (so it cannot interleave with an
@@ -395,12 +460,13 @@ fn check(env: &Env, conf: &NetConf, raw: &Value) -> Result<(), CniError> {
         ));
     }
     let mut problems = pod::check(&host, &rec);
-    let want = format!("{}/{}", rec.ip, rec.prefix);
-    let in_prev = prev["ips"]
-        .as_array()
-        .is_some_and(|a| a.iter().any(|i| i["address"] == want.as_str()));
-    if !in_prev {
-        problems.push(format!("prevResult does not list {want}"));
+    for want in rec.cidrs() {
+        let in_prev = prev["ips"]
+            .as_array()
+            .is_some_and(|a| a.iter().any(|i| i["address"] == want.as_str()));
+        if !in_prev {
+            problems.push(format!("prevResult does not list {want}"));
+        }
     }
     if !problems.is_empty() {
         return Err(CniError::new(
@@ -505,6 +571,32 @@ mod tests {
                 .unwrap_or_else(|| panic!("{bad:?} accepted"));
             assert_eq!(e.code, code::INVALID_ENV, "{bad:?}");
             assert!(e.msg.contains(&format!("{bad:?}")), "{}", e.msg);
+        }
+    }
+
+    #[test]
+    fn ipam_results_give_one_address_per_family() {
+        let r = |ips: &[&str]| {
+            let ips: Vec<Value> = ips.iter().map(|a| json!({"address": a})).collect();
+            ipam_addrs(&json!({ "ips": ips }))
+        };
+        let a = r(&["10.1.2.3/24", "fd00::3/64"]).unwrap();
+        assert_eq!(a.v4.unwrap().prefix, 24);
+        assert_eq!(
+            a.v6.unwrap().ip,
+            "fd00::3".parse::<std::net::Ipv6Addr>().unwrap()
+        );
+        let a = r(&["fd00::3/64"]).unwrap();
+        assert!(a.v4.is_none() && a.v6.is_some());
+        for (bad, needle) in [
+            (&["10.1.2.3/24", "10.1.3.3/24"][..], "\"10.1.3.3/24\""),
+            (&["fd00::3/64", "fd01::3/64"][..], "\"fd01::3/64\""),
+            (&["fe80::3/64"][..], "\"fe80::3/64\""),
+            (&[][..], "no IPv4 or IPv6"),
+        ] {
+            let e = r(bad).unwrap_err();
+            assert_eq!(e.code, code::INVALID_CONFIG);
+            assert!(e.msg.contains(needle), "{bad:?}: {}", e.msg);
         }
     }
 

@@ -149,7 +149,7 @@ impl Rig {
             .flatten()
             .flatten()
             .filter_map(|e| e.file_name().into_string().ok())
-            .filter(|n| n.starts_with("10."))
+            .filter(|n| n.starts_with("10.") || n.starts_with("fd"))
             .collect()
     }
 }
@@ -685,4 +685,178 @@ fn log_file_gets_each_commands_lines_at_its_level() {
         assert!(!other.exists(), "{key}: a log file was written");
     }
     assert!(rig.host_pods().is_empty(), "{:?}", rig.host_pods());
+}
+
+impl Rig {
+    /// host-local with two range sets, IPv4 and IPv6 (`sub` picks the subnets), and a
+    /// default route per family.
+    fn ipam_dual(&self, sub: u8) -> Value {
+        json!({
+            "type": "host-local",
+            "ranges": [
+                [{"subnet": format!("10.{}.{}.0/24", 210 + sub, self.subnet_octet)}],
+                [{"subnet": format!("fd{:02x}:{}::/64", 0x10 + sub, self.subnet_octet)}],
+            ],
+            "routes": [{"dst": "0.0.0.0/0"}, {"dst": "::/0"}],
+            "dataDir": self.data_dir.display().to_string(),
+        })
+    }
+}
+
+/// A result's `ips[i].address` without its prefix.
+fn result_ip(r: &Value, i: usize) -> std::net::IpAddr {
+    r["ips"][i]["address"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no ips[{i}] in {r}"))
+        .split('/')
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap()
+}
+
+/// Dual-stack: host-local with an IPv4 and an IPv6 range. Our result carries both addresses
+/// and matches the reference ptp plugin's for the same network in addresses (families,
+/// order, prefix lengths, interface index), routes (a default route per family) and
+/// interfaces; the differences are the documented ones (docs/cni.md, "Dual-stack"): the
+/// gateways are link-local (169.254.1.1, fe80::1) instead of the range's first address, and
+/// our routes name them. The pod's device has both addresses, and two pods talk over IPv6.
+#[test]
+fn dual_stack_result_matches_the_reference_ptp_plugin_and_pods_talk_ipv6() {
+    use std::io::{Read, Write};
+    use std::net::{SocketAddr, TcpListener, TcpStream};
+    let mut rig = Rig::new();
+    let (n_ours, n_ours2, n_ptp) = (rig.container(), rig.container(), rig.container());
+    let mut ours = rig.conf("1.0.0");
+    ours["ipam"] = rig.ipam_dual(0);
+    let mut ptp = json!({
+        "cniVersion": "1.0.0",
+        "name": rig.network,
+        "type": "ptp",
+        "ipam": rig.ipam_dual(1),
+    });
+    let a = rig.run("ADD", "ctr-ours", &n_ours, &ours);
+    assert!(a.ok, "{}", a.raw);
+    let ptp_bin = PathBuf::from(cni_path()).join("ptp");
+    let env = [
+        ("CNI_CONTAINERID", "ctr-ptp"),
+        ("CNI_NETNS", n_ptp.as_str()),
+        ("CNI_IFNAME", "eth0"),
+    ];
+    let p = rig.invoke(&ptp_bin, "ADD", &env, ptp.to_string().as_bytes());
+    assert!(p.ok, "ptp ADD: {}", p.raw);
+    let (aj, pj) = (&a.json, &p.json);
+
+    // Addresses: one per family, IPv4 first, same prefixes and interface, a gateway each.
+    let (ai, pi) = (aj["ips"].as_array().unwrap(), pj["ips"].as_array().unwrap());
+    assert_eq!(ai.len(), 2, "ours {aj}");
+    assert_eq!(pi.len(), 2, "ptp {pj}");
+    for i in 0..2 {
+        let (x, y) = (result_ip(aj, i), result_ip(pj, i));
+        assert_eq!(
+            x.is_ipv6(),
+            y.is_ipv6(),
+            "family of ips[{i}]: ours {aj} / ptp {pj}"
+        );
+        let plen = |r: &Value| {
+            r["ips"][i]["address"]
+                .as_str()
+                .unwrap()
+                .split('/')
+                .nth(1)
+                .unwrap()
+                .to_string()
+        };
+        assert_eq!(plen(aj), plen(pj), "prefix of ips[{i}]");
+        assert_eq!(ai[i]["interface"], pi[i]["interface"]);
+        for r in [&ai[i], &pi[i]] {
+            let gw: std::net::IpAddr = r["gateway"].as_str().unwrap().parse().unwrap();
+            assert_eq!(gw.is_ipv6(), x.is_ipv6(), "gateway family: {r}");
+        }
+    }
+    assert!(result_ip(aj, 1).is_ipv6());
+    assert_eq!(ai[0]["gateway"], "169.254.1.1");
+    assert_eq!(ai[1]["gateway"], "fe80::1");
+    // Routes: a default route per family in both.
+    let dsts = |r: &Value| {
+        let mut d: Vec<String> = r["routes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x["dst"].as_str().unwrap().to_string())
+            .collect();
+        d.sort();
+        d
+    };
+    assert_eq!(dsts(aj), dsts(pj), "routes: ours {aj} / ptp {pj}");
+    assert_eq!(dsts(aj), ["0.0.0.0/0", "::/0"]);
+    // Interfaces: host side and container side, the same fields.
+    let (xi, yi) = (
+        aj["interfaces"].as_array().unwrap(),
+        pj["interfaces"].as_array().unwrap(),
+    );
+    assert_eq!(xi.len(), yi.len());
+    for (x, y) in xi.iter().zip(yi) {
+        let mut kx: Vec<_> = x.as_object().unwrap().keys().collect();
+        let mut ky: Vec<_> = y.as_object().unwrap().keys().collect();
+        kx.sort();
+        ky.sort();
+        assert_eq!(kx, ky, "interface fields: ours {x} / ptp {y}");
+    }
+    assert_eq!(xi[1]["name"], yi[1]["name"]);
+
+    // The pod's device has both addresses; the state names both.
+    let ns1 = NetNs::open(&n_ours).unwrap();
+    let nl = ns1.netlink().unwrap();
+    let std::net::IpAddr::V6(v6) = result_ip(aj, 1) else {
+        unreachable!()
+    };
+    assert!(
+        nl.link_ipv6_addresses("eth0").unwrap().contains(&(v6, 64)),
+        "{:?}",
+        nl.link_ipv6_addresses("eth0")
+    );
+    let rec = rig.host_pods().into_iter().next().unwrap();
+    assert_eq!(rec.ip6, Some(v6));
+    // CHECK with the result as prevResult passes (it lists both addresses).
+    let c = rig.run("CHECK", "ctr-ours", &n_ours, &Rig::with_prev(&ours, aj));
+    assert!(c.ok, "CHECK: {}", c.raw);
+
+    // A second pod on the network; TCP over IPv6 between the two.
+    let b = rig.run("ADD", "ctr-ours2", &n_ours2, &ours);
+    assert!(b.ok, "{}", b.raw);
+    let addr = SocketAddr::new(result_ip(&b.json, 1), 7110);
+    let ns2 = NetNs::open(&n_ours2).unwrap();
+    let l = ns2.run(|| TcpListener::bind(addr)).unwrap().unwrap();
+    let srv = std::thread::spawn(move || {
+        let (mut s, _) = l.accept().unwrap();
+        let mut buf = [0u8; 5];
+        s.read_exact(&mut buf).unwrap();
+        s.write_all(&buf).unwrap();
+    });
+    let mut s = ns1
+        .run(|| TcpStream::connect_timeout(&addr, std::time::Duration::from_secs(5)))
+        .unwrap()
+        .expect("connect pod to pod over IPv6");
+    s.set_read_timeout(Some(std::time::Duration::from_secs(5)))
+        .unwrap();
+    s.write_all(b"hello").unwrap();
+    let mut buf = [0u8; 5];
+    s.read_exact(&mut buf).unwrap();
+    assert_eq!(&buf, b"hello");
+    srv.join().unwrap();
+
+    ptp["prevResult"] = p.json.clone();
+    assert!(
+        rig.invoke(&ptp_bin, "DEL", &env, ptp.to_string().as_bytes())
+            .ok
+    );
+    assert!(rig.run("DEL", "ctr-ours", &n_ours, &ours).ok);
+    assert!(rig.run("DEL", "ctr-ours2", &n_ours2, &ours).ok);
+    assert!(rig.host_pods().is_empty());
+    assert!(
+        rig.reservations().is_empty(),
+        "leases left: {:?}",
+        rig.reservations()
+    );
 }

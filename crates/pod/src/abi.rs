@@ -1,9 +1,13 @@
 //! Mirrors of the BPF side's types and names (`bpf/lib/pod_endpoints.h`, `bpf/pod.bpf.c`).
 
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, Ipv6Addr};
 
-/// Endpoint table map.
+/// Endpoint table map (IPv4 addresses).
 pub const MAP_ENDPOINTS: &str = "nsf_pod_eps";
+/// Endpoint table map of IPv6 addresses (`struct nsf_ip6` keys).
+pub const MAP_ENDPOINTS6: &str = "nsf_pod_eps6";
+/// The pods' IPv6 gateway, answered by the BPF NDP responder (`NSF_GW6_*`).
+pub const GATEWAY6: Ipv6Addr = Ipv6Addr::new(0xfe80, 0, 0, 0, 0, 0, 0, 1);
 /// Per-CPU counter array.
 pub const MAP_COUNTERS: &str = "nsf_pod_cnt";
 /// TCX ingress of a pod's host-side veth.
@@ -50,8 +54,15 @@ pub fn ip_key(ip: Ipv4Addr) -> u32 {
     u32::from_ne_bytes(ip.octets())
 }
 
-/// Counter slots, in `enum` order of `pod_endpoints.h`, with the names `pod list --json` uses.
-pub const COUNTERS: [&str; 9] = [
+/// The IPv6 endpoint table key of `ip`: its 16 bytes as on the wire (`struct nsf_ip6`).
+pub fn ip6_key(ip: Ipv6Addr) -> [u8; 16] {
+    ip.octets()
+}
+
+/// Counter slots, in `enum` order of `pod_endpoints.h`, with the names `pod list --json` uses
+/// (`pod_not_ipv4` keeps its name: it also counts IPv6 from link-local or unspecified
+/// sources, see `pod_endpoints.h`).
+pub const COUNTERS: [&str; 10] = [
     "pod_to_pod",
     "fib_redirect",
     "fib_redirect_neigh",
@@ -61,6 +72,7 @@ pub const COUNTERS: [&str; 9] = [
     "arp_reply",
     "pod_not_ipv4",
     "spoofed",
+    "ndp_reply",
 ];
 
 /// Counter indexes.
@@ -74,6 +86,7 @@ pub mod cnt {
     pub const ARP_REPLY: u32 = 6;
     pub const NOT_IPV4: u32 = 7;
     pub const SPOOFED: u32 = 8;
+    pub const NDP_REPLY: u32 = 9;
 }
 
 #[cfg(test)]

@@ -3,6 +3,7 @@
 //! remembered in the state; raw `BPF_LINK_CREATE` on netkit, pinned), and the endpoint table
 //! and counters.
 
+use std::net::IpAddr;
 use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
 
@@ -52,6 +53,7 @@ pub fn prepare_pins(host: &Host) -> Result<(), PodError> {
 fn load(host_pins: &Path) -> Result<Ebpf, PodError> {
     EbpfLoader::new()
         .map_pin_path(abi::MAP_ENDPOINTS, host_pins.join(abi::MAP_ENDPOINTS))
+        .map_pin_path(abi::MAP_ENDPOINTS6, host_pins.join(abi::MAP_ENDPOINTS6))
         .map_pin_path(abi::MAP_COUNTERS, host_pins.join(abi::MAP_COUNTERS))
         .load(nsfast_bpf::POD)
         .map_err(|e| PodError::Load(Box::new(e)))
@@ -286,32 +288,58 @@ fn endpoints(host: &Host) -> Result<BpfHashMap<MapData, u32, Endpoint>, PodError
     BpfHashMap::try_from(Map::HashMap(md)).map_err(PodError::map("endpoint map type"))
 }
 
-/// Adds or replaces the endpoint of `ip`.
-pub fn endpoint_insert(host: &Host, ip: std::net::Ipv4Addr, ep: Endpoint) -> Result<(), PodError> {
-    let mut m = endpoints(host)?;
-    m.insert(abi::ip_key(ip), ep, 0)
-        .map_err(PodError::map(format!("add endpoint {ip}")))
+fn endpoints6(host: &Host) -> Result<BpfHashMap<MapData, [u8; 16], Endpoint>, PodError> {
+    let p = host.pin_dir().join(abi::MAP_ENDPOINTS6);
+    let md = MapData::from_pin(&p).map_err(PodError::map(format!("open {}", p.display())))?;
+    BpfHashMap::try_from(Map::HashMap(md)).map_err(PodError::map("IPv6 endpoint map type"))
+}
+
+/// Adds or replaces the endpoint of `ip` (either family).
+pub fn endpoint_insert(host: &Host, ip: IpAddr, ep: Endpoint) -> Result<(), PodError> {
+    match ip {
+        IpAddr::V4(v4) => endpoints(host)?.insert(abi::ip_key(v4), ep, 0),
+        IpAddr::V6(v6) => endpoints6(host)?.insert(abi::ip6_key(v6), ep, 0),
+    }
+    .map_err(PodError::map(format!("add endpoint {ip}")))
 }
 
 /// Removes the endpoint of `ip` if it still points at `ifindex`.
-pub fn endpoint_remove(host: &Host, ip: std::net::Ipv4Addr, ifindex: u32) -> Result<(), PodError> {
-    let Ok(mut m) = endpoints(host) else {
-        return Ok(());
+pub fn endpoint_remove(host: &Host, ip: IpAddr, ifindex: u32) -> Result<(), PodError> {
+    let r = match ip {
+        IpAddr::V4(v4) => {
+            let Ok(mut m) = endpoints(host) else {
+                return Ok(());
+            };
+            let k = abi::ip_key(v4);
+            if !m.get(&k, 0).is_ok_and(|e| e.ifindex == ifindex) {
+                return Ok(());
+            }
+            m.remove(&k)
+        }
+        IpAddr::V6(v6) => {
+            let Ok(mut m) = endpoints6(host) else {
+                return Ok(());
+            };
+            let k = abi::ip6_key(v6);
+            if !m.get(&k, 0).is_ok_and(|e| e.ifindex == ifindex) {
+                return Ok(());
+            }
+            m.remove(&k)
+        }
     };
-    let k = abi::ip_key(ip);
-    if m.get(&k, 0).is_ok_and(|e| e.ifindex == ifindex) {
-        m.remove(&k)
-            .map_err(PodError::map(format!("remove endpoint {ip}")))?;
-    }
-    Ok(())
+    r.map_err(PodError::map(format!("remove endpoint {ip}")))
 }
 
 /// The endpoint of `ip`, if any.
-pub fn endpoint_get(host: &Host, ip: std::net::Ipv4Addr) -> Result<Option<Endpoint>, PodError> {
-    let Ok(m) = endpoints(host) else {
-        return Ok(None);
-    };
-    Ok(m.get(&abi::ip_key(ip), 0).ok())
+pub fn endpoint_get(host: &Host, ip: IpAddr) -> Result<Option<Endpoint>, PodError> {
+    Ok(match ip {
+        IpAddr::V4(v4) => endpoints(host)
+            .ok()
+            .and_then(|m| m.get(&abi::ip_key(v4), 0).ok()),
+        IpAddr::V6(v6) => endpoints6(host)
+            .ok()
+            .and_then(|m| m.get(&abi::ip6_key(v6), 0).ok()),
+    })
 }
 
 /// The host's datapath counters, summed over CPUs, in [`abi::COUNTERS`] order (zeros before

@@ -8,8 +8,11 @@ pub enum PodError {
     #[error("invalid pod name {0:?}: use 1-40 characters from [a-z0-9-], starting with a letter or digit")]
     BadName(String),
     /// Bad address.
-    #[error("invalid --ip {0:?}: expected an IPv4 address with optional prefix, e.g. 10.244.1.5/24 (prefix 8-32)")]
+    #[error("invalid --ip {0:?}: expected an IPv4 address with optional prefix, e.g. 10.244.1.5/24 (prefix 8-32), or an IPv6 one, e.g. fd00:10:244::5/64 (prefix 16-128; not link-local, multicast, loopback or unspecified)")]
     BadIp(String),
+    /// Two addresses of one family, or none at all.
+    #[error("invalid --ip {value:?}: {reason}; a pod has one IPv4 and/or one IPv6 address, e.g. --ip 10.244.1.5/24,fd00:10:244::5/64")]
+    BadIpList { value: String, reason: String },
     /// Bad mode.
     #[error("invalid --mode {0:?}: expected netkit, netkit-l2, veth or auto")]
     BadMode(String),
@@ -34,7 +37,7 @@ pub enum PodError {
     /// Address already used by another pod on the host.
     #[error("address {ip} is already used by pod {other:?} on host {host}")]
     IpInUse {
-        ip: std::net::Ipv4Addr,
+        ip: std::net::IpAddr,
         other: String,
         host: String,
     },

@@ -17,5 +17,7 @@ pub mod pod;
 pub mod state;
 
 pub use error::PodError;
-pub use pod::{add, del, list, AddOptions, Added, AttachRequest, Listing, ModeRequest, PodIp};
+pub use pod::{
+    add, del, list, AddOptions, Added, AttachRequest, Listing, ModeRequest, PodAddrs, PodIp, PodIp6,
+};
 pub use state::{AttachMethod, Datapath, Host, PodRecord, TcFilter};

@@ -1,7 +1,7 @@
 //! `pod add / del / list`: the pod's namespace, its device pair, addresses and routes, the
 //! BPF attachments and the endpoint entry, each undone if a later step fails.
 
-use std::net::{IpAddr, Ipv4Addr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::path::PathBuf;
 use std::str::FromStr;
 
@@ -18,6 +18,9 @@ use crate::state::{AttachMethod, CniAttachment, Datapath, Host, HostLock, PodRec
 /// The link-local gateway every pod routes through (answered by the BPF ARP responder on
 /// veth and netkit L2; netkit L3 needs no ARP).
 pub const GATEWAY: Ipv4Addr = Ipv4Addr::new(169, 254, 1, 1);
+/// The pods' IPv6 gateway (link-local, answered by the BPF NDP responder on veth and netkit
+/// L2; netkit L3 needs no NDP).
+pub const GATEWAY6: Ipv6Addr = abi::GATEWAY6;
 /// Default name of the pod's device.
 pub const POD_IF: &str = "eth0";
 
@@ -130,6 +133,83 @@ impl FromStr for PodIp {
     }
 }
 
+/// An IPv6 address with prefix (`fd00:10:244::5/64`; a bare address is /128). Link-local
+/// addresses are refused (fe80::1 is the gateway, and the datapath drops link-local sources).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PodIp6 {
+    pub ip: Ipv6Addr,
+    pub prefix: u8,
+}
+
+impl FromStr for PodIp6 {
+    type Err = PodError;
+    fn from_str(s: &str) -> Result<Self, PodError> {
+        let bad = || PodError::BadIp(s.into());
+        let (a, p) = match s.split_once('/') {
+            Some((a, p)) => (a, p.parse::<u8>().map_err(|_| bad())?),
+            None => (s, 128),
+        };
+        let ip: Ipv6Addr = a.parse().map_err(|_| bad())?;
+        let seg0 = ip.segments()[0];
+        if !(16..=128).contains(&p)
+            || ip.is_unspecified()
+            || ip.is_loopback()
+            || ip.is_multicast()
+            || (seg0 & 0xffc0) == 0xfe80
+            || ip.to_ipv4_mapped().is_some()
+        {
+            return Err(bad());
+        }
+        Ok(Self { ip, prefix: p })
+    }
+}
+
+/// A pod's addresses (`--ip`, repeatable or comma-separated): one IPv4 and/or one IPv6.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct PodAddrs {
+    pub v4: Option<PodIp>,
+    pub v6: Option<PodIp6>,
+}
+
+impl PodAddrs {
+    /// Parses `--ip` values; each may hold several addresses separated by commas. Refuses an
+    /// empty list, an empty item and a second address of a family, naming the value.
+    pub fn parse<S: AsRef<str>>(values: &[S]) -> Result<Self, PodError> {
+        let all = values
+            .iter()
+            .map(|v| v.as_ref())
+            .collect::<Vec<_>>()
+            .join(",");
+        let mut out = Self::default();
+        for item in all.split(',').map(str::trim) {
+            if item.is_empty() {
+                return Err(PodError::BadIpList {
+                    value: all.clone(),
+                    reason: "an empty address".into(),
+                });
+            }
+            let twice = |fam: &str, first: String| PodError::BadIpList {
+                value: all.clone(),
+                reason: format!("a second {fam} address {item:?} (the first is {first})"),
+            };
+            if item.contains(':') {
+                let a: PodIp6 = item.parse()?;
+                if let Some(f) = out.v6 {
+                    return Err(twice("IPv6", format!("{}/{}", f.ip, f.prefix)));
+                }
+                out.v6 = Some(a);
+            } else {
+                let a: PodIp = item.parse()?;
+                if let Some(f) = out.v4 {
+                    return Err(twice("IPv4", format!("{}/{}", f.ip, f.prefix)));
+                }
+                out.v4 = Some(a);
+            }
+        }
+        Ok(out)
+    }
+}
+
 /// Validates a pod name: 1-40 of [a-z0-9-], starting with a letter or digit.
 pub fn valid_pod_name(name: &str) -> bool {
     !name.is_empty()
@@ -161,7 +241,10 @@ pub fn host_ifname(host: &Host, name: &str) -> String {
 #[derive(Debug, Clone)]
 pub struct AddOptions {
     pub name: String,
+    /// The IPv4 address; unspecified (0.0.0.0) for an IPv6-only pod.
     pub ip: PodIp,
+    /// The IPv6 address of a dual-stack or IPv6-only pod.
+    pub ip6: Option<PodIp6>,
     pub mode: ModeRequest,
     /// `--host NS`; `None`: the caller's namespace.
     pub host: Option<String>,
@@ -181,10 +264,36 @@ pub struct AddOptions {
 }
 
 impl AddOptions {
+    /// Options for a pod with the addresses `a` (IPv4 and/or IPv6).
+    pub fn with_addrs(name: &str, a: PodAddrs) -> Self {
+        let mut o = Self::new(
+            name,
+            a.v4.unwrap_or(PodIp {
+                ip: Ipv4Addr::UNSPECIFIED,
+                prefix: 32,
+            }),
+        );
+        o.ip6 = a.v6;
+        o
+    }
+
+    /// The pod's addresses, IPv4 first (none for a CNI intent before IPAM).
+    pub fn addrs(&self) -> Vec<IpAddr> {
+        let mut v = Vec::new();
+        if !self.ip.ip.is_unspecified() {
+            v.push(IpAddr::V4(self.ip.ip));
+        }
+        if let Some(a) = self.ip6 {
+            v.push(IpAddr::V6(a.ip));
+        }
+        v
+    }
+
     pub fn new(name: &str, ip: PodIp) -> Self {
         Self {
             name: name.into(),
             ip,
+            ip6: None,
             mode: ModeRequest::Veth,
             host: None,
             uplinks: Vec::new(),
@@ -257,12 +366,12 @@ struct Undo {
     host_link: Option<String>,
     pins: Vec<PathBuf>,
     tc: Vec<TcFilter>,
-    endpoint: Option<(Ipv4Addr, u32)>,
+    endpoints: Vec<(IpAddr, u32)>,
 }
 
 impl Undo {
     fn run(self, host: &Host) {
-        if let Some((ip, idx)) = self.endpoint {
+        for (ip, idx) in self.endpoints {
             let _ = datapath::endpoint_remove(host, ip, idx);
         }
         for p in self.pins.iter().rev() {
@@ -389,6 +498,9 @@ pub fn intent(host: &Host, opts: &AddOptions, dp: Datapath, attach: AttachMethod
         ip: opts.ip.ip,
         prefix: opts.ip.prefix,
         gateway: GATEWAY,
+        ip6: opts.ip6.map(|a| a.ip),
+        prefix6: opts.ip6.map(|a| a.prefix),
+        gateway6: opts.ip6.map(|_| GATEWAY6),
         datapath: dp,
         host: host.display.clone(),
         netns: opts.netns.clone().unwrap_or_else(|| opts.name.clone()),
@@ -426,16 +538,24 @@ pub fn add_locked(plan: &Plan, _lock: &HostLock, opts: &AddOptions) -> Result<Ad
             });
         }
         // Pending records are intents of adds that died: they block nothing.
-        if let Some(other) = host
-            .records()?
-            .into_iter()
-            .find(|r| r.ip == opts.ip.ip && !r.pending && r.name != opts.name)
-        {
-            return Err(PodError::IpInUse {
-                ip: opts.ip.ip,
-                other: other.name,
-                host: host.display.clone(),
+        let want = opts.addrs();
+        if opts.ip.ip.is_unspecified() && opts.ip6.is_none() {
+            return Err(PodError::BadIpList {
+                value: String::new(),
+                reason: "no address".into(),
             });
+        }
+        for other in host.records()? {
+            if other.pending || other.name == opts.name {
+                continue;
+            }
+            if let Some(ip) = other.addrs().into_iter().find(|a| want.contains(a)) {
+                return Err(PodError::IpInUse {
+                    ip,
+                    other: other.name,
+                    host: host.display.clone(),
+                });
+            }
         }
         if opts.netns.is_none() && netns::list_named().contains(&opts.name) {
             return Err(PodError::Netns(netns::NetnsError::Exists(
@@ -507,13 +627,16 @@ pub fn add_locked(plan: &Plan, _lock: &HostLock, opts: &AddOptions) -> Result<Ad
 /// record itself stays: the caller removes it ([`forget`]) once everything else (the CNI
 /// plugin: the IPAM lease) is released. Lock held.
 pub fn undo_pending(host: &Host, r: &PodRecord) -> Result<(), PodError> {
-    if !r.ip.is_unspecified() {
-        if let Some(ep) = datapath::endpoint_get(host, r.ip)? {
+    for ip in r.addrs() {
+        if let Some(ep) = datapath::endpoint_get(host, ip)? {
             let owned_by_other = host.records()?.iter().any(|o| {
-                !o.pending && o.name != r.name && o.ip == r.ip && o.host_ifindex == ep.ifindex
+                !o.pending
+                    && o.name != r.name
+                    && o.addrs().contains(&ip)
+                    && o.host_ifindex == ep.ifindex
             });
             if !owned_by_other {
-                datapath::endpoint_remove(host, r.ip, ep.ifindex)?;
+                datapath::endpoint_remove(host, ip, ep.ifindex)?;
             }
         }
     }
@@ -554,7 +677,7 @@ fn build(
     let host_ifindex = hnl.link_index(&host_if)?;
     let host_mac = hnl.link_mac(&host_if)?;
     let pod_mac = pnl.link_mac(&opts.pod_if)?;
-    set_addresses(host, &pnl, opts, dp, &host_if)?;
+    set_addresses(host, pod_ns, &pnl, opts, dp, &host_if)?;
     crash_point("addresses");
     attach_programs(host, opts, dp, attach, &host_if, host_ifindex, undo)?;
     crash_point("attach");
@@ -609,23 +732,80 @@ fn make_devices(
 /// to the pod (for the stack's own traffic) and forwarding, which bpf_fib_lookup requires.
 fn set_addresses(
     host: &Host,
+    pod_ns: &NetNs,
     pnl: &Netlink,
     opts: &AddOptions,
     dp: Datapath,
     host_if: &str,
 ) -> Result<(), PodError> {
     let hnl = host.netlink()?;
-    let any = IpAddr::V4(Ipv4Addr::UNSPECIFIED);
-    pnl.add_address(&opts.pod_if, IpAddr::V4(opts.ip.ip), opts.ip.prefix)?;
+    if !opts.ip.ip.is_unspecified() {
+        let any = IpAddr::V4(Ipv4Addr::UNSPECIFIED);
+        pnl.add_address(&opts.pod_if, IpAddr::V4(opts.ip.ip), opts.ip.prefix)?;
+        if dp == Datapath::NetkitL3 {
+            pnl.add_route(any, 0, None, Some(&opts.pod_if))?;
+        } else {
+            pnl.add_link_route(GATEWAY, 32, &opts.pod_if)?;
+            pnl.add_route(any, 0, Some(IpAddr::V4(GATEWAY)), None)?;
+        }
+        hnl.add_route(IpAddr::V4(opts.ip.ip), 32, None, Some(host_if))?;
+        net::set_sysctl(Some(&host.ns), "net.ipv4.ip_forward", "1")?;
+    }
+    if let Some(a) = opts.ip6 {
+        set_addresses6(host, pod_ns, pnl, opts, a, dp, host_if)?;
+    }
+    Ok(())
+}
+
+/// The IPv6 half of [`set_addresses`]: the pod's address, usable at once (no duplicate
+/// address detection: the address is the pod's by the endpoint table, and the datapath drops
+/// the DAD probes, sent from `::`), its default route via fe80::1 on its device (netkit L3:
+/// out of the device), and in the host a /128 route to the pod and IPv6 forwarding on the
+/// host-side device, which bpf_fib_lookup requires (on every device for host-firewall pods).
+fn set_addresses6(
+    host: &Host,
+    pod_ns: &NetNs,
+    pnl: &Netlink,
+    opts: &AddOptions,
+    a: PodIp6,
+    dp: Datapath,
+    host_if: &str,
+) -> Result<(), PodError> {
+    let hnl = host.netlink()?;
+    let pod_ns = Some(pod_ns);
+    let conf = |dev: &str, key: &str| format!("net/ipv6/conf/{dev}/{key}");
+    set_proc(pod_ns, &conf(&opts.pod_if, "disable_ipv6"), "0")?;
+    set_proc(pod_ns, &conf(&opts.pod_if, "accept_dad"), "0")?;
+    set_proc(pod_ns, &conf(&opts.pod_if, "accept_ra"), "0")?;
+    pnl.add_address(&opts.pod_if, IpAddr::V6(a.ip), a.prefix)?;
+    let any = IpAddr::V6(Ipv6Addr::UNSPECIFIED);
     if dp == Datapath::NetkitL3 {
         pnl.add_route(any, 0, None, Some(&opts.pod_if))?;
     } else {
-        pnl.add_link_route(GATEWAY, 32, &opts.pod_if)?;
-        pnl.add_route(any, 0, Some(IpAddr::V4(GATEWAY)), None)?;
+        pnl.add_route(any, 0, Some(IpAddr::V6(GATEWAY6)), Some(&opts.pod_if))?;
     }
-    hnl.add_route(IpAddr::V4(opts.ip.ip), 32, None, Some(host_if))?;
-    net::set_sysctl(Some(&host.ns), "net.ipv4.ip_forward", "1")?;
+    set_proc(Some(&host.ns), &conf(host_if, "disable_ipv6"), "0")?;
+    hnl.add_route(IpAddr::V6(a.ip), 128, None, Some(host_if))?;
+    // bpf_fib_lookup (AF_INET6) asks the ingress device, the host-side device, whether it
+    // forwards; the host's own interfaces keep their setting (a host that learns its IPv6
+    // route from router advertisements would stop accepting them with forwarding on). The
+    // host-firewall path is the stack's forwarding, which needs it for every device.
+    set_proc(Some(&host.ns), &conf(host_if, "forwarding"), "1")?;
+    if opts.host_firewall {
+        set_proc(Some(&host.ns), "net/ipv6/conf/all/forwarding", "1")?;
+    }
     Ok(())
+}
+
+/// Writes `/proc/sys/<path>` in `ns` (device names may hold dots, so not a dotted key).
+fn set_proc(ns: Option<&NetNs>, path: &str, value: &str) -> Result<(), PodError> {
+    let full = format!("/proc/sys/{path}");
+    let work = || std::fs::write(&full, value);
+    let r = match ns {
+        Some(ns) => ns.run(work).map_err(PodError::from)?,
+        None => work(),
+    };
+    r.map_err(PodError::io(format!("write {full}")))
 }
 
 /// The pod's programs on its device pair (TCX link, tc filter or netkit links, noted in
@@ -710,17 +890,16 @@ fn insert_endpoint(
     if opts.host_firewall {
         flags |= abi::EP_HOST_FW;
     }
-    datapath::endpoint_insert(
-        host,
-        opts.ip.ip,
-        Endpoint {
-            ifindex: host_ifindex,
-            flags,
-            pod_mac,
-            host_mac,
-        },
-    )?;
-    undo.endpoint = Some((opts.ip.ip, host_ifindex));
+    let ep = Endpoint {
+        ifindex: host_ifindex,
+        flags,
+        pod_mac,
+        host_mac,
+    };
+    for ip in opts.addrs() {
+        datapath::endpoint_insert(host, ip, ep)?;
+        undo.endpoints.push((ip, host_ifindex));
+    }
     Ok(())
 }
 
@@ -812,7 +991,9 @@ fn remove(host: &Host, r: &PodRecord) -> Result<(), PodError> {
         undo_pending(host, r)?;
         return host.remove_record(&r.name);
     }
-    datapath::endpoint_remove(host, r.ip, r.host_ifindex)?;
+    for ip in r.addrs() {
+        datapath::endpoint_remove(host, ip, r.host_ifindex)?;
+    }
     remove_attachments(host, r)?;
     host.remove_record(&r.name)
 }
@@ -904,21 +1085,37 @@ pub fn check(host: &Host, r: &PodRecord) -> Vec<String> {
             Err(e) => bad.push(format!("query {}: {e}", r.host_if)),
         }
     }
-    match datapath::endpoint_get(host, r.ip) {
-        Ok(Some(ep)) if ep.ifindex == r.host_ifindex => {}
-        Ok(_) => bad.push(format!("endpoint {} missing from the BPF map", r.ip)),
-        Err(e) => bad.push(format!("endpoint map: {e}")),
+    for ip in r.addrs() {
+        match datapath::endpoint_get(host, ip) {
+            Ok(Some(ep)) if ep.ifindex == r.host_ifindex => {}
+            Ok(_) => bad.push(format!("endpoint {ip} missing from the BPF map")),
+            Err(e) => bad.push(format!("endpoint map: {e}")),
+        }
     }
     match NetNs::open(&r.netns) {
-        Ok(ns) => match ns
-            .netlink()
-            .and_then(|nl| nl.link_ipv4_addresses(&r.pod_if))
-        {
-            Ok(a) if a.contains(&(r.ip, r.prefix)) => {}
-            Ok(a) => bad.push(format!(
-                "pod device {} has addresses {a:?}, expected {}/{}",
-                r.pod_if, r.ip, r.prefix
-            )),
+        Ok(ns) => match ns.netlink() {
+            Ok(nl) => {
+                if !r.ip.is_unspecified() {
+                    match nl.link_ipv4_addresses(&r.pod_if) {
+                        Ok(a) if a.contains(&(r.ip, r.prefix)) => {}
+                        Ok(a) => bad.push(format!(
+                            "pod device {} has addresses {a:?}, expected {}/{}",
+                            r.pod_if, r.ip, r.prefix
+                        )),
+                        Err(e) => bad.push(format!("pod device {}: {e}", r.pod_if)),
+                    }
+                }
+                if let (Some(ip6), Some(p6)) = (r.ip6, r.prefix6) {
+                    match nl.link_ipv6_addresses(&r.pod_if) {
+                        Ok(a) if a.contains(&(ip6, p6)) => {}
+                        Ok(a) => bad.push(format!(
+                            "pod device {} has IPv6 addresses {a:?}, expected {ip6}/{p6}",
+                            r.pod_if
+                        )),
+                        Err(e) => bad.push(format!("pod device {}: {e}", r.pod_if)),
+                    }
+                }
+            }
             Err(e) => bad.push(format!("pod device {}: {e}", r.pod_if)),
         },
         Err(e) => bad.push(format!("pod namespace {}: {e}", r.netns)),
@@ -968,6 +1165,40 @@ mod tests {
         ] {
             let e = bad.parse::<PodIp>().unwrap_err().to_string();
             assert!(e.contains(&format!("{bad:?}")), "{e}");
+        }
+    }
+
+    #[test]
+    fn parses_dual_stack_ip_lists() {
+        let a = PodAddrs::parse(&["10.244.1.5/24,fd00:10::5/64"]).unwrap();
+        assert_eq!(a.v4.unwrap().ip, Ipv4Addr::new(10, 244, 1, 5));
+        assert_eq!(a.v6.unwrap().prefix, 64);
+        assert_eq!(
+            a,
+            PodAddrs::parse(&["fd00:10::5/64", "10.244.1.5/24"]).unwrap()
+        );
+        let six = PodAddrs::parse(&["fd00::7"]).unwrap();
+        assert!(six.v4.is_none() && six.v6.unwrap().prefix == 128);
+        for (bad, needle) in [
+            (
+                vec!["10.0.0.1/24", "10.0.0.2/24"],
+                "a second IPv4 address \"10.0.0.2/24\"",
+            ),
+            (
+                vec!["fd00::1/64,fd00::2/64"],
+                "a second IPv6 address \"fd00::2/64\"",
+            ),
+            (vec!["10.0.0.1/24,"], "an empty address"),
+            (vec![""], "an empty address"),
+            (vec!["fe80::1/64"], "\"fe80::1/64\""),
+            (vec!["ff02::1"], "\"ff02::1\""),
+            (vec!["::"], "\"::\""),
+            (vec!["::ffff:10.0.0.1"], "\"::ffff:10.0.0.1\""),
+            (vec!["fd00::1/8"], "\"fd00::1/8\""),
+            (vec!["fd00::1/129"], "\"fd00::1/129\""),
+        ] {
+            let e = PodAddrs::parse(&bad).unwrap_err().to_string();
+            assert!(e.contains(needle), "{bad:?}: {e}");
         }
     }
 

@@ -27,7 +27,7 @@
 //! survive a reboot. When a host's last pod goes, both directories are removed.
 
 use std::fs::{self, File};
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::path::{Path, PathBuf};
 
 use nsfast_sys::net::Netlink;
@@ -710,6 +710,15 @@ pub struct PodRecord {
     pub ip: Ipv4Addr,
     pub prefix: u8,
     pub gateway: Ipv4Addr,
+    /// The pod's IPv6 address (dual-stack or IPv6-only pods; then `ip` is 0.0.0.0 for an
+    /// IPv6-only pod).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ip6: Option<Ipv6Addr>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prefix6: Option<u8>,
+    /// The pod's IPv6 gateway (fe80::1), with `ip6`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gateway6: Option<Ipv6Addr>,
     pub datapath: Datapath,
     /// `--host` name or "current".
     pub host: String,
@@ -742,6 +751,34 @@ pub struct PodRecord {
     /// next `add`/`del`/GC of the pod undoes whatever of it exists.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub pending: bool,
+}
+
+impl PodRecord {
+    /// The pod's addresses, IPv4 first: what its endpoint entries are keyed by (none for a CNI
+    /// intent written before IPAM answered).
+    pub fn addrs(&self) -> Vec<IpAddr> {
+        let mut v = Vec::new();
+        if !self.ip.is_unspecified() {
+            v.push(IpAddr::V4(self.ip));
+        }
+        if let Some(a) = self.ip6 {
+            v.push(IpAddr::V6(a));
+        }
+        v
+    }
+
+    /// The addresses with their prefixes, as `pod list` shows them (`10.0.0.5/24`,
+    /// `fd00::5/64`).
+    pub fn cidrs(&self) -> Vec<String> {
+        let mut v = Vec::new();
+        if !self.ip.is_unspecified() {
+            v.push(format!("{}/{}", self.ip, self.prefix));
+        }
+        if let Some(a) = self.ip6 {
+            v.push(format!("{a}/{}", self.prefix6.unwrap_or(128)));
+        }
+        v
+    }
 }
 
 /// The CNI identity of a pod made by `nsfast-cni`.

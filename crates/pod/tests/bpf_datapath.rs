@@ -2,7 +2,7 @@
 //! `bpf/lib/pod_route.h`): verdicts, rewritten frames and counters, each run inside a
 //! throwaway network namespace (the FIB cases use a veth pair there). Needs root.
 
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, Ipv6Addr};
 
 use aya::maps::{HashMap as BpfHashMap, MapData, PerCpuArray};
 use aya::programs::{SchedClassifier, TestRun, TestRunOptions};
@@ -29,6 +29,9 @@ const SRC_POD_MAC: [u8; 6] = [0x02, 0, 0, 0, 0, 0xa2];
 const SRC_HOST_MAC: [u8; 6] = [0x02, 0, 0, 0, 0, 0xb2];
 const POD_A: Ipv4Addr = Ipv4Addr::new(10, 251, 1, 10);
 const POD_B: Ipv4Addr = Ipv4Addr::new(10, 251, 1, 11);
+const POD_A6: Ipv6Addr = Ipv6Addr::new(0xfd51, 0, 0, 1, 0, 0, 0, 0x10);
+const POD_B6: Ipv6Addr = Ipv6Addr::new(0xfd51, 0, 0, 1, 0, 0, 0, 0x11);
+const GW6: Ipv6Addr = Ipv6Addr::new(0xfe80, 0, 0, 0, 0, 0, 0, 1);
 
 struct Harness {
     ebpf: Ebpf,
@@ -55,6 +58,36 @@ impl Harness {
         let mut m: BpfHashMap<&mut MapData, u32, Endpoint> =
             BpfHashMap::try_from(self.ebpf.map_mut(abi::MAP_ENDPOINTS).unwrap()).unwrap();
         m.insert(abi::ip_key(ip), ep, 0).unwrap();
+    }
+
+    fn endpoint6(&mut self, ip: Ipv6Addr, ep: Endpoint) {
+        let mut m: BpfHashMap<&mut MapData, [u8; 16], Endpoint> =
+            BpfHashMap::try_from(self.ebpf.map_mut(abi::MAP_ENDPOINTS6).unwrap()).unwrap();
+        m.insert(abi::ip6_key(ip), ep, 0).unwrap();
+    }
+
+    /// [`Harness::with_pods_on`] with an IPv6 address for each pod too (dual-stack).
+    fn with_dual_pods_on(mut self, src_ifindex: u32) -> Self {
+        self = self.with_pods_on(src_ifindex);
+        self.endpoint6(
+            POD_A6,
+            Endpoint {
+                ifindex: 100,
+                flags: 0,
+                pod_mac: POD_MAC,
+                host_mac: HOST_MAC,
+            },
+        );
+        self.endpoint6(
+            POD_B6,
+            Endpoint {
+                ifindex: src_ifindex,
+                flags: 0,
+                pod_mac: SRC_POD_MAC,
+                host_mac: SRC_HOST_MAC,
+            },
+        );
+        self
     }
 
     /// Two pods: A (destination, ifindex 100) and B (source, on the loopback: see [`LO`]).
@@ -190,6 +223,126 @@ fn arp_request(sender_mac: [u8; 6], sip: Ipv4Addr, tip: Ipv4Addr) -> Vec<u8> {
     v.extend_from_slice(&[0; 6]);
     v.extend_from_slice(&tip.octets());
     v
+}
+
+/// Ethernet + IPv6 + `next` header `nh` with `payload` (hop limit `hl`).
+fn ip6_frame(
+    src: Ipv6Addr,
+    dst: Ipv6Addr,
+    dst_mac: [u8; 6],
+    nh: u8,
+    hl: u8,
+    payload: &[u8],
+) -> Vec<u8> {
+    let mut v = eth(dst_mac, SRC_POD_MAC, 0x86dd);
+    v.extend_from_slice(&[0x60, 0, 0, 0]);
+    v.extend_from_slice(&(payload.len() as u16).to_be_bytes());
+    v.extend_from_slice(&[nh, hl]);
+    v.extend_from_slice(&src.octets());
+    v.extend_from_slice(&dst.octets());
+    v.extend_from_slice(payload);
+    v
+}
+
+/// Ethernet + IPv6 + UDP (checksum left zero).
+fn udp6_frame(src: Ipv6Addr, dst: Ipv6Addr, dst_mac: [u8; 6]) -> Vec<u8> {
+    let mut udp = Vec::new();
+    udp.extend_from_slice(&4000u16.to_be_bytes());
+    udp.extend_from_slice(&5000u16.to_be_bytes());
+    udp.extend_from_slice(&14u16.to_be_bytes());
+    udp.extend_from_slice(&[0, 0]);
+    udp.extend_from_slice(b"nsfast");
+    ip6_frame(src, dst, dst_mac, 17, 64, &udp)
+}
+
+/// The ICMPv6 checksum of `msg` (RFC 8200 8.1 pseudo header): with the checksum field 0 it
+/// computes it; over a message with its checksum it gives 0 if the checksum is right.
+fn icmp6_checksum(src: &[u8], dst: &[u8], msg: &[u8]) -> u16 {
+    let mut b = Vec::new();
+    b.extend_from_slice(src);
+    b.extend_from_slice(dst);
+    b.extend_from_slice(&(msg.len() as u32).to_be_bytes());
+    b.extend_from_slice(&[0, 0, 0, 58]);
+    b.extend_from_slice(msg);
+    if b.len() % 2 == 1 {
+        b.push(0);
+    }
+    ip_checksum(&b)
+}
+
+/// An ICMPv6 message from `src` to `dst` (hop limit `hl`), checksum filled in.
+fn icmp6_frame(src: Ipv6Addr, dst: Ipv6Addr, hl: u8, mut msg: Vec<u8>) -> Vec<u8> {
+    msg[2..4].copy_from_slice(&[0, 0]);
+    let c = icmp6_checksum(&src.octets(), &dst.octets(), &msg);
+    msg[2..4].copy_from_slice(&c.to_be_bytes());
+    ip6_frame(src, dst, [0x33, 0x33, 0xff, 0, 0, 1], 58, hl, &msg)
+}
+
+/// A neighbour solicitation from `src` for `target` (to its solicited-node group), with a
+/// source link-layer address option if `sllao`.
+fn ns_frame(src: Ipv6Addr, target: Ipv6Addr, sllao: bool) -> Vec<u8> {
+    let t = target.octets();
+    let group = Ipv6Addr::new(
+        0xff02,
+        0,
+        0,
+        0,
+        0,
+        1,
+        0xff00 | u16::from(t[13]),
+        u16::from_be_bytes([t[14], t[15]]),
+    );
+    let mut msg = vec![135, 0, 0, 0, 0, 0, 0, 0];
+    msg.extend_from_slice(&t);
+    if sllao {
+        msg.extend_from_slice(&[1, 1]);
+        msg.extend_from_slice(&SRC_POD_MAC);
+    }
+    icmp6_frame(src, group, 255, msg)
+}
+
+/// An ICMPv6 message of `typ` with `target` (NA: flags S|O; RA/redirect: the same layout is
+/// enough for the type check).
+fn nd_frame(typ: u8, src: Ipv6Addr, dst: Ipv6Addr, target: Ipv6Addr) -> Vec<u8> {
+    let mut msg = vec![typ, 0, 0, 0, 0x60, 0, 0, 0];
+    msg.extend_from_slice(&target.octets());
+    icmp6_frame(src, dst, 255, msg)
+}
+
+/// Checks that `out` is a neighbour advertisement for `target` from the host (`host_mac`) to
+/// `pod_ip` at `pod_mac`, with a correct ICMPv6 checksum.
+fn assert_na(out: &[u8], target: Ipv6Addr, pod_ip: Ipv6Addr, pod_mac: [u8; 6], host_mac: [u8; 6]) {
+    assert_eq!(
+        out.len(),
+        14 + 40 + 32,
+        "Ethernet + IPv6 + NA + TLLAO: {out:02x?}"
+    );
+    assert_eq!(&out[0..6], &pod_mac, "to the asking pod's MAC");
+    assert_eq!(&out[6..12], &host_mac, "from the host-side MAC");
+    assert_eq!(&out[12..14], &[0x86, 0xdd]);
+    assert_eq!(out[14] >> 4, 6, "IPv6");
+    assert_eq!(&out[18..20], &32u16.to_be_bytes(), "payload length");
+    assert_eq!(out[20], 58, "ICMPv6");
+    assert_eq!(out[21], 255, "hop limit 255 (RFC 4861 7.1.2)");
+    assert_eq!(&out[22..38], &target.octets(), "source = the target");
+    assert_eq!(
+        &out[38..54],
+        &pod_ip.octets(),
+        "destination = the solicitor"
+    );
+    let na = &out[54..];
+    assert_eq!(na[0], 136, "neighbour advertisement");
+    assert_eq!(na[1], 0, "code 0");
+    assert_eq!(na[4], 0xe0, "router, solicited, override");
+    assert_eq!(&na[8..24], &target.octets(), "target");
+    assert_eq!(&na[24..26], &[2, 1], "target link-layer address option");
+    assert_eq!(&na[26..32], &host_mac, "target MAC = the host-side MAC");
+    assert_eq!(
+        icmp6_checksum(&out[22..38], &out[38..54], na),
+        0,
+        "ICMPv6 checksum of {na:02x?}"
+    );
+    assert_ne!(&na[2..4], &[0, 0], "checksum filled in");
 }
 
 /// Runs `f` on a thread inside a throwaway namespace.
@@ -470,7 +623,8 @@ fn host_firewall_pods_go_to_the_stack_after_the_source_check() {
 fn ipv6_other_ethertypes_and_malformed_frames_from_a_pod_are_dropped() {
     in_netns(|| {
         let h = Harness::new().with_pods();
-        // Pods are IPv4-only; the host stack would take IPv6 with any source.
+        // These pods are IPv4-only: IPv6 from them has no address of theirs as its source
+        // (the host stack would take it with any source).
         let mut v6 = eth(SRC_HOST_MAC, SRC_POD_MAC, 0x86dd);
         v6.extend_from_slice(&[0x60; 40]);
         assert_eq!(
@@ -478,10 +632,11 @@ fn ipv6_other_ethertypes_and_malformed_frames_from_a_pod_are_dropped() {
             (TC_ACT_SHOT, v6.clone())
         );
         assert_eq!(h.run(abi::PROG_NETKIT_PEER_L3, &v6, None).0, NETKIT_DROP);
+        assert_eq!(h.counter(cnt::SPOOFED), 2);
         let mut other = eth(SRC_HOST_MAC, SRC_POD_MAC, 0x88cc); // LLDP
         other.extend_from_slice(&[0; 40]);
         assert_eq!(h.run(abi::PROG_FROM_CONTAINER, &other, None).0, TC_ACT_SHOT);
-        assert_eq!(h.counter(cnt::NOT_IPV4), 3);
+        assert_eq!(h.counter(cnt::NOT_IPV4), 1);
         // An IPv4 header with a bad IHL (< 5) to a known pod: dropped, not redirected.
         let mut bad = udp_frame(POD_B, POD_A, SRC_HOST_MAC);
         bad[14] = 0x44;
@@ -493,9 +648,9 @@ fn ipv6_other_ethertypes_and_malformed_frames_from_a_pod_are_dropped() {
         let mut arp = arp_request(SRC_POD_MAC, POD_B, Ipv4Addr::new(169, 254, 1, 1));
         arp[18] = 8;
         assert_eq!(h.run(abi::PROG_FROM_CONTAINER, &arp, None).0, TC_ACT_SHOT);
-        assert_eq!(h.counter(cnt::NOT_IPV4), 5);
+        assert_eq!(h.counter(cnt::NOT_IPV4), 3);
         assert_eq!(h.counter(cnt::POD_TO_POD), 0);
-        assert_eq!(h.counter(cnt::SPOOFED), 0);
+        assert_eq!(h.counter(cnt::SPOOFED), 2);
     });
 }
 
@@ -701,4 +856,250 @@ fn netkit_link_create_attaches_on_the_primary_only() {
         })
         .unwrap();
     }
+}
+
+#[test]
+fn ndp_solicitation_for_the_gateway_is_answered_with_a_checksummed_advertisement() {
+    in_netns(|| {
+        let h = Harness::new().with_dual_pods_on(LO);
+        // With and without the source link-layer address option (the reply is longer than
+        // the shorter request: the frame grows).
+        for (i, sllao) in [true, false].into_iter().enumerate() {
+            let f = ns_frame(POD_B6, GW6, sllao);
+            let (rc, out) = h.run(abi::PROG_FROM_CONTAINER, &f, None);
+            assert_eq!(rc, TC_ACT_REDIRECT, "sent back into the asking pod");
+            assert_na(&out, GW6, POD_B6, SRC_POD_MAC, SRC_HOST_MAC);
+            assert_eq!(h.counter(cnt::NDP_REPLY), i as u64 + 1);
+        }
+        // netkit L2 answers the same way.
+        let f = ns_frame(POD_B6, GW6, true);
+        let (rc, out) = h.run(abi::PROG_NETKIT_PEER_L2, &f, None);
+        assert_eq!(rc, TC_ACT_REDIRECT);
+        assert_na(&out, GW6, POD_B6, SRC_POD_MAC, SRC_HOST_MAC);
+        // An on-link peer (a /64 pod asks for pod A directly): the host answers for it too,
+        // as ARP does (everything goes via the host).
+        let f = ns_frame(POD_B6, POD_A6, true);
+        let (rc, out) = h.run(abi::PROG_FROM_CONTAINER, &f, None);
+        assert_eq!(rc, TC_ACT_REDIRECT);
+        assert_na(&out, POD_A6, POD_B6, SRC_POD_MAC, SRC_HOST_MAC);
+        assert_eq!(h.counter(cnt::NDP_REPLY), 4);
+        // Asking for its own address: left to the stack, not answered.
+        let own = ns_frame(POD_B6, POD_B6, true);
+        assert_eq!(
+            h.run(abi::PROG_FROM_CONTAINER, &own, None),
+            (TC_ACT_OK, own)
+        );
+        // Not hop limit 255 (RFC 4861: not from the link): dropped, not answered.
+        let mut far = ns_frame(POD_B6, GW6, true);
+        far[21] = 64;
+        assert_eq!(h.run(abi::PROG_FROM_CONTAINER, &far, None).0, TC_ACT_SHOT);
+        // The pod's link-local chatter (DAD from ::, an NS from fe80::...): dropped.
+        for src in ["::", "fe80::aa:bb"] {
+            let f = ns_frame(src.parse().unwrap(), GW6, false);
+            assert_eq!(
+                h.run(abi::PROG_FROM_CONTAINER, &f, None).0,
+                TC_ACT_SHOT,
+                "{src}"
+            );
+        }
+        assert_eq!(h.counter(cnt::NOT_IPV4), 3);
+        assert_eq!(h.counter(cnt::NDP_REPLY), 4);
+        assert_eq!(h.counter(cnt::SPOOFED), 0);
+    });
+}
+
+#[test]
+fn ndp_and_router_messages_claiming_other_addresses_are_dropped_as_spoofed() {
+    in_netns(|| {
+        let h = Harness::new().with_dual_pods_on(LO);
+        let host_ll: Ipv6Addr = "fe80::b1".parse().unwrap();
+        let mut spoofed = 0;
+        let mut check = |f: Vec<u8>, what: &str| {
+            assert_eq!(
+                h.run(abi::PROG_FROM_CONTAINER, &f, None),
+                (TC_ACT_SHOT, f.clone()),
+                "{what}"
+            );
+            spoofed += 1;
+            assert_eq!(h.counter(cnt::SPOOFED), spoofed, "{what}");
+        };
+        // Pod B (on LO) solicits from pod A's address and from an address no pod has.
+        check(ns_frame(POD_A6, GW6, true), "NS from pod A's address");
+        check(
+            ns_frame("fd51::1:0:0:99".parse().unwrap(), GW6, true),
+            "NS from an unassigned address",
+        );
+        // ... advertises pod A's address and the gateway's, from its own address.
+        check(nd_frame(136, POD_B6, host_ll, POD_A6), "NA for pod A");
+        check(nd_frame(136, POD_B6, host_ll, GW6), "NA for the gateway");
+        // ... poses as the gateway or as a router.
+        check(nd_frame(136, GW6, host_ll, GW6), "NA from fe80::1");
+        check(udp6_frame(GW6, POD_A6, SRC_HOST_MAC), "UDP from fe80::1");
+        check(
+            nd_frame(134, POD_B6, host_ll, POD_B6),
+            "router advertisement",
+        );
+        check(nd_frame(137, POD_B6, host_ll, POD_A6), "redirect");
+        assert_eq!(h.counter(cnt::NDP_REPLY), 0);
+        // Its own address advertised (answering the host's solicitation): to the stack.
+        let na = nd_frame(136, POD_B6, host_ll, POD_B6);
+        assert_eq!(h.run(abi::PROG_FROM_CONTAINER, &na, None), (TC_ACT_OK, na));
+        assert_eq!(h.counter(cnt::SPOOFED), spoofed);
+    });
+}
+
+#[test]
+fn ipv6_spoofed_source_is_dropped_and_own_source_is_redirected() {
+    in_netns(|| {
+        let mut h = Harness::new().with_dual_pods_on(LO);
+        let pod_c6: Ipv6Addr = "fd51::1:0:0:12".parse().unwrap();
+        h.endpoint6(
+            pod_c6,
+            Endpoint {
+                ifindex: 102,
+                ..Default::default()
+            },
+        );
+        let mut spoofed = 0;
+        for src in [pod_c6, "fd51::1:0:0:99".parse().unwrap()] {
+            for dst in [POD_A6, "fd77::1".parse().unwrap(), "::1".parse().unwrap()] {
+                let f = udp6_frame(src, dst, SRC_HOST_MAC);
+                for (prog, drop) in [
+                    (abi::PROG_FROM_CONTAINER, TC_ACT_SHOT),
+                    (abi::PROG_NETKIT_PEER_L2, NETKIT_DROP),
+                    (abi::PROG_NETKIT_PEER_L3, NETKIT_DROP),
+                ] {
+                    assert_eq!(
+                        h.run(prog, &f, None),
+                        (drop, f.clone()),
+                        "{prog}: {src} -> {dst} from pod B's device"
+                    );
+                    spoofed += 1;
+                    assert_eq!(h.counter(cnt::SPOOFED), spoofed);
+                }
+            }
+        }
+        assert_eq!(h.counter(cnt::POD_TO_POD), 0);
+        assert_eq!(h.counter(cnt::POD_TO_STACK), 0);
+        // Its own address: into pod A, untouched (veth), MACs rewritten (netkit).
+        let own = udp6_frame(POD_B6, POD_A6, SRC_HOST_MAC);
+        assert_eq!(
+            h.run(abi::PROG_FROM_CONTAINER, &own, None),
+            (TC_ACT_REDIRECT, own.clone())
+        );
+        let (rc, out) = h.run(abi::PROG_NETKIT_PEER_L2, &own, None);
+        assert_eq!(rc, TC_ACT_REDIRECT);
+        assert_eq!(&out[0..12], &[POD_MAC, HOST_MAC].concat());
+        assert_eq!(&out[12..], &own[12..]);
+        assert_eq!(h.counter(cnt::POD_TO_POD), 2);
+        // To the host's own link (link-local, multicast): the stack.
+        for dst in ["fe80::b1", "ff02::2"] {
+            let f = udp6_frame(POD_B6, dst.parse().unwrap(), SRC_HOST_MAC);
+            assert_eq!(h.run(abi::PROG_FROM_CONTAINER, &f, None), (TC_ACT_OK, f));
+        }
+        assert_eq!(h.counter(cnt::POD_TO_STACK), 2);
+        // An IPv4-only pod (no IPv6 entry) sending IPv6 from any address: dropped.
+        let mut h4 = Harness::new().with_pods();
+        h4.endpoint6(
+            POD_A6,
+            Endpoint {
+                ifindex: 100,
+                ..Default::default()
+            },
+        );
+        let f = udp6_frame(POD_B6, POD_A6, SRC_HOST_MAC);
+        assert_eq!(h4.run(abi::PROG_FROM_CONTAINER, &f, None).0, TC_ACT_SHOT);
+        assert_eq!(h4.counter(cnt::SPOOFED), 1);
+        assert_eq!(h.counter(cnt::SPOOFED), spoofed);
+    });
+}
+
+#[test]
+fn ipv6_wire_to_pod_is_redirected_with_the_hop_limit_lowered() {
+    in_netns(|| {
+        let h = Harness::new().with_dual_pods_on(LO);
+        let wire_mac = [0x02, 0, 0, 0, 0, 0xee];
+        let remote: Ipv6Addr = "fd51::2:0:0:10".parse().unwrap();
+        let f = udp6_frame(remote, POD_A6, wire_mac);
+        let (rc, out) = h.run(abi::PROG_FROM_WIRE, &f, None);
+        assert_eq!(rc, TC_ACT_REDIRECT);
+        assert_eq!(out[21], f[21] - 1, "hop limit decremented");
+        let (mut a, mut b) = (f.clone(), out.clone());
+        a[21] = 0;
+        b[21] = 0;
+        assert_eq!(a, b, "nothing else changed");
+        assert_eq!(h.counter(cnt::WIRE_TO_POD), 1);
+        // Hop limit 1: the stack (ICMPv6 time exceeded).
+        let mut hl1 = f.clone();
+        hl1[21] = 1;
+        assert_eq!(h.run(abi::PROG_FROM_WIRE, &hl1, None), (TC_ACT_OK, hl1));
+        // Not a pod: the stack. Claiming a local pod's source: dropped.
+        let other = udp6_frame(remote, "fd51::9".parse().unwrap(), wire_mac);
+        assert_eq!(h.run(abi::PROG_FROM_WIRE, &other, None), (TC_ACT_OK, other));
+        assert_eq!(h.counter(cnt::WIRE_TO_STACK), 2);
+        let spoof = udp6_frame(POD_B6, POD_A6, wire_mac);
+        assert_eq!(
+            h.run(abi::PROG_FROM_WIRE, &spoof, None),
+            (TC_ACT_SHOT, spoof)
+        );
+        assert_eq!(h.counter(cnt::SPOOFED), 1);
+        assert_eq!(h.counter(cnt::WIRE_TO_POD), 1);
+    });
+}
+
+/// pod -> wire over IPv6: bpf_fib_lookup (AF_INET6) through a real route.
+#[test]
+fn ipv6_pod_to_remote_uses_the_fib_then_redirect_neigh_or_mac_rewrite() {
+    require_root();
+    let w = VethPair::new();
+    let nl = w.client.netlink().unwrap();
+    let dev = VethPair::CLIENT_IF;
+    let ifindex = nl.link_index(dev).unwrap();
+    let dev_mac = nl.link_mac(dev).unwrap();
+    let remote: Ipv6Addr = "fd77::1".parse().unwrap();
+    let gw = std::net::IpAddr::V6(VethPair::SERVER_V6);
+    nl.add_route("fd77::".parse().unwrap(), 16, Some(gw), None)
+        .unwrap();
+    let fwd = "/proc/sys/net/ipv6/conf/all/forwarding";
+    w.client
+        .run(|| {
+            let h = Harness::new().with_dual_pods_on(ifindex);
+            let f = udp6_frame(POD_B6, remote, SRC_HOST_MAC);
+            std::fs::write(fwd, "0").unwrap();
+            assert_eq!(
+                h.run(abi::PROG_FROM_CONTAINER, &f, Some(ifindex)),
+                (TC_ACT_OK, f.clone()),
+                "forwarding off: the stack"
+            );
+            std::fs::write(fwd, "1").unwrap();
+            let (rc, _) = h.run(abi::PROG_FROM_CONTAINER, &f, Some(ifindex));
+            assert_eq!(rc, TC_ACT_REDIRECT);
+            assert_eq!(
+                h.counter(cnt::FIB_NEIGH),
+                1,
+                "no neighbour: bpf_redirect_neigh"
+            );
+            let local = udp6_frame(POD_B6, VethPair::CLIENT_V6, SRC_HOST_MAC);
+            assert_eq!(
+                h.run(abi::PROG_FROM_CONTAINER, &local, Some(ifindex)),
+                (TC_ACT_OK, local)
+            );
+            assert_eq!(h.counter(cnt::POD_TO_STACK), 2);
+        })
+        .unwrap();
+    let gw_mac = [0x02, 0, 0, 0, 0, 0x77];
+    nl.add_neighbour(dev, gw, gw_mac).unwrap();
+    w.client
+        .run(|| {
+            let h = Harness::new().with_dual_pods_on(ifindex);
+            let f = udp6_frame(POD_B6, remote, SRC_HOST_MAC);
+            let (rc, out) = h.run(abi::PROG_FROM_CONTAINER, &f, Some(ifindex));
+            assert_eq!(rc, TC_ACT_REDIRECT);
+            assert_eq!(&out[0..6], &gw_mac, "destination MAC = the gateway's");
+            assert_eq!(&out[6..12], &dev_mac, "source MAC = the egress device's");
+            assert_eq!(out[21], f[21] - 1, "hop limit decremented");
+            assert_eq!(&out[22..], &f[22..]);
+            assert_eq!(h.counter(cnt::FIB_REDIRECT), 1);
+        })
+        .unwrap();
 }

@@ -54,6 +54,28 @@ impl Netlink {
         })
     }
 
+    /// The IPv6 addresses (with prefix length) on link `name`.
+    pub fn link_ipv6_addresses(&self, name: &str) -> Result<Vec<(Ipv6Addr, u8)>, NetError> {
+        use netlink_packet_route::address::AddressAttribute;
+        self.run(|h| async move {
+            let idx = index_of(h, name).await?;
+            let mut out = Vec::new();
+            let mut addrs = h.address().get().set_link_index_filter(idx).execute();
+            while let Some(msg) = addrs
+                .try_next()
+                .await
+                .map_err(nl(format!("list addresses of {name}")))?
+            {
+                for a in &msg.attributes {
+                    if let AddressAttribute::Address(IpAddr::V6(v6)) = a {
+                        out.push((*v6, msg.header.prefix_len));
+                    }
+                }
+            }
+            Ok(out)
+        })
+    }
+
     /// Adds a route to `dst/prefix`, via `gateway` and/or out of `dev`.
     pub fn add_route(
         &self,

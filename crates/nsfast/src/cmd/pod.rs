@@ -2,7 +2,7 @@
 
 use anyhow::Result;
 use clap::{Args, Subcommand};
-use nsfast_pod::{AddOptions, ModeRequest, PodIp};
+use nsfast_pod::{AddOptions, ModeRequest, PodAddrs};
 use nsfast_sys::args::ifname;
 
 use crate::cmd::output::json;
@@ -38,9 +38,11 @@ pub enum PodCmd {
 pub struct AddArgs {
     /// Pod name (1-40 of [a-z0-9-]); also the name of its network namespace.
     name: String,
-    /// The pod's IPv4 address with prefix, e.g. 10.244.1.5/24 (bare address: /32).
-    #[arg(long)]
-    ip: String,
+    /// The pod's addresses with prefix: an IPv4 one (e.g. 10.244.1.5/24, bare address: /32)
+    /// and/or an IPv6 one (e.g. fd00:10:244::5/64, bare: /128); repeat --ip or separate them
+    /// with commas. The IPv6 gateway is fe80::1, answered by the datapath.
+    #[arg(long, required = true)]
+    ip: Vec<String>,
     /// Device pair: netkit (L3), netkit-l2, veth, or auto (netkit if the kernel has it).
     /// veth and uplink programs attach as TCX links, or with classic tc (clsact + cls_bpf)
     /// on kernels without TCX (< 6.6); NSFAST_POD_ATTACH=tc|tcx|auto forces the method.
@@ -78,9 +80,9 @@ pub fn run(cmd: PodCmd) -> Result<()> {
 fn run_inner(cmd: PodCmd) -> Result<()> {
     match cmd {
         PodCmd::Add(a) => {
-            let ip: PodIp = a.ip.parse()?;
+            let addrs = PodAddrs::parse(&a.ip)?;
             let mode: ModeRequest = a.mode.parse()?;
-            let mut o = AddOptions::new(&a.name, ip);
+            let mut o = AddOptions::with_addrs(&a.name, addrs);
             o.mode = mode;
             o.host = a.host;
             o.uplinks = a.uplinks;
@@ -93,11 +95,10 @@ fn run_inner(cmd: PodCmd) -> Result<()> {
                 let r = &added.record;
                 nsfast_sys::outln!("mode: {}", added.mode_note)?;
                 nsfast_sys::outln!(
-                    "pod {} on host {}: {}/{} on {} (netns {}), host device {} (ifindex {})",
+                    "pod {} on host {}: {} on {} (netns {}), host device {} (ifindex {})",
                     r.name,
                     r.host,
-                    r.ip,
-                    r.prefix,
+                    r.cidrs().join(", "),
                     r.pod_if,
                     r.netns,
                     r.host_if,
@@ -127,7 +128,12 @@ fn run_inner(cmd: PodCmd) -> Result<()> {
                 return Ok(());
             }
             for r in &gone {
-                nsfast_sys::outln!("deleted pod {} ({}) on host {}", r.name, r.ip, r.host)?;
+                nsfast_sys::outln!(
+                    "deleted pod {} ({}) on host {}",
+                    r.name,
+                    r.cidrs().join(", "),
+                    r.host
+                )?;
             }
             nsfast_sys::outln!("{} pod(s) deleted", gone.len())?;
             Ok(())
@@ -142,7 +148,12 @@ fn run_inner(cmd: PodCmd) -> Result<()> {
                     Ok(())
                 }
                 Some(r) => {
-                    nsfast_sys::outln!("deleted pod {} ({}) on host {}", r.name, r.ip, r.host)?;
+                    nsfast_sys::outln!(
+                        "deleted pod {} ({}) on host {}",
+                        r.name,
+                        r.cidrs().join(", "),
+                        r.host
+                    )?;
                     Ok(())
                 }
                 None => anyhow::bail!(
@@ -164,7 +175,7 @@ fn run_inner(cmd: PodCmd) -> Result<()> {
                 .collect();
             nsfast_sys::outln!("host {}  uplinks: [{}]", l.host, ups.join(", "))?;
             nsfast_sys::outln!(
-                "{:<24} {:<18} {:<10} {:<7} {:<12} {:<20}",
+                "{:<24} {:<34} {:<10} {:<7} {:<12} {:<20}",
                 "NAME",
                 "IP",
                 "MODE",
@@ -174,9 +185,9 @@ fn run_inner(cmd: PodCmd) -> Result<()> {
             )?;
             for p in &l.pods {
                 nsfast_sys::outln!(
-                    "{:<24} {:<18} {:<10} {:<7} {:<12} {:<20}",
+                    "{:<24} {:<34} {:<10} {:<7} {:<12} {:<20}",
                     p.name,
-                    format!("{}/{}", p.ip, p.prefix),
+                    p.cidrs().join(","),
                     p.datapath.as_str(),
                     p.attach.as_str(),
                     p.host_if,
