@@ -1,0 +1,505 @@
+//! Root tests of the pod shortcut (`nsfast pod shortcut`): `nsfast sockmap`'s programs in pod
+//! mode between pods of one host. Worlds are the lab's two-host pod topology (throwaway
+//! namespaces, removed on drop, also on panic) with the shortcut attached to a test cgroup the
+//! peers (`nsfast-testpeer`, separate processes) run in. Counters come from `nsfast -j pod
+//! shortcut status`. `NSFAST_BIN` runs another build.
+
+use std::net::{IpAddr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+use nsfast_lab::peer::{self, BidirReport, KillOnDrop, Report};
+use nsfast_lab::pods::{self, ModeRequest, Topology};
+use nsfast_lab::require_root;
+use nsfast_lab::world::{unique, TestCgroup};
+use nsfast_sys::netns::NetNs;
+use serde_json::Value;
+
+const GIB: u64 = 1 << 30;
+
+fn nsfast_bin() -> PathBuf {
+    std::env::var_os("NSFAST_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_nsfast")))
+}
+
+fn nsfast_env(args: &[&str], env: &[(&str, &str)]) -> Output {
+    let mut c = Command::new(nsfast_bin());
+    c.args(args)
+        .env("RUST_LOG", "warn")
+        .env_remove(nsfast_pod::pod::CRASH_ENV);
+    for (k, v) in env {
+        c.env(k, v);
+    }
+    c.output().expect("run nsfast")
+}
+
+fn ok(args: &[&str]) -> String {
+    let o = nsfast_env(args, &[]);
+    assert!(o.status.success(), "nsfast {args:?}: {}", text(&o));
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+fn text(o: &Output) -> String {
+    format!(
+        "status {:?}; stdout: {}; stderr: {}",
+        o.status,
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+fn mode() -> ModeRequest {
+    match std::env::var("NSFAST_TEST_POD_MODE").as_deref() {
+        Ok("netkit") => ModeRequest::Netkit,
+        Ok("netkit-l2") => ModeRequest::NetkitL2,
+        Ok("veth") => ModeRequest::Veth,
+        _ => ModeRequest::Auto,
+    }
+}
+
+/// The lab's two-host pod topology (pods a0, a1 on host A, b0, b1 on host B) and a cgroup the
+/// peers run in; the shortcut enabled on `shortcut_hosts`. Dropped: extra pods deleted, the
+/// shortcut disabled, then the topology (pods, hosts) and the cgroup.
+struct World {
+    extra: Vec<(String, String)>,
+    topo: Option<Topology>,
+    cg: TestCgroup,
+}
+
+impl World {
+    fn new(shortcut_hosts: &[usize]) -> Self {
+        let topo = Topology::build(&unique("nsfsc"), mode(), 2).expect("build the pod topology");
+        let w = World {
+            extra: Vec::new(),
+            topo: Some(topo),
+            cg: TestCgroup::new(),
+        };
+        for &h in shortcut_hosts {
+            w.enable(h);
+        }
+        w
+    }
+
+    fn topo(&self) -> &Topology {
+        self.topo.as_ref().expect("topology")
+    }
+
+    fn host(&self, h: usize) -> &str {
+        self.topo().host_name(h)
+    }
+
+    fn enable(&self, h: usize) -> String {
+        let cg = self.cg.path().to_string_lossy().into_owned();
+        ok(&[
+            "pod",
+            "shortcut",
+            "enable",
+            "--host",
+            self.host(h),
+            "--cgroup",
+            &cg,
+        ])
+    }
+
+    fn pod_ns(&self, h: usize, i: usize) -> NetNs {
+        self.topo().pod(h, i).netns().expect("open pod netns")
+    }
+
+    fn pod_name(&self, h: usize, i: usize) -> String {
+        self.topo().pod(h, i).record.name.clone()
+    }
+
+    fn addr(&self, h: usize, i: usize, port: u16) -> SocketAddr {
+        SocketAddr::new(IpAddr::V4(self.topo().pod(h, i).ip()), port)
+    }
+
+    /// `nsfast -j pod shortcut status --host` of host `h`.
+    fn status(&self, h: usize) -> Value {
+        let out = ok(&["-j", "pod", "shortcut", "status", "--host", self.host(h)]);
+        serde_json::from_str(&out).unwrap_or_else(|e| panic!("status JSON {out:?}: {e}"))
+    }
+
+    /// Counter `key` of pod `name` on host `h` (0 if the pod is not listed).
+    fn pod_counter(&self, h: usize, name: &str, key: &str) -> u64 {
+        self.status(h)["pods"][name][key].as_u64().unwrap_or(0)
+    }
+
+    /// Adds pod `name` (address `ip`) to host `h` through the CLI with `extra` flags.
+    fn add_pod(&mut self, h: usize, name: &str, ip: &str, extra: &[&str]) -> NetNs {
+        self.extra.push((name.to_string(), self.host(h).to_string()));
+        let mut a = vec!["pod", "add", name, "--ip", ip, "--host", self.host(h)];
+        a.extend_from_slice(extra);
+        ok(&a);
+        NetNs::open(name).expect("open the new pod's netns")
+    }
+}
+
+impl Drop for World {
+    fn drop(&mut self) {
+        for (name, host) in self.extra.drain(..) {
+            let _ = nsfast_env(&["pod", "del", &name, "--host", &host], &[]);
+        }
+        if let Some(t) = &self.topo {
+            for h in 0..2 {
+                let _ = nsfast_env(&["pod", "shortcut", "disable", "--host", t.host_name(h)], &[]);
+            }
+        }
+        drop(self.topo.take());
+    }
+}
+
+fn args(v: &[&str]) -> Vec<String> {
+    v.iter().map(|s| s.to_string()).collect()
+}
+
+fn bidir_server(ns: &NetNs, cg: &Path, listen: SocketAddr, bytes: u64, seed: u64) -> KillOnDrop {
+    let s = peer::spawn(
+        &nsfast_lab::bins::testpeer(),
+        ns,
+        Some(cg),
+        &args(&[
+            "bidir-server",
+            "--listen",
+            &listen.to_string(),
+            "--bytes",
+            &bytes.to_string(),
+            "--seed",
+            &seed.to_string(),
+        ]),
+    );
+    peer::wait_listening(ns, listen);
+    s
+}
+
+fn bidir_client(
+    ns: &NetNs,
+    cg: &Path,
+    connect: SocketAddr,
+    bytes: u64,
+    seed: u64,
+    extra: &[&str],
+) -> KillOnDrop {
+    let mut a = args(&[
+        "bidir-client",
+        "--connect",
+        &connect.to_string(),
+        "--bytes",
+        &bytes.to_string(),
+        "--seed",
+        &seed.to_string(),
+    ]);
+    a.extend(args(extra));
+    peer::spawn(&nsfast_lab::bins::testpeer(), ns, Some(cg), &a)
+}
+
+fn check_bidir(c: &BidirReport, s: &BidirReport, bytes: u64) {
+    assert_eq!((c.sent, s.sent), (bytes, bytes));
+    assert_eq!(c.received, bytes, "client received {} of {bytes}", c.received);
+    assert_eq!(s.received, bytes, "server received {} of {bytes}", s.received);
+    assert_eq!(c.received_sha256, s.sent_sha256, "client got other bytes");
+    assert_eq!(s.received_sha256, c.sent_sha256, "server got other bytes");
+}
+
+/// A byte-exact transfer of `bytes` each way from `cns` to a server in `sns` at `addr`.
+fn transfer(cns: &NetNs, sns: &NetNs, cg: &Path, addr: SocketAddr, bytes: u64) {
+    let s = bidir_server(sns, cg, addr, bytes, 1);
+    let c = bidir_client(cns, cg, addr, bytes, 2, &[]);
+    let cr: BidirReport = peer::finish(c, "client");
+    let sr: BidirReport = peer::finish(s, "server");
+    check_bidir(&cr, &sr, bytes);
+}
+
+#[test]
+fn two_pods_move_a_gib_each_way_all_of_it_redirected() {
+    require_root();
+    let w = World::new(&[0]);
+    let cg = w.cg.procs();
+    let (a0, a1) = (w.pod_name(0, 0), w.pod_name(0, 1));
+    let st = w.status(0);
+    assert_eq!(st["enabled"], true, "{st}");
+    assert!(st["schema_version"].is_u64(), "{st}");
+    assert!(
+        st["bypasses"].as_str().unwrap().contains("tc and netfilter"),
+        "{st}"
+    );
+    transfer(&w.pod_ns(0, 1), &w.pod_ns(0, 0), &cg, w.addr(0, 0, 5001), GIB);
+    let st = w.status(0);
+    for p in [&a0, &a1] {
+        let c = &st["pods"][p.as_str()];
+        assert_eq!(c["redirected_bytes"], GIB, "pod {p}: {st}");
+        assert_eq!(c["paired"], 1, "pod {p}: {st}");
+        assert_eq!(c["passed_bytes"], 0, "pod {p}: {st}");
+        assert_eq!(c["shortcut"], true, "pod {p}: {st}");
+    }
+    assert_eq!(st["redirected_bytes"], 2 * GIB, "{st}");
+    // `pod list` shows the same counters.
+    let l: Value = serde_json::from_str(&ok(&["-j", "pod", "list", "--host", w.host(0)])).unwrap();
+    assert_eq!(l["shortcut_enabled"], true, "{l}");
+    assert_eq!(l["shortcut"][a0.as_str()]["redirected_bytes"], GIB, "{l}");
+    let text = ok(&["pod", "list", "--host", w.host(0)]);
+    assert!(text.contains("BYTES-REDIRECTED") && text.contains(&GIB.to_string()), "{text}");
+}
+
+#[test]
+fn pod_to_host_and_pod_to_remote_pod_keep_the_kernel_path() {
+    require_root();
+    let w = World::new(&[0, 1]);
+    let cg = w.cg.procs();
+    let bytes = 16 << 20;
+    let (a0, a1, b0) = (w.pod_name(0, 0), w.pod_name(0, 1), w.pod_name(1, 0));
+    // Host A (its own namespace, in the cgroup) -> pod a0.
+    transfer(&w.topo().hosts[0], &w.pod_ns(0, 0), &cg, w.addr(0, 0, 5101), bytes);
+    // Pod b0 of host B, over the wire -> pod a0.
+    transfer(&w.pod_ns(1, 0), &w.pod_ns(0, 0), &cg, w.addr(0, 0, 5102), bytes);
+    let (sa, sb) = (w.status(0), w.status(1));
+    for (st, p) in [(&sa, &a0), (&sb, &b0)] {
+        let c = &st["pods"][p.as_str()];
+        assert_eq!(c["redirected_bytes"], 0, "pod {p} was redirected: {st}");
+        assert_eq!(c["paired"], 0, "pod {p} was paired: {st}");
+        assert!(c["passed_bytes"].as_u64().unwrap() >= bytes, "pod {p}: {st}");
+    }
+    assert_eq!(sa["pairs"], 0, "{sa}");
+    assert_eq!(sb["pairs"], 0, "{sb}");
+    // The same pod with a pod of its own host: redirected (the control).
+    transfer(&w.pod_ns(0, 1), &w.pod_ns(0, 0), &cg, w.addr(0, 0, 5103), bytes);
+    assert_eq!(w.pod_counter(0, &a1, "redirected_bytes"), bytes);
+    assert_eq!(w.pod_counter(0, &a1, "paired"), 1);
+}
+
+#[test]
+fn a_no_shortcut_pod_is_not_redirected() {
+    require_root();
+    let mut w = World::new(&[0]);
+    let cg = w.cg.procs();
+    let bytes = 16 << 20;
+    let name = unique("nsfsc-x");
+    let x = w.add_pod(0, &name, "10.251.1.30/24", &["--no-shortcut", "--mode", "veth"]);
+    let a0 = w.pod_name(0, 0);
+    transfer(&x, &w.pod_ns(0, 0), &cg, w.addr(0, 0, 5201), bytes);
+    let st = w.status(0);
+    assert_eq!(st["pods"][name.as_str()]["shortcut"], false, "{st}");
+    assert_eq!(st["pods"][name.as_str()]["redirected_bytes"], 0, "{st}");
+    assert_eq!(st["pods"][name.as_str()]["paired"], 0, "{st}");
+    assert!(st["pods"][name.as_str()]["opted_out"].as_u64().unwrap() >= 1, "{st}");
+    assert_eq!(st["pods"][a0.as_str()]["redirected_bytes"], 0, "{st}");
+    assert_eq!(st["pairs"], 0, "{st}");
+    let list = ok(&["pod", "list", "--host", w.host(0)]);
+    assert!(list.contains("opted-out"), "{list}");
+}
+
+/// Two worlds with identical pod addresses, each host A with its own shortcut on the same
+/// cgroup: 200 connections each from one fixed source port to its own world's tag server, and
+/// bulk transfers at the same time; nobody reads the other world's bytes.
+#[test]
+fn identical_pods_on_two_hosts_never_receive_each_others_bytes() {
+    require_root();
+    let w1 = World::new(&[0]);
+    let w2 = World::new(&[]);
+    // w2's host A on w1's cgroup: two pod-mode instances see every socket there.
+    let cg_path = w1.cg.path().to_string_lossy().into_owned();
+    ok(&["pod", "shortcut", "enable", "--host", w2.host(0), "--cgroup", &cg_path]);
+    let cg = w1.cg.procs();
+    let peer_bin = nsfast_lab::bins::testpeer();
+    let iterations = 200u64;
+    let mut servers = Vec::new();
+    let mut clients = Vec::new();
+    let mut bulk = Vec::new();
+    for (i, w) in [&w1, &w2].into_iter().enumerate() {
+        let tag = format!("world-{i}");
+        let listen = w.addr(0, 0, 5301);
+        let s = peer::spawn(
+            &peer_bin,
+            &w.pod_ns(0, 0),
+            Some(&cg),
+            &args(&[
+                "tag-server",
+                "--listen",
+                &listen.to_string(),
+                "--tag",
+                &tag,
+                "--count",
+                &iterations.to_string(),
+            ]),
+        );
+        peer::wait_listening(&w.pod_ns(0, 0), listen);
+        servers.push(s);
+        let bulk_addr = w.addr(0, 0, 5302);
+        let bs = bidir_server(&w.pod_ns(0, 0), &cg, bulk_addr, 64 << 20, 10 + i as u64);
+        bulk.push((bs, bulk_addr, i));
+    }
+    for (i, w) in [&w1, &w2].into_iter().enumerate() {
+        let bind = w.addr(0, 1, 40000);
+        clients.push(peer::spawn(
+            &peer_bin,
+            &w.pod_ns(0, 1),
+            Some(&cg),
+            &args(&[
+                "tag-client",
+                "--connect",
+                &w.addr(0, 0, 5301).to_string(),
+                "--bind",
+                &bind.to_string(),
+                "--expect",
+                &format!("world-{i}"),
+                "--iterations",
+                &iterations.to_string(),
+            ]),
+        ));
+    }
+    let mut bulk_clients = Vec::new();
+    for (bs, addr, i) in bulk {
+        let w = [&w1, &w2][i];
+        let bc = bidir_client(&w.pod_ns(0, 1), &cg, addr, 64 << 20, 20 + i as u64, &[]);
+        bulk_clients.push((bs, bc));
+    }
+    for c in clients {
+        let r: Report = peer::finish(c, "tag client");
+        assert_eq!(r.failed, 0, "a client read another world's bytes: {r:?}");
+        assert_eq!(r.ok, iterations, "{r:?}");
+    }
+    for s in servers {
+        let _: Report = peer::finish(s, "tag server");
+    }
+    for (bs, bc) in bulk_clients {
+        let cr: BidirReport = peer::finish(bc, "bulk client");
+        let sr: BidirReport = peer::finish(bs, "bulk server");
+        check_bidir(&cr, &sr, 64 << 20);
+    }
+    for w in [&w1, &w2] {
+        let st = w.status(0);
+        assert!(st["pairs"].as_u64().unwrap() >= 1, "{st}");
+        let a1 = w.pod_name(0, 1);
+        assert!(
+            st["pods"][a1.as_str()]["redirected_bytes"].as_u64().unwrap() >= 64 << 20,
+            "{st}"
+        );
+    }
+}
+
+#[test]
+fn disable_mid_transfer_loses_nothing() {
+    require_root();
+    let w = World::new(&[0]);
+    let cg = w.cg.procs();
+    let bytes: u64 = 256 << 20;
+    let addr = w.addr(0, 0, 5401);
+    let s = bidir_server(&w.pod_ns(0, 0), &cg, addr, bytes, 1);
+    let mut c = bidir_client(&w.pod_ns(0, 1), &cg, addr, bytes, 2, &["--rate", "128000000"]);
+    let total = 2 * bytes;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let at = loop {
+        let r = w.status(0)["redirected_bytes"].as_u64().unwrap();
+        if r >= total / 4 {
+            break r;
+        }
+        let ended = c.child_mut().try_wait().unwrap().is_some();
+        assert!(!ended && Instant::now() < deadline, "redirected only {r} of {total}");
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    let out = ok(&["pod", "shortcut", "disable", "--host", w.host(0)]);
+    assert!(out.contains("disabled"), "{out}");
+    assert!(at < total, "the transfer was over before disable");
+    let cr: BidirReport = peer::finish(c, "client");
+    let sr: BidirReport = peer::finish(s, "server");
+    check_bidir(&cr, &sr, bytes);
+    assert_eq!(w.status(0)["enabled"], false);
+    let pins = shortcut_pins(w.host(0));
+    assert!(pins.is_empty(), "pins left: {pins:?}");
+    // Enabled again: new connections take it.
+    w.enable(0);
+    transfer(&w.pod_ns(0, 1), &w.pod_ns(0, 0), &w.cg.procs(), w.addr(0, 0, 5402), 8 << 20);
+    assert_eq!(w.pod_counter(0, &w.pod_name(0, 1), "redirected_bytes"), 8 << 20);
+}
+
+/// `shortcut*` entries in host `h`'s pin directory.
+fn shortcut_pins(host: &str) -> Vec<PathBuf> {
+    let h = nsfast_pod::Host::open(Some(host)).expect("open host");
+    std::fs::read_dir(h.pin_dir())
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.file_name().unwrap().to_string_lossy().starts_with("shortcut"))
+        .collect()
+}
+
+/// How many sockops programs are attached to `cg`.
+fn sockops_on(cg: &Path) -> usize {
+    let f = std::fs::File::open(cg).unwrap();
+    nsfast_sys::bpf::prog_query(
+        std::os::fd::AsFd::as_fd(&f),
+        nsfast_sys::bpf::BPF_CGROUP_SOCK_OPS,
+    )
+    .unwrap()
+    .len()
+}
+
+/// SIGKILL of `pod add` (with the shortcut on) after each step, and of `shortcut enable`
+/// after each of its steps: the retry works, the pod takes the shortcut, and exactly one
+/// program is attached.
+#[test]
+fn sigkill_at_each_step_leaves_a_retry_that_works() {
+    require_root();
+    let mut w = World::new(&[]);
+    let cg = w.cg.procs();
+    let cg_path = w.cg.path().to_string_lossy().into_owned();
+    let host = w.host(0).to_string();
+    for step in nsfast_pod::shortcut::ENABLE_STEPS {
+        let o = nsfast_env(
+            &["pod", "shortcut", "enable", "--host", &host, "--cgroup", &cg_path],
+            &[(nsfast_pod::pod::CRASH_ENV, step)],
+        );
+        assert_eq!(
+            std::os::unix::process::ExitStatusExt::signal(&o.status),
+            Some(9),
+            "enable was not killed at {step}: {}",
+            text(&o)
+        );
+        w.enable(0);
+        assert_eq!(sockops_on(w.cg.path()), 1, "after a kill at {step}");
+        ok(&["pod", "shortcut", "disable", "--host", &host]);
+        assert_eq!(sockops_on(w.cg.path()), 0, "after disable ({step})");
+    }
+    w.enable(0);
+    let steps: Vec<&str> = nsfast_pod::pod::ADD_STEPS
+        .iter()
+        .copied()
+        .filter(|s| !["intent", "ipam"].contains(s))
+        .chain(["shortcut"])
+        .collect();
+    for (n, step) in steps.iter().enumerate() {
+        let name = unique(&format!("nsfsc-k{n}"));
+        let ip = format!("10.251.1.{}/24", 40 + n);
+        let argv = ["pod", "add", &name, "--ip", &ip, "--host", &host, "--mode", "veth"];
+        w.extra.push((name.clone(), host.clone()));
+        let o = nsfast_env(&argv, &[(nsfast_pod::pod::CRASH_ENV, step)]);
+        assert_eq!(
+            std::os::unix::process::ExitStatusExt::signal(&o.status),
+            Some(9),
+            "pod add was not killed at {step}: {}",
+            text(&o)
+        );
+        // The retry: a whole pod (or, killed once complete, "already exists").
+        let o = nsfast_env(&argv, &[]);
+        assert!(
+            o.status.success() || String::from_utf8_lossy(&o.stderr).contains("already exists"),
+            "retry after a kill at {step}: {}",
+            text(&o)
+        );
+        let ns = NetNs::open(&name).expect("pod netns");
+        let port = 5500 + n as u16;
+        transfer(&ns, &w.pod_ns(0, 0), &cg, w.addr(0, 0, port), 1 << 20);
+        assert_eq!(
+            w.pod_counter(0, &name, "redirected_bytes"),
+            1 << 20,
+            "pod added after a kill at {step} did not take the shortcut: {}",
+            w.status(0)
+        );
+        ok(&["pod", "del", &name, "--host", &host]);
+        w.extra.pop();
+    }
+    assert_eq!(sockops_on(w.cg.path()), 1);
+    let _ = pods::WIRE_IF;
+}
