@@ -503,3 +503,171 @@ fn sigkill_at_each_step_leaves_a_retry_that_works() {
     assert_eq!(sockops_on(w.cg.path()), 1);
     let _ = pods::WIRE_IF;
 }
+
+/// Runs `nsfast-cni` (the workspace build) inside host namespace `host`.
+fn cni(host: &NetNs, cmd: &str, ctr: &str, netns: &str, args: &str, conf: &Value) -> Output {
+    use std::io::Write;
+    let mut c = Command::new(nsfast_lab::bins::fresh("nsfast-cni"));
+    c.env("CNI_COMMAND", cmd)
+        .env("CNI_CONTAINERID", ctr)
+        .env("CNI_NETNS", netns)
+        .env("CNI_IFNAME", "eth0")
+        .env("CNI_ARGS", args)
+        .env(
+            "CNI_PATH",
+            std::env::var("NSFAST_CNI_PATH").unwrap_or_else(|_| "/usr/lib/cni".into()),
+        )
+        .env("RUST_LOG", "warn")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    host.configure_command(&mut c, None);
+    let mut child = c.spawn().expect("spawn nsfast-cni");
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(conf.to_string().as_bytes())
+        .unwrap();
+    child.wait_with_output().unwrap()
+}
+
+/// `"shortcut": true` in the network config: the first ADD enables the shortcut (on the
+/// cgroup2 root), the next pods join it, `NSFAST_SHORTCUT=false` opts one out, a bad value is
+/// refused with nothing made, and the last DEL removes the shortcut.
+#[test]
+fn cni_shortcut_key_enables_it_and_the_arg_opts_out() {
+    require_root();
+    let cni_path = std::env::var("NSFAST_CNI_PATH").unwrap_or_else(|_| "/usr/lib/cni".into());
+    assert!(
+        Path::new(&cni_path).join("host-local").is_file(),
+        "host-local not found in {cni_path}: apt-get install containernetworking-plugins"
+    );
+    let tag = unique("nsfsc-cni");
+    let host = NetNs::create(&format!("{tag}-h")).expect("host netns");
+    let data_dir = tempdir_named(&tag);
+    let conf = serde_json::json!({
+        "cniVersion": "1.1.0",
+        "name": tag,
+        "type": "nsfast-cni",
+        "mode": "auto",
+        "shortcut": true,
+        "ipam": {
+            "type": "host-local",
+            "ranges": [[{"subnet": "10.209.7.0/24"}]],
+            "routes": [{"dst": "0.0.0.0/0"}],
+            "dataDir": data_dir.0.display().to_string(),
+        },
+    });
+    struct Ctrs(Vec<(String, NetNs)>, String, Value);
+    impl Drop for Ctrs {
+        fn drop(&mut self) {
+            let host = format!("{}-h", self.1);
+            if let Ok(h) = NetNs::open(&host) {
+                for (id, ns) in &self.0 {
+                    let _ = cni(&h, "DEL", id, &ns.path().display().to_string(), "", &self.2);
+                }
+            }
+            // And whatever a failed ADD kept (an intent whose lease could not be released).
+            let _ = nsfast_env(&["pod", "del", "--all", "--host", &host], &[]);
+        }
+    }
+    let mut ctrs = Ctrs(Vec::new(), tag.clone(), conf.clone());
+    let mut ips = Vec::new();
+    for (i, args) in ["", "IgnoreUnknown=1;NSFAST_SHORTCUT=true", "IgnoreUnknown=1;NSFAST_SHORTCUT=false"]
+        .iter()
+        .enumerate()
+    {
+        let ns = NetNs::create(&unique("nsfsc-ctr")).expect("container netns");
+        let id = format!("ctr{i}");
+        let o = cni(&host, "ADD", &id, &ns.path().display().to_string(), args, &conf);
+        assert!(o.status.success(), "ADD {i}: {}", text(&o));
+        let r: Value = serde_json::from_slice(&o.stdout).unwrap();
+        let ip: std::net::Ipv4Addr = r["ips"][0]["address"]
+            .as_str()
+            .unwrap()
+            .split('/')
+            .next()
+            .unwrap()
+            .parse()
+            .unwrap();
+        ips.push(ip);
+        ctrs.0.push((id, ns));
+    }
+    // A bad opt-out value: refused, nothing made.
+    let bad_ns = NetNs::create(&unique("nsfsc-ctr")).expect("container netns");
+    let o = cni(
+        &host,
+        "ADD",
+        "ctrbad",
+        &bad_ns.path().display().to_string(),
+        "NSFAST_SHORTCUT=maybe",
+        &conf,
+    );
+    assert!(!o.status.success());
+    let err: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(err["code"], 4, "{err}");
+    assert!(err["msg"].as_str().unwrap().contains("\"maybe\""), "{err}");
+    drop(bad_ns);
+
+    let hostname = host.name().to_string();
+    let st: Value =
+        serde_json::from_str(&ok(&["-j", "pod", "shortcut", "status", "--host", &hostname]))
+            .unwrap();
+    assert_eq!(st["enabled"], true, "{st}");
+    let root = nsfast_sys::cgroup::cgroup2_mount().unwrap();
+    assert_eq!(st["cgroup"], root.display().to_string(), "{st}");
+    // Peers anywhere in the cgroup tree: this process's own cgroup.
+    let own = PathBuf::from(format!(
+        "{}{}/cgroup.procs",
+        root.display(),
+        std::fs::read_to_string("/proc/self/cgroup")
+            .unwrap()
+            .lines()
+            .find_map(|l| l.strip_prefix("0::"))
+            .unwrap_or("/")
+    ));
+    let bytes = 8 << 20;
+    let a = |i: usize, port| SocketAddr::new(IpAddr::V4(ips[i]), port);
+    transfer(&ctrs.0[1].1, &ctrs.0[0].1, &own, a(0, 5601), bytes);
+    transfer(&ctrs.0[2].1, &ctrs.0[0].1, &own, a(0, 5602), bytes);
+    let st: Value =
+        serde_json::from_str(&ok(&["-j", "pod", "shortcut", "status", "--host", &hostname]))
+            .unwrap();
+    let pods = st["pods"].as_object().unwrap();
+    assert_eq!(pods.len(), 3, "{st}");
+    let by_shortcut = |on: bool| {
+        pods.values()
+            .filter(|p| p["shortcut"] == on)
+            .collect::<Vec<_>>()
+    };
+    let (on, off) = (by_shortcut(true), by_shortcut(false));
+    assert_eq!((on.len(), off.len()), (2, 1), "{st}");
+    assert_eq!(off[0]["redirected_bytes"], 0, "{st}");
+    let redirected: u64 = on.iter().map(|p| p["redirected_bytes"].as_u64().unwrap()).sum();
+    assert_eq!(redirected, 2 * bytes, "{st}");
+
+    // The last DEL takes the shortcut with it.
+    let h = nsfast_pod::Host::open(Some(&hostname)).unwrap();
+    for (id, ns) in ctrs.0.drain(..) {
+        let o = cni(&host, "DEL", &id, &ns.path().display().to_string(), "", &conf);
+        assert!(o.status.success(), "DEL {id}: {}", text(&o));
+    }
+    assert!(!h.pin_dir().exists(), "{} left", h.pin_dir().display());
+    assert!(!h.state_dir().exists(), "{} left", h.state_dir().display());
+}
+
+/// A directory under the temp dir, removed on drop.
+struct TempDir(PathBuf);
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn tempdir_named(tag: &str) -> TempDir {
+    let d = std::env::temp_dir().join(tag);
+    std::fs::create_dir_all(&d).unwrap();
+    TempDir(d)
+}
