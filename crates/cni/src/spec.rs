@@ -295,7 +295,9 @@ mod tests {
         let base = r#"{"cniVersion":"1.1.0","name":"n","type":"nsfast-cni""#;
         let off = parse_conf(format!("{base}}}").as_bytes()).unwrap().0;
         assert!(!off.shortcut);
-        let on = parse_conf(format!(r#"{base},"shortcut":true}}"#).as_bytes()).unwrap().0;
+        let on = parse_conf(format!(r#"{base},"shortcut":true}}"#).as_bytes())
+            .unwrap()
+            .0;
         assert!(on.shortcut);
         assert!(!shortcut_opt_out(None, &on).unwrap());
         assert!(!shortcut_opt_out(Some("IgnoreUnknown=1;K8S_POD_NAME=x"), &on).unwrap());
@@ -303,19 +305,24 @@ mod tests {
         assert!(!shortcut_opt_out(Some("NSFAST_SHORTCUT=true"), &on).unwrap());
         let e = shortcut_opt_out(Some("NSFAST_SHORTCUT=no"), &on).unwrap_err();
         assert_eq!(e.code, code::INVALID_ENV);
-        assert!(e.msg.contains("\"no\"") && e.msg.contains("true or false"), "{e:?}");
+        assert!(
+            e.msg.contains("\"no\"") && e.msg.contains("true or false"),
+            "{e:?}"
+        );
         let rc = parse_conf(
             format!(r#"{base},"shortcut":true,"runtimeConfig":{{"shortcut":false}}}}"#).as_bytes(),
         )
         .unwrap()
         .0;
         assert!(shortcut_opt_out(None, &rc).unwrap());
-        let bad = parse_conf(
-            format!(r#"{base},"runtimeConfig":{{"shortcut":"off"}}}}"#).as_bytes(),
-        )
-        .unwrap()
-        .0;
-        assert_eq!(shortcut_opt_out(None, &bad).unwrap_err().code, code::INVALID_CONFIG);
+        let bad =
+            parse_conf(format!(r#"{base},"runtimeConfig":{{"shortcut":"off"}}}}"#).as_bytes())
+                .unwrap()
+                .0;
+        assert_eq!(
+            shortcut_opt_out(None, &bad).unwrap_err().code,
+            code::INVALID_CONFIG
+        );
         let e = parse_conf(format!(r#"{base},"shortcut":"yes"}}"#).as_bytes()).unwrap_err();
         assert_eq!(e.code, code::INVALID_CONFIG);
     }

@@ -128,7 +128,8 @@ impl World {
 
     /// Adds pod `name` (address `ip`) to host `h` through the CLI with `extra` flags.
     fn add_pod(&mut self, h: usize, name: &str, ip: &str, extra: &[&str]) -> NetNs {
-        self.extra.push((name.to_string(), self.host(h).to_string()));
+        self.extra
+            .push((name.to_string(), self.host(h).to_string()));
         let mut a = vec!["pod", "add", name, "--ip", ip, "--host", self.host(h)];
         a.extend_from_slice(extra);
         ok(&a);
@@ -143,7 +144,10 @@ impl Drop for World {
         }
         if let Some(t) = &self.topo {
             for h in 0..2 {
-                let _ = nsfast_env(&["pod", "shortcut", "disable", "--host", t.host_name(h)], &[]);
+                let _ = nsfast_env(
+                    &["pod", "shortcut", "disable", "--host", t.host_name(h)],
+                    &[],
+                );
             }
         }
         drop(self.topo.take());
@@ -196,8 +200,16 @@ fn bidir_client(
 
 fn check_bidir(c: &BidirReport, s: &BidirReport, bytes: u64) {
     assert_eq!((c.sent, s.sent), (bytes, bytes));
-    assert_eq!(c.received, bytes, "client received {} of {bytes}", c.received);
-    assert_eq!(s.received, bytes, "server received {} of {bytes}", s.received);
+    assert_eq!(
+        c.received, bytes,
+        "client received {} of {bytes}",
+        c.received
+    );
+    assert_eq!(
+        s.received, bytes,
+        "server received {} of {bytes}",
+        s.received
+    );
     assert_eq!(c.received_sha256, s.sent_sha256, "client got other bytes");
     assert_eq!(s.received_sha256, c.sent_sha256, "server got other bytes");
 }
@@ -221,10 +233,19 @@ fn two_pods_move_a_gib_each_way_all_of_it_redirected() {
     assert_eq!(st["enabled"], true, "{st}");
     assert!(st["schema_version"].is_u64(), "{st}");
     assert!(
-        st["bypasses"].as_str().unwrap().contains("tc and netfilter"),
+        st["bypasses"]
+            .as_str()
+            .unwrap()
+            .contains("tc and netfilter"),
         "{st}"
     );
-    transfer(&w.pod_ns(0, 1), &w.pod_ns(0, 0), &cg, w.addr(0, 0, 5001), GIB);
+    transfer(
+        &w.pod_ns(0, 1),
+        &w.pod_ns(0, 0),
+        &cg,
+        w.addr(0, 0, 5001),
+        GIB,
+    );
     let st = w.status(0);
     for p in [&a0, &a1] {
         let c = &st["pods"][p.as_str()];
@@ -239,7 +260,10 @@ fn two_pods_move_a_gib_each_way_all_of_it_redirected() {
     assert_eq!(l["shortcut_enabled"], true, "{l}");
     assert_eq!(l["shortcut"][a0.as_str()]["redirected_bytes"], GIB, "{l}");
     let text = ok(&["pod", "list", "--host", w.host(0)]);
-    assert!(text.contains("BYTES-REDIRECTED") && text.contains(&GIB.to_string()), "{text}");
+    assert!(
+        text.contains("BYTES-REDIRECTED") && text.contains(&GIB.to_string()),
+        "{text}"
+    );
 }
 
 #[test]
@@ -250,20 +274,41 @@ fn pod_to_host_and_pod_to_remote_pod_keep_the_kernel_path() {
     let bytes = 16 << 20;
     let (a0, a1, b0) = (w.pod_name(0, 0), w.pod_name(0, 1), w.pod_name(1, 0));
     // Host A (its own namespace, in the cgroup) -> pod a0.
-    transfer(&w.topo().hosts[0], &w.pod_ns(0, 0), &cg, w.addr(0, 0, 5101), bytes);
+    transfer(
+        &w.topo().hosts[0],
+        &w.pod_ns(0, 0),
+        &cg,
+        w.addr(0, 0, 5101),
+        bytes,
+    );
     // Pod b0 of host B, over the wire -> pod a0.
-    transfer(&w.pod_ns(1, 0), &w.pod_ns(0, 0), &cg, w.addr(0, 0, 5102), bytes);
+    transfer(
+        &w.pod_ns(1, 0),
+        &w.pod_ns(0, 0),
+        &cg,
+        w.addr(0, 0, 5102),
+        bytes,
+    );
     let (sa, sb) = (w.status(0), w.status(1));
     for (st, p) in [(&sa, &a0), (&sb, &b0)] {
         let c = &st["pods"][p.as_str()];
         assert_eq!(c["redirected_bytes"], 0, "pod {p} was redirected: {st}");
         assert_eq!(c["paired"], 0, "pod {p} was paired: {st}");
-        assert!(c["passed_bytes"].as_u64().unwrap() >= bytes, "pod {p}: {st}");
+        assert!(
+            c["passed_bytes"].as_u64().unwrap() >= bytes,
+            "pod {p}: {st}"
+        );
     }
     assert_eq!(sa["pairs"], 0, "{sa}");
     assert_eq!(sb["pairs"], 0, "{sb}");
     // The same pod with a pod of its own host: redirected (the control).
-    transfer(&w.pod_ns(0, 1), &w.pod_ns(0, 0), &cg, w.addr(0, 0, 5103), bytes);
+    transfer(
+        &w.pod_ns(0, 1),
+        &w.pod_ns(0, 0),
+        &cg,
+        w.addr(0, 0, 5103),
+        bytes,
+    );
     assert_eq!(w.pod_counter(0, &a1, "redirected_bytes"), bytes);
     assert_eq!(w.pod_counter(0, &a1, "paired"), 1);
 }
@@ -275,14 +320,22 @@ fn a_no_shortcut_pod_is_not_redirected() {
     let cg = w.cg.procs();
     let bytes = 16 << 20;
     let name = unique("nsfsc-x");
-    let x = w.add_pod(0, &name, "10.251.1.30/24", &["--no-shortcut", "--mode", "veth"]);
+    let x = w.add_pod(
+        0,
+        &name,
+        "10.251.1.30/24",
+        &["--no-shortcut", "--mode", "veth"],
+    );
     let a0 = w.pod_name(0, 0);
     transfer(&x, &w.pod_ns(0, 0), &cg, w.addr(0, 0, 5201), bytes);
     let st = w.status(0);
     assert_eq!(st["pods"][name.as_str()]["shortcut"], false, "{st}");
     assert_eq!(st["pods"][name.as_str()]["redirected_bytes"], 0, "{st}");
     assert_eq!(st["pods"][name.as_str()]["paired"], 0, "{st}");
-    assert!(st["pods"][name.as_str()]["opted_out"].as_u64().unwrap() >= 1, "{st}");
+    assert!(
+        st["pods"][name.as_str()]["opted_out"].as_u64().unwrap() >= 1,
+        "{st}"
+    );
     assert_eq!(st["pods"][a0.as_str()]["redirected_bytes"], 0, "{st}");
     assert_eq!(st["pairs"], 0, "{st}");
     let list = ok(&["pod", "list", "--host", w.host(0)]);
@@ -299,7 +352,15 @@ fn identical_pods_on_two_hosts_never_receive_each_others_bytes() {
     let w2 = World::new(&[]);
     // w2's host A on w1's cgroup: two pod-mode instances see every socket there.
     let cg_path = w1.cg.path().to_string_lossy().into_owned();
-    ok(&["pod", "shortcut", "enable", "--host", w2.host(0), "--cgroup", &cg_path]);
+    ok(&[
+        "pod",
+        "shortcut",
+        "enable",
+        "--host",
+        w2.host(0),
+        "--cgroup",
+        &cg_path,
+    ]);
     let cg = w1.cg.procs();
     let peer_bin = nsfast_lab::bins::testpeer();
     let iterations = 200u64;
@@ -372,7 +433,10 @@ fn identical_pods_on_two_hosts_never_receive_each_others_bytes() {
         assert!(st["pairs"].as_u64().unwrap() >= 1, "{st}");
         let a1 = w.pod_name(0, 1);
         assert!(
-            st["pods"][a1.as_str()]["redirected_bytes"].as_u64().unwrap() >= 64 << 20,
+            st["pods"][a1.as_str()]["redirected_bytes"]
+                .as_u64()
+                .unwrap()
+                >= 64 << 20,
             "{st}"
         );
     }
@@ -386,7 +450,14 @@ fn disable_mid_transfer_loses_nothing() {
     let bytes: u64 = 256 << 20;
     let addr = w.addr(0, 0, 5401);
     let s = bidir_server(&w.pod_ns(0, 0), &cg, addr, bytes, 1);
-    let mut c = bidir_client(&w.pod_ns(0, 1), &cg, addr, bytes, 2, &["--rate", "128000000"]);
+    let mut c = bidir_client(
+        &w.pod_ns(0, 1),
+        &cg,
+        addr,
+        bytes,
+        2,
+        &["--rate", "128000000"],
+    );
     let total = 2 * bytes;
     let deadline = Instant::now() + Duration::from_secs(60);
     let at = loop {
@@ -395,7 +466,10 @@ fn disable_mid_transfer_loses_nothing() {
             break r;
         }
         let ended = c.child_mut().try_wait().unwrap().is_some();
-        assert!(!ended && Instant::now() < deadline, "redirected only {r} of {total}");
+        assert!(
+            !ended && Instant::now() < deadline,
+            "redirected only {r} of {total}"
+        );
         std::thread::sleep(Duration::from_millis(10));
     };
     let out = ok(&["pod", "shortcut", "disable", "--host", w.host(0)]);
@@ -409,8 +483,17 @@ fn disable_mid_transfer_loses_nothing() {
     assert!(pins.is_empty(), "pins left: {pins:?}");
     // Enabled again: new connections take it.
     w.enable(0);
-    transfer(&w.pod_ns(0, 1), &w.pod_ns(0, 0), &w.cg.procs(), w.addr(0, 0, 5402), 8 << 20);
-    assert_eq!(w.pod_counter(0, &w.pod_name(0, 1), "redirected_bytes"), 8 << 20);
+    transfer(
+        &w.pod_ns(0, 1),
+        &w.pod_ns(0, 0),
+        &w.cg.procs(),
+        w.addr(0, 0, 5402),
+        8 << 20,
+    );
+    assert_eq!(
+        w.pod_counter(0, &w.pod_name(0, 1), "redirected_bytes"),
+        8 << 20
+    );
 }
 
 /// `shortcut*` entries in host `h`'s pin directory.
@@ -421,7 +504,12 @@ fn shortcut_pins(host: &str) -> Vec<PathBuf> {
         .flatten()
         .flatten()
         .map(|e| e.path())
-        .filter(|p| p.file_name().unwrap().to_string_lossy().starts_with("shortcut"))
+        .filter(|p| {
+            p.file_name()
+                .unwrap()
+                .to_string_lossy()
+                .starts_with("shortcut")
+        })
         .collect()
 }
 
@@ -448,7 +536,9 @@ fn sigkill_at_each_step_leaves_a_retry_that_works() {
     let host = w.host(0).to_string();
     for step in nsfast_pod::shortcut::ENABLE_STEPS {
         let o = nsfast_env(
-            &["pod", "shortcut", "enable", "--host", &host, "--cgroup", &cg_path],
+            &[
+                "pod", "shortcut", "enable", "--host", &host, "--cgroup", &cg_path,
+            ],
             &[(nsfast_pod::pod::CRASH_ENV, step)],
         );
         assert_eq!(
@@ -472,7 +562,9 @@ fn sigkill_at_each_step_leaves_a_retry_that_works() {
     for (n, step) in steps.iter().enumerate() {
         let name = unique(&format!("nsfsc-k{n}"));
         let ip = format!("10.251.1.{}/24", 40 + n);
-        let argv = ["pod", "add", &name, "--ip", &ip, "--host", &host, "--mode", "veth"];
+        let argv = [
+            "pod", "add", &name, "--ip", &ip, "--host", &host, "--mode", "veth",
+        ];
         w.extra.push((name.clone(), host.clone()));
         let o = nsfast_env(&argv, &[(nsfast_pod::pod::CRASH_ENV, step)]);
         assert_eq!(
@@ -574,13 +666,24 @@ fn cni_shortcut_key_enables_it_and_the_arg_opts_out() {
     }
     let mut ctrs = Ctrs(Vec::new(), tag.clone(), conf.clone());
     let mut ips = Vec::new();
-    for (i, args) in ["", "IgnoreUnknown=1;NSFAST_SHORTCUT=true", "IgnoreUnknown=1;NSFAST_SHORTCUT=false"]
-        .iter()
-        .enumerate()
+    for (i, args) in [
+        "",
+        "IgnoreUnknown=1;NSFAST_SHORTCUT=true",
+        "IgnoreUnknown=1;NSFAST_SHORTCUT=false",
+    ]
+    .iter()
+    .enumerate()
     {
         let ns = NetNs::create(&unique("nsfsc-ctr")).expect("container netns");
         let id = format!("ctr{i}");
-        let o = cni(&host, "ADD", &id, &ns.path().display().to_string(), args, &conf);
+        let o = cni(
+            &host,
+            "ADD",
+            &id,
+            &ns.path().display().to_string(),
+            args,
+            &conf,
+        );
         assert!(o.status.success(), "ADD {i}: {}", text(&o));
         let r: Value = serde_json::from_slice(&o.stdout).unwrap();
         let ip: std::net::Ipv4Addr = r["ips"][0]["address"]
@@ -611,9 +714,10 @@ fn cni_shortcut_key_enables_it_and_the_arg_opts_out() {
     drop(bad_ns);
 
     let hostname = host.name().to_string();
-    let st: Value =
-        serde_json::from_str(&ok(&["-j", "pod", "shortcut", "status", "--host", &hostname]))
-            .unwrap();
+    let st: Value = serde_json::from_str(&ok(&[
+        "-j", "pod", "shortcut", "status", "--host", &hostname,
+    ]))
+    .unwrap();
     assert_eq!(st["enabled"], true, "{st}");
     let root = nsfast_sys::cgroup::cgroup2_mount().unwrap();
     assert_eq!(st["cgroup"], root.display().to_string(), "{st}");
@@ -631,9 +735,10 @@ fn cni_shortcut_key_enables_it_and_the_arg_opts_out() {
     let a = |i: usize, port| SocketAddr::new(IpAddr::V4(ips[i]), port);
     transfer(&ctrs.0[1].1, &ctrs.0[0].1, &own, a(0, 5601), bytes);
     transfer(&ctrs.0[2].1, &ctrs.0[0].1, &own, a(0, 5602), bytes);
-    let st: Value =
-        serde_json::from_str(&ok(&["-j", "pod", "shortcut", "status", "--host", &hostname]))
-            .unwrap();
+    let st: Value = serde_json::from_str(&ok(&[
+        "-j", "pod", "shortcut", "status", "--host", &hostname,
+    ]))
+    .unwrap();
     let pods = st["pods"].as_object().unwrap();
     assert_eq!(pods.len(), 3, "{st}");
     let by_shortcut = |on: bool| {
@@ -644,13 +749,23 @@ fn cni_shortcut_key_enables_it_and_the_arg_opts_out() {
     let (on, off) = (by_shortcut(true), by_shortcut(false));
     assert_eq!((on.len(), off.len()), (2, 1), "{st}");
     assert_eq!(off[0]["redirected_bytes"], 0, "{st}");
-    let redirected: u64 = on.iter().map(|p| p["redirected_bytes"].as_u64().unwrap()).sum();
+    let redirected: u64 = on
+        .iter()
+        .map(|p| p["redirected_bytes"].as_u64().unwrap())
+        .sum();
     assert_eq!(redirected, 2 * bytes, "{st}");
 
     // The last DEL takes the shortcut with it.
     let h = nsfast_pod::Host::open(Some(&hostname)).unwrap();
     for (id, ns) in ctrs.0.drain(..) {
-        let o = cni(&host, "DEL", &id, &ns.path().display().to_string(), "", &conf);
+        let o = cni(
+            &host,
+            "DEL",
+            &id,
+            &ns.path().display().to_string(),
+            "",
+            &conf,
+        );
         assert!(o.status.success(), "DEL {id}: {}", text(&o));
     }
     assert!(!h.pin_dir().exists(), "{} left", h.pin_dir().display());
@@ -670,4 +785,213 @@ fn tempdir_named(tag: &str) -> TempDir {
     let d = std::env::temp_dir().join(tag);
     std::fs::create_dir_all(&d).unwrap();
     TempDir(d)
+}
+
+/// The first of `names` found on PATH-like directories.
+fn find_bin(dirs: &[&str], name: &str) -> Option<PathBuf> {
+    dirs.iter()
+        .map(|d| Path::new(d).join(name))
+        .find(|p| p.is_file())
+}
+
+/// A throwaway podman world: a node namespace, podman's storage, run root, CNI config and
+/// plugin directories under one temp dir. Dropped: every container removed, the node's pods
+/// deleted, the namespace and the directory removed.
+struct PodmanWorld {
+    dir: TempDir,
+    node: Option<NetNs>,
+    network: String,
+}
+
+impl PodmanWorld {
+    fn podman(&self, args: &[&str]) -> Output {
+        let d = &self.dir.0;
+        let node = self.node.as_ref().expect("node");
+        let mut c = Command::new("nsenter");
+        c.arg(format!("--net={}", node.path().display()))
+            .arg("podman")
+            .arg("--root")
+            .arg(d.join("root"))
+            .arg("--runroot")
+            .arg(d.join("runroot"))
+            .arg("--tmpdir")
+            .arg(d.join("tmp"))
+            .args(["--storage-driver", "vfs", "--cgroup-manager", "cgroupfs"])
+            .args(["--runtime", "runc", "--events-backend", "file"])
+            .args(args)
+            .env("CONTAINERS_CONF", d.join("containers.conf"))
+            .env("RUST_LOG", "warn")
+            .stdin(std::process::Stdio::null());
+        c.output().expect("run podman")
+    }
+
+    fn ok(&self, args: &[&str]) -> String {
+        let o = self.podman(args);
+        assert!(o.status.success(), "podman {args:?}: {}", text(&o));
+        String::from_utf8_lossy(&o.stdout).trim().to_string()
+    }
+}
+
+impl Drop for PodmanWorld {
+    fn drop(&mut self) {
+        if self.node.is_some() {
+            let _ = self.podman(&["rm", "-af", "-t", "0"]);
+            let name = self.node.as_ref().unwrap().name().to_string();
+            let _ = nsfast_env(&["pod", "del", "--all", "--host", &name], &[]);
+        }
+        drop(self.node.take());
+    }
+}
+
+/// A real runtime: podman (CNI backend, runc, cgroupfs) in a throwaway node namespace entered
+/// with `nsenter --net`, on an nsfast network with `"shortcut": true`; a busybox httpd container
+/// and a wget container talk HTTP over the shortcut; `podman rm` leaves no pod, device, pin,
+/// state or lease behind.
+#[test]
+fn podman_containers_talk_http_over_the_shortcut_and_rm_leaves_nothing() {
+    require_root();
+    let dirs = ["/usr/bin", "/usr/sbin", "/bin", "/sbin", "/usr/local/bin"];
+    if find_bin(&dirs, "podman").is_none() {
+        eprintln!("SKIP: podman is not installed (apt-get install podman; Makefile DEB_TEST)");
+        return;
+    }
+    let busybox = find_bin(&dirs, "busybox").expect("busybox (busybox-static) for the image");
+    let cni_path = std::env::var("NSFAST_CNI_PATH").unwrap_or_else(|_| "/usr/lib/cni".into());
+    let tag = unique("nsfsc-pm");
+    let w = PodmanWorld {
+        dir: tempdir_named(&tag),
+        node: Some(NetNs::create(&format!("{tag}-node")).expect("node netns")),
+        network: tag.clone(),
+    };
+    let d = w.dir.0.clone();
+    for sub in [
+        "rootfs/bin",
+        "rootfs/www",
+        "net.d",
+        "cni-bin",
+        "ipam",
+        "root",
+        "runroot",
+        "tmp",
+    ] {
+        std::fs::create_dir_all(d.join(sub)).unwrap();
+    }
+    // The image: a static busybox and one page, imported from a tarball (no registry).
+    std::fs::copy(&busybox, d.join("rootfs/bin/busybox")).unwrap();
+    for a in ["sh", "httpd", "wget"] {
+        std::os::unix::fs::symlink("busybox", d.join("rootfs/bin").join(a)).unwrap();
+    }
+    let page = format!("hello from nsfast pod {tag}\n");
+    std::fs::write(d.join("rootfs/www/index.html"), &page).unwrap();
+    let tar = d.join("rootfs.tar");
+    let st = Command::new("tar")
+        .arg("-C")
+        .arg(d.join("rootfs"))
+        .arg("-cf")
+        .arg(&tar)
+        .arg(".")
+        .status()
+        .unwrap();
+    assert!(st.success(), "tar the rootfs");
+    // CNI: nsfast-cni (this build) with host-local IPAM, in podman's own config dirs.
+    std::os::unix::fs::symlink(
+        nsfast_lab::bins::fresh("nsfast-cni"),
+        d.join("cni-bin/nsfast-cni"),
+    )
+    .unwrap();
+    for p in ["host-local", "loopback"] {
+        std::os::unix::fs::symlink(Path::new(&cni_path).join(p), d.join("cni-bin").join(p))
+            .unwrap();
+    }
+    let conflist = serde_json::json!({
+        "cniVersion": "1.0.0",
+        "name": w.network,
+        "plugins": [{
+            "type": "nsfast-cni",
+            "mode": "auto",
+            "shortcut": true,
+            "ipam": {
+                "type": "host-local",
+                "ranges": [[{"subnet": "10.212.0.0/24"}]],
+                "routes": [{"dst": "0.0.0.0/0"}],
+                "dataDir": d.join("ipam").display().to_string(),
+            },
+        }],
+    });
+    std::fs::write(
+        d.join("net.d").join(format!("{}.conflist", w.network)),
+        conflist.to_string(),
+    )
+    .unwrap();
+    std::fs::write(
+        d.join("containers.conf"),
+        format!(
+            "[engine]\ncgroup_manager = \"cgroupfs\"\nruntime = \"runc\"\nevents_logger = \"file\"\n\
+             [network]\nnetwork_backend = \"cni\"\nnetwork_config_dir = \"{}\"\n\
+             cni_plugin_dirs = [\"{}\"]\n",
+            d.join("net.d").display(),
+            d.join("cni-bin").display()
+        ),
+    )
+    .unwrap();
+    let image = format!("localhost/{tag}:1");
+    w.ok(&["import", &tar.display().to_string(), &image]);
+    // This sandbox lacks CAP_SYS_RESOURCE: podman's default rlimits (raised) would be refused.
+    let ul = [
+        "--ulimit",
+        "nofile=1024:1024",
+        "--ulimit",
+        "nproc=1024:1024",
+    ];
+    let server = format!("{tag}-httpd");
+    let mut run = vec!["run", "-d", "--name", &server, "--network", &w.network];
+    run.extend_from_slice(&ul);
+    run.extend_from_slice(&[&image, "httpd", "-f", "-p", "80", "-h", "/www"]);
+    w.ok(&run);
+    let fmt = format!(
+        "{{{{(index .NetworkSettings.Networks \"{}\").IPAddress}}}}",
+        w.network
+    );
+    let ip = w.ok(&["inspect", &server, "--format", &fmt]);
+    let url = format!("http://{ip}/index.html");
+    let mut get = vec!["run", "--rm", "--network", &w.network];
+    get.extend_from_slice(&ul);
+    get.extend_from_slice(&[&image, "wget", "-qO-", &url]);
+    // httpd may need a moment to listen: retry the request (a bounded number of times).
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let body = loop {
+        let o = w.podman(&get);
+        if o.status.success() {
+            break String::from_utf8_lossy(&o.stdout).into_owned();
+        }
+        assert!(Instant::now() < deadline, "wget {url}: {}", text(&o));
+    };
+    assert_eq!(body, page);
+    let node = w.node.as_ref().unwrap().name().to_string();
+    let st: Value =
+        serde_json::from_str(&ok(&["-j", "pod", "shortcut", "status", "--host", &node])).unwrap();
+    assert_eq!(st["enabled"], true, "{st}");
+    assert!(
+        st["pairs"].as_u64().unwrap() >= 1,
+        "HTTP did not pair: {st}"
+    );
+    assert!(
+        st["redirected_bytes"].as_u64().unwrap() >= page.len() as u64,
+        "HTTP not redirected: {st}"
+    );
+    w.ok(&["rm", "-f", "-t", "0", &server]);
+    // Nothing left: no pod, no device but lo, no pin or state, no lease.
+    let h = nsfast_pod::Host::open(Some(&node)).unwrap();
+    assert_eq!(h.records().unwrap(), Vec::new());
+    assert!(!h.pin_dir().exists(), "{} left", h.pin_dir().display());
+    assert!(!h.state_dir().exists(), "{} left", h.state_dir().display());
+    assert_eq!(nsfast_lab::world::link_names(&node), vec!["lo".to_string()]);
+    let leases: Vec<String> = std::fs::read_dir(d.join("ipam").join(&w.network))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n != "lock" && !n.starts_with("last_reserved_ip"))
+        .collect();
+    assert_eq!(leases, Vec::<String>::new(), "leases left");
 }

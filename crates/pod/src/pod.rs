@@ -376,7 +376,10 @@ pub fn add(opts: &AddOptions) -> Result<Added, PodError> {
     // Repairs the shortcut's pod map after a killed add/del (e.g. a pod whose add died after
     // its record was complete): a retry of the add leaves the pod known either way.
     if let Err(e) = crate::shortcut::sync(&plan.host, &lock) {
-        warn!("host {}: shortcut pod map not repaired: {e}", plan.host.display);
+        warn!(
+            "host {}: shortcut pod map not repaired: {e}",
+            plan.host.display
+        );
     }
     add_locked(&plan, &lock, opts)
 }

@@ -22,7 +22,9 @@ use std::path::{Path, PathBuf};
 use aya::maps::{Array, HashMap as BpfHashMap, Map, MapData, PerCpuArray, PerCpuValues, SockHash};
 use aya::programs::{links::FdLink, CgroupAttachMode, SkMsg, SockOps};
 use aya::EbpfLoader;
-use nsfast_bpf::sockmap_abi::{self as abi, Config, Counters, PodCounters, PodEntry, PodStat, Stat};
+use nsfast_bpf::sockmap_abi::{
+    self as abi, Config, Counters, PodCounters, PodEntry, PodStat, Stat,
+};
 use nsfast_sys::cgroup::{cgroup2_mount, Cgroup};
 use serde::{Deserialize, Serialize};
 use tracing::{info, warn};
@@ -425,7 +427,8 @@ fn sync_in(host: &Host, _lock: &HostLock, d: &Path, host_id: u32) -> Result<(), 
         if want.contains_key(c) {
             used.insert(e.slot);
         } else {
-            pods.remove(c).map_err(PodError::map("remove from nsf_pods"))?;
+            pods.remove(c)
+                .map_err(PodError::map("remove from nsf_pods"))?;
         }
     }
     let ncpu = aya::util::nr_cpus().map_err(|(_, e)| PodError::Io {
@@ -453,11 +456,12 @@ fn sync_in(host: &Host, _lock: &HostLock, d: &Path, host_id: u32) -> Result<(), 
             });
         };
         used.insert(slot);
-        let zero = PerCpuValues::try_from(vec![PodCounters::default(); ncpu])
-            .map_err(|e| PodError::Io {
+        let zero = PerCpuValues::try_from(vec![PodCounters::default(); ncpu]).map_err(|e| {
+            PodError::Io {
                 what: "per-CPU zeros".into(),
                 source: e,
-            })?;
+            }
+        })?;
         stats
             .set(slot, zero, 0)
             .map_err(PodError::map("clear nsf_pod_stats"))?;

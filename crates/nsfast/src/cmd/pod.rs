@@ -284,7 +284,11 @@ fn shortcut(c: ShortcutCmd) -> Result<()> {
             }
             nsfast_sys::outln!(
                 "shortcut {} on host {}: cgroup {}",
-                if e.already { "already enabled" } else { "enabled" },
+                if e.already {
+                    "already enabled"
+                } else {
+                    "enabled"
+                },
                 h.display,
                 e.state.cgroup.display()
             )?;
