@@ -10,13 +10,22 @@ use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
 use nsfast_lab::peer::{self, BidirReport, KillOnDrop, Report};
-use nsfast_lab::pods::{self, ModeRequest, Topology};
+use nsfast_lab::pods::{ModeRequest, Topology};
 use nsfast_lab::require_root;
 use nsfast_lab::world::{unique, TestCgroup};
 use nsfast_sys::netns::NetNs;
 use serde_json::Value;
 
 const GIB: u64 = 1 << 30;
+
+/// The bulk size: 1 GiB, or `NSFAST_TEST_BULK_MIB` MiB (the TCG guests use less).
+fn bulk_bytes() -> u64 {
+    std::env::var("NSFAST_TEST_BULK_MIB")
+        .ok()
+        .and_then(|v| v.parse::<u64>().ok())
+        .map(|m| m << 20)
+        .unwrap_or(GIB)
+}
 
 fn nsfast_bin() -> PathBuf {
     std::env::var_os("NSFAST_BIN")
@@ -239,29 +248,30 @@ fn two_pods_move_a_gib_each_way_all_of_it_redirected() {
             .contains("tc and netfilter"),
         "{st}"
     );
+    let bytes = bulk_bytes();
     transfer(
         &w.pod_ns(0, 1),
         &w.pod_ns(0, 0),
         &cg,
         w.addr(0, 0, 5001),
-        GIB,
+        bytes,
     );
     let st = w.status(0);
     for p in [&a0, &a1] {
         let c = &st["pods"][p.as_str()];
-        assert_eq!(c["redirected_bytes"], GIB, "pod {p}: {st}");
+        assert_eq!(c["redirected_bytes"], bytes, "pod {p}: {st}");
         assert_eq!(c["paired"], 1, "pod {p}: {st}");
         assert_eq!(c["passed_bytes"], 0, "pod {p}: {st}");
         assert_eq!(c["shortcut"], true, "pod {p}: {st}");
     }
-    assert_eq!(st["redirected_bytes"], 2 * GIB, "{st}");
+    assert_eq!(st["redirected_bytes"], 2 * bytes, "{st}");
     // `pod list` shows the same counters.
     let l: Value = serde_json::from_str(&ok(&["-j", "pod", "list", "--host", w.host(0)])).unwrap();
     assert_eq!(l["shortcut_enabled"], true, "{l}");
-    assert_eq!(l["shortcut"][a0.as_str()]["redirected_bytes"], GIB, "{l}");
+    assert_eq!(l["shortcut"][a0.as_str()]["redirected_bytes"], bytes, "{l}");
     let text = ok(&["pod", "list", "--host", w.host(0)]);
     assert!(
-        text.contains("BYTES-REDIRECTED") && text.contains(&GIB.to_string()),
+        text.contains("BYTES-REDIRECTED") && text.contains(&bytes.to_string()),
         "{text}"
     );
 }
@@ -496,6 +506,43 @@ fn disable_mid_transfer_loses_nothing() {
     );
 }
 
+/// `pod del --all` takes the shortcut with the pods; a host namespace deleted under its pods
+/// leaves pod state that `nsfast bench --cleanup` removes, shortcut included (detached).
+#[test]
+fn pod_del_all_and_bench_cleanup_remove_the_shortcut() {
+    require_root();
+    let mut w = World::new(&[0, 1]);
+    wait_sockops(w.cg.path(), 2, "both hosts enabled");
+    let host_a = w.host(0).to_string();
+    let out = ok(&["pod", "del", "--all", "--host", &host_a]);
+    assert!(out.contains("2 pod(s) deleted"), "{out}");
+    wait_sockops(w.cg.path(), 1, "host A's pods deleted");
+    assert_eq!(w.status(0)["enabled"], false);
+    let hb = nsfast_pod::Host::open(Some(w.host(1))).unwrap();
+    let (pins, state) = (hb.pin_dir(), hb.state_dir());
+    assert!(pins.join("shortcut").exists());
+    // Host B's namespace goes without `pod del` (unmounted first, so the topology's drop
+    // cannot find it to delete the pods); its pods' namespaces stay (deleted below).
+    let topo = w.topo.take().unwrap();
+    let pod_names: Vec<String> = topo.pods.iter().map(|p| p.record.name.clone()).collect();
+    drop(hb);
+    nsfast_sys::netns::delete_named(topo.host_name(1)).expect("unmount host B");
+    drop(topo); // host A's pods are gone already; B's cannot be reached: the namespaces close
+    for n in &pod_names {
+        let _ = nsfast_sys::netns::delete_named(n);
+    }
+    assert!(
+        pins.join("shortcut/link").exists(),
+        "the dead host's shortcut is not left for the cleanup"
+    );
+    wait_sockops(w.cg.path(), 1, "host B gone, before the cleanup");
+    let out = ok(&["bench", "--cleanup"]);
+    assert!(out.contains(&pins.display().to_string()), "{out}");
+    assert!(!pins.exists(), "{} left", pins.display());
+    assert!(!state.exists(), "{} left", state.display());
+    wait_sockops(w.cg.path(), 0, "after the cleanup");
+}
+
 /// `shortcut*` entries in host `h`'s pin directory.
 fn shortcut_pins(host: &str) -> Vec<PathBuf> {
     let h = nsfast_pod::Host::open(Some(host)).expect("open host");
@@ -511,6 +558,24 @@ fn shortcut_pins(host: &str) -> Vec<PathBuf> {
                 .starts_with("shortcut")
         })
         .collect()
+}
+
+/// Waits (up to 5 s) until `n` sockops programs are attached to `cg`: the kernel releases a
+/// link whose last reference went (unpinned, its process gone) from a workqueue, not at once.
+fn wait_sockops(cg: &Path, n: usize, what: &str) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let now = sockops_on(cg);
+        if now == n {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{what}: {now} sockops programs on {}, expected {n}",
+            cg.display()
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
 }
 
 /// How many sockops programs are attached to `cg`.
@@ -548,9 +613,9 @@ fn sigkill_at_each_step_leaves_a_retry_that_works() {
             text(&o)
         );
         w.enable(0);
-        assert_eq!(sockops_on(w.cg.path()), 1, "after a kill at {step}");
+        wait_sockops(w.cg.path(), 1, &format!("after a kill at {step}"));
         ok(&["pod", "shortcut", "disable", "--host", &host]);
-        assert_eq!(sockops_on(w.cg.path()), 0, "after disable ({step})");
+        wait_sockops(w.cg.path(), 0, &format!("after disable ({step})"));
     }
     w.enable(0);
     let steps: Vec<&str> = nsfast_pod::pod::ADD_STEPS
@@ -592,14 +657,13 @@ fn sigkill_at_each_step_leaves_a_retry_that_works() {
         ok(&["pod", "del", &name, "--host", &host]);
         w.extra.pop();
     }
-    assert_eq!(sockops_on(w.cg.path()), 1);
-    let _ = pods::WIRE_IF;
+    wait_sockops(w.cg.path(), 1, "after the pod add kills");
 }
 
 /// Runs `nsfast-cni` (the workspace build) inside host namespace `host`.
 fn cni(host: &NetNs, cmd: &str, ctr: &str, netns: &str, args: &str, conf: &Value) -> Output {
     use std::io::Write;
-    let mut c = Command::new(nsfast_lab::bins::fresh("nsfast-cni"));
+    let mut c = Command::new(nsfast_lab::bins::find("nsfast-cni", "NSFAST_CNI_BIN"));
     c.env("CNI_COMMAND", cmd)
         .env("CNI_CONTAINERID", ctr)
         .env("CNI_NETNS", netns)
@@ -895,7 +959,7 @@ fn podman_containers_talk_http_over_the_shortcut_and_rm_leaves_nothing() {
     assert!(st.success(), "tar the rootfs");
     // CNI: nsfast-cni (this build) with host-local IPAM, in podman's own config dirs.
     std::os::unix::fs::symlink(
-        nsfast_lab::bins::fresh("nsfast-cni"),
+        nsfast_lab::bins::find("nsfast-cni", "NSFAST_CNI_BIN"),
         d.join("cni-bin/nsfast-cni"),
     )
     .unwrap();
