@@ -898,9 +898,8 @@ impl PodmanWorld {
 
 impl Drop for PodmanWorld {
     fn drop(&mut self) {
-        if self.node.is_some() {
+        if let Some(name) = self.node.as_ref().map(|n| n.name().to_string()) {
             let _ = self.podman(&["rm", "-af", "-t", "0"]);
-            let name = self.node.as_ref().unwrap().name().to_string();
             let _ = nsfast_env(&["pod", "del", "--all", "--host", &name], &[]);
         }
         drop(self.node.take());

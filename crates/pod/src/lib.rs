@@ -8,6 +8,7 @@
 //!   table and counters.
 //! - [`shortcut`]  — the sockmap shortcut between pods of one host (`nsfast pod shortcut`),
 //!   `bpf/sockmap.bpf.c` in pod mode, pinned under the host's pin directory.
+//! - [`fault`]     — the crash tests' fault-injection hook.
 //! - [`state`]     — per-host state: bpffs pins and JSON records under /run/nsfast/pod.
 //! - [`abi`]       — mirrors of the BPF types and names.
 //! - [`error`]     — [`PodError`].
@@ -15,6 +16,7 @@
 pub mod abi;
 pub mod datapath;
 pub mod error;
+pub mod fault;
 pub mod pod;
 pub mod shortcut;
 pub mod state;

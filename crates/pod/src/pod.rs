@@ -280,10 +280,7 @@ impl Undo {
     }
 }
 
-/// Environment variable naming an `add` step after which the process SIGKILLs itself: a
-/// fault-injection hook for the crash tests, inert unless set. The steps, in order, are
-/// [`ADD_STEPS`].
-pub const CRASH_ENV: &str = "NSFAST_TEST_CRASH_AT";
+pub use crate::fault::{crash_point, CRASH_ENV};
 
 /// The steps of an `add` (CNI ADD and `nsfast pod add`) that [`CRASH_ENV`] can stop after:
 /// - `intent` (CNI): the intent record is written, nothing else;
@@ -306,14 +303,6 @@ pub const ADD_STEPS: &[&str] = &[
     "endpoint",
     "record",
 ];
-
-/// Stops the process with SIGKILL if [`CRASH_ENV`] names `step` (tests only).
-pub fn crash_point(step: &str) {
-    if std::env::var_os(CRASH_ENV).is_some_and(|v| v == step) {
-        tracing::warn!("{CRASH_ENV}={step}: killing myself");
-        let _ = nix::sys::signal::raise(nix::sys::signal::Signal::SIGKILL);
-    }
-}
 
 /// A checked `add`: the host and how the pod will be made, before anything changes.
 #[derive(Debug)]

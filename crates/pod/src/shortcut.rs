@@ -30,7 +30,7 @@ use serde::{Deserialize, Serialize};
 use tracing::{info, warn};
 
 use crate::error::PodError;
-use crate::pod::crash_point;
+use crate::fault::crash_point;
 use crate::state::{create_dir_all_racy, ensure_bpffs, Host, HostLock, PodRecord};
 
 /// What the shortcut bypasses, for `status` and the docs.
@@ -372,7 +372,10 @@ pub fn disable(host: &Host) -> Result<bool, PodError> {
     if was {
         info!("host {}: shortcut disabled", host.display);
     }
-    crate::pod::gc_host(host)?;
+    // A host with neither pods nor uplink filters keeps no state for the shortcut's sake.
+    if host.records()?.is_empty() && host.uplink_tcs()?.is_empty() {
+        host.gc_if_empty()?;
+    }
     Ok(was)
 }
 
