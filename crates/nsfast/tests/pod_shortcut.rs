@@ -662,8 +662,25 @@ fn sigkill_at_each_step_leaves_a_retry_that_works() {
 
 /// Runs `nsfast-cni` (the workspace build) inside host namespace `host`.
 fn cni(host: &NetNs, cmd: &str, ctr: &str, netns: &str, args: &str, conf: &Value) -> Output {
+    cni_env(host, cmd, ctr, netns, args, conf, &[])
+}
+
+/// [`cni`] with more environment (`env`).
+fn cni_env(
+    host: &NetNs,
+    cmd: &str,
+    ctr: &str,
+    netns: &str,
+    args: &str,
+    conf: &Value,
+    env: &[(&str, &str)],
+) -> Output {
     use std::io::Write;
     let mut c = Command::new(nsfast_lab::bins::find("nsfast-cni", "NSFAST_CNI_BIN"));
+    c.env_remove(nsfast_pod::pod::CRASH_ENV);
+    for (k, v) in env {
+        c.env(k, v);
+    }
     c.env("CNI_COMMAND", cmd)
         .env("CNI_CONTAINERID", ctr)
         .env("CNI_NETNS", netns)
@@ -786,15 +803,7 @@ fn cni_shortcut_key_enables_it_and_the_arg_opts_out() {
     let root = nsfast_sys::cgroup::cgroup2_mount().unwrap();
     assert_eq!(st["cgroup"], root.display().to_string(), "{st}");
     // Peers anywhere in the cgroup tree: this process's own cgroup.
-    let own = PathBuf::from(format!(
-        "{}{}/cgroup.procs",
-        root.display(),
-        std::fs::read_to_string("/proc/self/cgroup")
-            .unwrap()
-            .lines()
-            .find_map(|l| l.strip_prefix("0::"))
-            .unwrap_or("/")
-    ));
+    let own = own_cgroup_procs();
     let bytes = 8 << 20;
     let a = |i: usize, port| SocketAddr::new(IpAddr::V4(ips[i]), port);
     transfer(&ctrs.0[1].1, &ctrs.0[0].1, &own, a(0, 5601), bytes);
@@ -1057,4 +1066,129 @@ fn podman_containers_talk_http_over_the_shortcut_and_rm_leaves_nothing() {
         .filter(|n| n != "lock" && !n.starts_with("last_reserved_ip"))
         .collect();
     assert_eq!(leases, Vec::<String>::new(), "leases left");
+}
+
+/// SIGKILL of a CNI ADD with `"shortcut": true` after each step of the enable it makes (and
+/// after the pod is complete and registered): DEL leaves nothing, and the next ADD makes a
+/// whole pod that takes the shortcut with a reference pod.
+#[test]
+fn cni_add_killed_at_each_shortcut_step_then_del_and_add_work() {
+    require_root();
+    let tag = unique("nsfsc-ck");
+    let host = NetNs::create(&format!("{tag}-h")).expect("host netns");
+    let data_dir = tempdir_named(&tag);
+    let conf = serde_json::json!({
+        "cniVersion": "1.1.0",
+        "name": tag,
+        "type": "nsfast-cni",
+        "mode": "auto",
+        "shortcut": true,
+        "ipam": {
+            "type": "host-local",
+            "ranges": [[{"subnet": "10.209.8.0/24"}]],
+            "routes": [{"dst": "0.0.0.0/0"}],
+            "dataDir": data_dir.0.display().to_string(),
+        },
+    });
+    struct Del(String);
+    impl Drop for Del {
+        fn drop(&mut self) {
+            let _ = nsfast_env(&["pod", "del", "--all", "--host", &self.0], &[]);
+        }
+    }
+    let hostname = host.name().to_string();
+    let _del = Del(hostname.clone());
+    let own = own_cgroup_procs();
+    let ip_of = |o: &Output| -> std::net::Ipv4Addr {
+        let r: Value = serde_json::from_slice(&o.stdout).unwrap();
+        r["ips"][0]["address"]
+            .as_str()
+            .unwrap()
+            .split('/')
+            .next()
+            .unwrap()
+            .parse()
+            .unwrap()
+    };
+    let h = nsfast_pod::Host::open(Some(&hostname)).unwrap();
+    // A live link in shortcut-new/, the shortcut in place but no pod yet, the pod complete and
+    // registered (`pod add`'s own steps are covered by sigkill_at_each_step_leaves_a_retry_that_works
+    // and the CNI crash tests).
+    let steps = ["shortcut-attach", "shortcut-ready", "shortcut"];
+    for (n, step) in steps.iter().enumerate() {
+        let (a, b) = (
+            NetNs::create(&unique("nsfsc-ctr")).unwrap(),
+            NetNs::create(&unique("nsfsc-ctr")).unwrap(),
+        );
+        let (pa, pb) = (
+            a.path().display().to_string(),
+            b.path().display().to_string(),
+        );
+        let (ia, ib) = (format!("k{n}a"), format!("k{n}b"));
+        let o = cni_env(
+            &host,
+            "ADD",
+            &ia,
+            &pa,
+            "",
+            &conf,
+            &[(nsfast_pod::pod::CRASH_ENV, step)],
+        );
+        assert_eq!(
+            std::os::unix::process::ExitStatusExt::signal(&o.status),
+            Some(9),
+            "ADD not killed at {step}: {}",
+            text(&o)
+        );
+        let o = cni(&host, "DEL", &ia, &pa, "", &conf);
+        assert!(
+            o.status.success(),
+            "DEL after a kill at {step}: {}",
+            text(&o)
+        );
+        assert!(
+            h.records().unwrap().is_empty(),
+            "a pod left after DEL ({step})"
+        );
+        assert!(
+            !h.pin_dir().join("shortcut").exists() && !h.pin_dir().join("shortcut-new").exists(),
+            "the shortcut left after the last DEL ({step})"
+        );
+        let oa = cni(&host, "ADD", &ia, &pa, "", &conf);
+        assert!(
+            oa.status.success(),
+            "ADD after a kill at {step}: {}",
+            text(&oa)
+        );
+        let ob = cni(&host, "ADD", &ib, &pb, "", &conf);
+        assert!(ob.status.success(), "second ADD ({step}): {}", text(&ob));
+        let addr = SocketAddr::new(IpAddr::V4(ip_of(&oa)), 5700 + n as u16);
+        let _ = ip_of(&ob);
+        transfer(&b, &a, &own, addr, 1 << 20);
+        let st: Value = serde_json::from_str(&ok(&[
+            "-j", "pod", "shortcut", "status", "--host", &hostname,
+        ]))
+        .unwrap();
+        assert_eq!(
+            st["redirected_bytes"],
+            2 << 20,
+            "after a kill at {step}: {st}"
+        );
+        for (id, p) in [(&ia, &pa), (&ib, &pb)] {
+            let o = cni(&host, "DEL", id, p, "", &conf);
+            assert!(o.status.success(), "DEL ({step}): {}", text(&o));
+        }
+        assert!(!h.pin_dir().exists(), "pins left ({step})");
+    }
+}
+
+/// This process's cgroup2 `cgroup.procs` (peers started there are under the cgroup2 root).
+fn own_cgroup_procs() -> PathBuf {
+    let root = nsfast_sys::cgroup::cgroup2_mount().unwrap();
+    let rel = std::fs::read_to_string("/proc/self/cgroup")
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix("0::").map(str::to_string))
+        .unwrap_or_else(|| "/".into());
+    PathBuf::from(format!("{}{}/cgroup.procs", root.display(), rel))
 }
