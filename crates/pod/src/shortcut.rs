@@ -191,6 +191,12 @@ pub fn enable_locked(host: &Host, lock: &HostLock, cg: &Cgroup) -> Result<Enable
                 already: true,
             });
         }
+        // Pins without the state file (removed by hand?): start over.
+        warn!(
+            "host {}: the shortcut's state file is missing: enabling it again",
+            host.display
+        );
+        remove_pins(&dir(host))?;
     }
     ensure_bpffs()?;
     create_dir_all_racy(&host.pin_dir())?;
