@@ -153,6 +153,17 @@ fn run_inner(cmd: PodCmd) -> Result<()> {
                 if r.tc_filters.is_empty() {
                     nsfast_sys::outln!("attach: {}", r.attach.as_str())?;
                 }
+                let on = nsfast_pod::Host::open(o.host.as_deref())
+                    .is_ok_and(|h| nsfast_pod::shortcut::is_enabled(&h));
+                nsfast_sys::outln!(
+                    "shortcut: {}",
+                    match (on, r.no_shortcut) {
+                        (_, true) => "opted out (--no-shortcut)",
+                        (true, false) =>
+                            "on (pod <-> pod TCP on this host bypasses tc and netfilter)",
+                        (false, false) => "off on this host",
+                    }
+                )?;
             }
             Ok(())
         }
