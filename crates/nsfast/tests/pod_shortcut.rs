@@ -1192,3 +1192,41 @@ fn own_cgroup_procs() -> PathBuf {
         .unwrap_or_else(|| "/".into());
     PathBuf::from(format!("{}{}/cgroup.procs", root.display(), rel))
 }
+
+/// Bad input: one error naming the value; nothing made (no state or pins for the host).
+#[test]
+fn bad_input_is_refused_and_changes_nothing() {
+    require_root();
+    let host = NetNs::create(&unique("nsfsc-bad")).expect("host netns");
+    let h = nsfast_pod::Host::open(Some(host.name())).unwrap();
+    for (cg, why) in [
+        ("/nonexistent-nsfsc", "does not exist"),
+        ("/proc", "not a cgroup2 directory"),
+    ] {
+        let o = nsfast_env(
+            &[
+                "pod",
+                "shortcut",
+                "enable",
+                "--host",
+                host.name(),
+                "--cgroup",
+                cg,
+            ],
+            &[],
+        );
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(!o.status.success(), "{}", text(&o));
+        assert!(
+            err.contains(&format!("invalid --cgroup {cg}")) && err.contains(why),
+            "{err}"
+        );
+        assert_eq!(err.lines().count(), 1, "{err}");
+        assert!(!h.state_dir().exists() && !h.pin_dir().exists());
+    }
+    let o = nsfast_env(&["pod", "shortcut", "status", "--host", "/etc/passwd"], &[]);
+    assert!(!o.status.success(), "{}", text(&o));
+    let out = ok(&["pod", "shortcut", "disable", "--host", host.name()]);
+    assert!(out.contains("was not enabled"), "{out}");
+    assert!(!h.state_dir().exists() && !h.pin_dir().exists());
+}
