@@ -79,7 +79,7 @@ struct World {
 
 impl World {
     fn new(shortcut_hosts: &[usize]) -> Self {
-        let topo = Topology::build(&unique("nsfsc"), mode(), 2).expect("build the pod topology");
+        let topo = Topology::build(&unique("sc"), mode(), 2).expect("build the pod topology");
         let w = World {
             extra: Vec::new(),
             topo: Some(topo),
@@ -329,7 +329,7 @@ fn a_no_shortcut_pod_is_not_redirected() {
     let mut w = World::new(&[0]);
     let cg = w.cg.procs();
     let bytes = 16 << 20;
-    let name = unique("nsfsc-x");
+    let name = unique("sc-x");
     let x = w.add_pod(
         0,
         &name,
@@ -625,7 +625,7 @@ fn sigkill_at_each_step_leaves_a_retry_that_works() {
         .chain(["shortcut"])
         .collect();
     for (n, step) in steps.iter().enumerate() {
-        let name = unique(&format!("nsfsc-k{n}"));
+        let name = unique(&format!("sc-k{n}"));
         let ip = format!("10.251.1.{}/24", 40 + n);
         let argv = [
             "pod", "add", &name, "--ip", &ip, "--host", &host, "--mode", "veth",
@@ -716,7 +716,7 @@ fn cni_shortcut_key_enables_it_and_the_arg_opts_out() {
         Path::new(&cni_path).join("host-local").is_file(),
         "host-local not found in {cni_path}: apt-get install containernetworking-plugins"
     );
-    let tag = unique("nsfsc-cni");
+    let tag = unique("sc-cni");
     let host = NetNs::create(&format!("{tag}-h")).expect("host netns");
     let data_dir = tempdir_named(&tag);
     let conf = serde_json::json!({
@@ -755,7 +755,7 @@ fn cni_shortcut_key_enables_it_and_the_arg_opts_out() {
     .iter()
     .enumerate()
     {
-        let ns = NetNs::create(&unique("nsfsc-ctr")).expect("container netns");
+        let ns = NetNs::create(&unique("sc-ctr")).expect("container netns");
         let id = format!("ctr{i}");
         let o = cni(
             &host,
@@ -779,7 +779,7 @@ fn cni_shortcut_key_enables_it_and_the_arg_opts_out() {
         ctrs.0.push((id, ns));
     }
     // A bad opt-out value: refused, nothing made.
-    let bad_ns = NetNs::create(&unique("nsfsc-ctr")).expect("container netns");
+    let bad_ns = NetNs::create(&unique("sc-ctr")).expect("container netns");
     let o = cni(
         &host,
         "ADD",
@@ -929,7 +929,7 @@ fn podman_containers_talk_http_over_the_shortcut_and_rm_leaves_nothing() {
     }
     let busybox = find_bin(&dirs, "busybox").expect("busybox (busybox-static) for the image");
     let cni_path = std::env::var("NSFAST_CNI_PATH").unwrap_or_else(|_| "/usr/lib/cni".into());
-    let tag = unique("nsfsc-pm");
+    let tag = unique("sc-pm");
     let w = PodmanWorld {
         dir: tempdir_named(&tag),
         node: Some(NetNs::create(&format!("{tag}-node")).expect("node netns")),
@@ -1074,7 +1074,7 @@ fn podman_containers_talk_http_over_the_shortcut_and_rm_leaves_nothing() {
 #[test]
 fn cni_add_killed_at_each_shortcut_step_then_del_and_add_work() {
     require_root();
-    let tag = unique("nsfsc-ck");
+    let tag = unique("sc-ck");
     let host = NetNs::create(&format!("{tag}-h")).expect("host netns");
     let data_dir = tempdir_named(&tag);
     let conf = serde_json::json!({
@@ -1117,8 +1117,8 @@ fn cni_add_killed_at_each_shortcut_step_then_del_and_add_work() {
     let steps = ["shortcut-attach", "shortcut-ready", "shortcut"];
     for (n, step) in steps.iter().enumerate() {
         let (a, b) = (
-            NetNs::create(&unique("nsfsc-ctr")).unwrap(),
-            NetNs::create(&unique("nsfsc-ctr")).unwrap(),
+            NetNs::create(&unique("sc-ctr")).unwrap(),
+            NetNs::create(&unique("sc-ctr")).unwrap(),
         );
         let (pa, pb) = (
             a.path().display().to_string(),
@@ -1197,7 +1197,7 @@ fn own_cgroup_procs() -> PathBuf {
 #[test]
 fn bad_input_is_refused_and_changes_nothing() {
     require_root();
-    let host = NetNs::create(&unique("nsfsc-bad")).expect("host netns");
+    let host = NetNs::create(&unique("sc-bad")).expect("host netns");
     let h = nsfast_pod::Host::open(Some(host.name())).unwrap();
     for (cg, why) in [
         ("/nonexistent-nsfsc", "does not exist"),
