@@ -11,6 +11,11 @@
  *  - a direction that sent even one message through the kernel path is tainted and never
  *    redirected again (switching TCP -> redirect could reorder bytes at the receiver);
  *  - a failed redirect falls back to the kernel path instead of dropping.
+ *
+ * Pod mode (NSF_MODE_PODS, `nsfast pod shortcut`): a socket takes part only if its network
+ * namespace is a registered pod (nsf_pods, by netns cookie) that has not opted out; the pod's
+ * host id goes into the pair key, so only two pods of the same host can pair. Every other
+ * socket in the cgroup is left alone (not even put into the SOCKHASH).
  */
 #include "nsfast.h"
 #include "sockmap_key.h"
@@ -47,11 +52,32 @@ NSF_INLINE void on_established(struct bpf_sock_ops *skops, __u32 active)
 	struct nsf_sk_state *st;
 	struct bpf_sock *sk;
 	__u32 role = active ? NSF_ROLE_ACTIVE : NSF_ROLE_PASSIVE;
+	__u32 zero = 0, tag = 0, other_tag = 0;
+	struct nsf_config *cfg;
 	__u64 cookie;
 
+	cfg = bpf_map_lookup_elem(&nsf_config, &zero);
+	if (cfg && (cfg->port_mode & NSF_MODE_PODS)) {
+		__u64 ns = bpf_get_netns_cookie(skops);
+		struct nsf_pod *pod = bpf_map_lookup_elem(&nsf_pods, &ns);
+
+		if (!pod)
+			return; /* not a pod: untouched */
+		if (pod->flags & NSF_POD_NO_SHORTCUT) {
+			nsf_pod_count(pod->slot + 1, NSF_POD_OPTED_OUT, 1);
+			return;
+		}
+		tag = pod->slot + 1;
+		key.pad = pod->host_id;
+	}
 	view_from_skops(skops, &v, active);
-	if (nsf_make_pair_key(&v, &key) != 0)
-		return;
+	{
+		__u32 host_id = key.pad;
+
+		if (nsf_make_pair_key(&v, &key) != 0)
+			return;
+		key.pad = host_id;
+	}
 	if (!nsf_port_allowed(key.server_port)) {
 		nsf_count(NSF_STAT_SKIPPED_PORT, 1);
 		return;
@@ -67,18 +93,24 @@ NSF_INLINE void on_established(struct bpf_sock_ops *skops, __u32 active)
 	cookie = bpf_get_socket_cookie(skops);
 	st->cookie = cookie;
 	st->flags = 0;
+	st->pod_slot = tag;
 	__builtin_memcpy(&st->key, &key, sizeof(key));
 
 	if (bpf_sock_hash_update(skops, &nsf_sockhash, &cookie, BPF_NOEXIST) != 0) {
 		st->flags = NSF_SK_TAINTED;
 		nsf_count(NSF_STAT_SOCK_ADD_FAILED, 1);
+		nsf_pod_count(tag, NSF_POD_FALLBACKS, 1);
 		return;
 	}
 	nsf_count(NSF_STAT_SOCK_ADDED, 1);
 	bpf_sock_ops_cb_flags_set(skops, skops->bpf_sock_ops_cb_flags | BPF_SOCK_OPS_STATE_CB_FLAG);
 
-	if (nsf_pair(&key, cookie, role) == NSF_PAIRED)
+	if (nsf_pair_tagged(&key, cookie, role, tag, &other_tag) == NSF_PAIRED) {
 		st->flags |= NSF_SK_PAIRED;
+		/* Both ends of the connection count as paired, each in its own pod. */
+		nsf_pod_count(tag, NSF_POD_PAIRED, 1);
+		nsf_pod_count(other_tag, NSF_POD_PAIRED, 1);
+	}
 }
 
 NSF_INLINE void on_close(struct bpf_sock_ops *skops)
@@ -120,7 +152,7 @@ int nsf_sk_msg(struct sk_msg_md *msg)
 {
 	struct bpf_sock *sk = msg->sk;
 	struct nsf_counters *c;
-	struct nsf_sk_state *st;
+	struct nsf_sk_state *st = NULL;
 	__u64 size = msg->size;
 	__u64 peer_cookie;
 	int redirected = 0;
@@ -144,6 +176,7 @@ int nsf_sk_msg(struct sk_msg_md *msg)
 			/* Not paired (yet, or any more): this direction uses TCP from now on. */
 			st->flags |= NSF_SK_TAINTED;
 			nsf_count(NSF_STAT_TAINTED, 1);
+			nsf_pod_count(st->pod_slot, NSF_POD_FALLBACKS, 1);
 			goto count;
 		}
 		/* Cookies are never reused, so the cached peer can only go stale by closing, and
@@ -156,10 +189,23 @@ int nsf_sk_msg(struct sk_msg_md *msg)
 		/* The peer left the map (closed): fall back to TCP rather than dropping. */
 		st->flags |= NSF_SK_TAINTED;
 		nsf_count(NSF_STAT_REDIRECT_FAILED, 1);
+		nsf_pod_count(st->pod_slot, NSF_POD_FALLBACKS, 1);
 		goto count;
 	}
 	redirected = 1;
 count:
+	if (st && st->pod_slot) {
+		struct nsf_pod_counters *pc = nsf_pod_counters(st->pod_slot);
+
+		if (pc) {
+			if (redirected) {
+				pc->v[NSF_POD_REDIRECT_MSGS] += 1;
+				pc->v[NSF_POD_REDIRECT_BYTES] += size;
+			} else {
+				pc->v[NSF_POD_PASS_BYTES] += size;
+			}
+		}
+	}
 	c = nsf_counters();
 	if (c) {
 		if (redirected) {

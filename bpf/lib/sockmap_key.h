@@ -21,7 +21,7 @@ struct nsf_pair_key {
 	__u32 server_isn;
 	__u16 client_port; /* host byte order */
 	__u16 server_port;
-	__u32 pad;
+	__u32 pad; /* 0; pod mode: the pods' host id (pods of different hosts never pair) */
 };
 
 /* What the key builder needs, in plain form so it can be unit-tested from a tc program. */

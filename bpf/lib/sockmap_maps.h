@@ -9,6 +9,11 @@
 
 /* Port filter modes (nsf_config.port_mode bits). */
 #define NSF_PORTS_INCLUDE 1 /* only server ports marked NSF_PORT_INCLUDE */
+/* Pod mode (set by `nsfast pod shortcut enable`, never by `nsfast sockmap run`): only sockets
+ * whose network namespace is in nsf_pods take part, and the pod's host id goes into the pair
+ * key, so pods of different hosts never pair. Carried in nsf_config.port_mode so the config
+ * layout of plain instances is unchanged. */
+#define NSF_MODE_PODS 0x10000
 /* nsf_ports values */
 #define NSF_PORT_INCLUDE 1
 #define NSF_PORT_EXCLUDE 2
@@ -50,15 +55,41 @@ struct nsf_config {
 struct nsf_pending {
 	__u64 cookie;
 	__u32 role;
-	__u32 pad;
+	__u32 tag; /* pod mode: the first end's pod slot + 1 (0: none) */
 };
 
 struct nsf_sk_state {
 	__u64 cookie;
 	__u64 peer; /* valid with NSF_SK_PEER_CACHED */
 	__u32 flags;
-	__u32 pad;
+	__u32 pod_slot; /* pod mode: the socket's pod slot + 1 in nsf_pod_stats (0: none) */
 	struct nsf_pair_key key;
+};
+
+/* Pod mode: a pod's network namespace (nsf_pods value). */
+#define NSF_POD_NO_SHORTCUT 1 /* opted out (`--no-shortcut`): its sockets keep the kernel path */
+#define NSF_MAX_PODS 4096
+
+struct nsf_pod {
+	__u32 host_id; /* goes into nsf_pair_key.pad: pods of different hosts never pair */
+	__u32 flags;   /* NSF_POD_* */
+	__u32 slot;    /* index into nsf_pod_stats */
+	__u32 pad;
+};
+
+/* Per-pod counters (pod mode), one per-CPU value per slot. */
+enum nsf_pod_stat {
+	NSF_POD_PAIRED = 0,    /* connection ends of this pod that were paired */
+	NSF_POD_REDIRECT_MSGS, /* sends of this pod redirected */
+	NSF_POD_REDIRECT_BYTES,
+	NSF_POD_FALLBACKS,     /* sockets of this pod that fell back to the kernel path */
+	NSF_POD_PASS_BYTES,    /* bytes this pod's tracked sockets sent on the kernel path */
+	NSF_POD_OPTED_OUT,     /* connection ends skipped because the pod opted out */
+	NSF_POD_STAT_MAX,
+};
+
+struct nsf_pod_counters {
+	__u64 v[NSF_POD_STAT_MAX];
 };
 
 /* All counters in one per-CPU value: the hot path updates two of them with one lookup. */
@@ -119,6 +150,40 @@ struct {
 	__type(key, __u16);
 	__type(value, __u8);
 } nsf_ports SEC(".maps");
+
+/* pod mode: network namespace cookie -> pod */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, NSF_MAX_PODS);
+	__type(key, __u64);
+	__type(value, struct nsf_pod);
+} nsf_pods SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, NSF_MAX_PODS);
+	__type(key, __u32);
+	__type(value, struct nsf_pod_counters);
+} nsf_pod_stats SEC(".maps");
+
+/* The counters of pod slot tag - 1 (tag 0: not a pod). */
+NSF_INLINE struct nsf_pod_counters *nsf_pod_counters(__u32 tag)
+{
+	__u32 slot = tag - 1;
+
+	if (tag == 0)
+		return NULL;
+	return bpf_map_lookup_elem(&nsf_pod_stats, &slot);
+}
+
+/* Adds n to counter idx of pod slot tag - 1 (tag 0: nothing counted). */
+NSF_INLINE void nsf_pod_count(__u32 tag, enum nsf_pod_stat idx, __u64 n)
+{
+	struct nsf_pod_counters *c = nsf_pod_counters(tag);
+
+	if (c && idx < NSF_POD_STAT_MAX)
+		c->v[idx] += n;
+}
 
 NSF_INLINE struct nsf_counters *nsf_counters(void)
 {

@@ -18,9 +18,9 @@
 #define NSF_PENDING   1
 #define NSF_PAIRED    2
 
-/* Claims the pending entry under `key` if it is the other end's. Returns NSF_PAIRED,
- * NSF_PENDING (no entry) or NSF_AMBIGUOUS. */
-NSF_INLINE int nsf_try_claim(struct nsf_pair_key *key, __u64 cookie, __u32 role)
+/* Claims the pending entry under `key` if it is the other end's. Returns NSF_PAIRED (with the
+ * other end's tag in *other_tag), NSF_PENDING (no entry) or NSF_AMBIGUOUS. */
+NSF_INLINE int nsf_try_claim(struct nsf_pair_key *key, __u64 cookie, __u32 role, __u32 *other_tag)
 {
 	struct nsf_pending *p = bpf_map_lookup_elem(&nsf_pending, key);
 	__u64 other;
@@ -28,6 +28,7 @@ NSF_INLINE int nsf_try_claim(struct nsf_pair_key *key, __u64 cookie, __u32 role)
 	if (!p)
 		return NSF_PENDING;
 	other = p->cookie;
+	*other_tag = p->tag;
 	if (other == NSF_POISON || other == cookie)
 		return NSF_AMBIGUOUS;
 	if (p->role == role) {
@@ -46,19 +47,31 @@ NSF_INLINE int nsf_try_claim(struct nsf_pair_key *key, __u64 cookie, __u32 role)
 	return NSF_PAIRED;
 }
 
-/* Called once per socket at ESTABLISHED. */
-NSF_INLINE int nsf_pair(struct nsf_pair_key *key, __u64 cookie, __u32 role)
+/* Called once per socket at ESTABLISHED. `tag` rides along in the pending entry (pod mode: the
+ * pod slot + 1); on NSF_PAIRED by claiming, *other_tag is the first end's tag (else 0). */
+NSF_INLINE int nsf_pair_tagged(struct nsf_pair_key *key, __u64 cookie, __u32 role, __u32 tag,
+			       __u32 *other_tag)
 {
-	struct nsf_pending mine = { .cookie = cookie, .role = role };
-	int r = nsf_try_claim(key, cookie, role);
+	struct nsf_pending mine = { .cookie = cookie, .role = role, .tag = tag };
+	int r;
 
+	*other_tag = 0;
+	r = nsf_try_claim(key, cookie, role, other_tag);
 	if (r != NSF_PENDING)
 		return r;
+	*other_tag = 0;
 	if (bpf_map_update_elem(&nsf_pending, key, &mine, BPF_NOEXIST) == 0)
 		return NSF_PENDING;
 	/* The other end inserted at the same moment on another CPU: claim it. */
-	r = nsf_try_claim(key, cookie, role);
+	r = nsf_try_claim(key, cookie, role, other_tag);
 	return r == NSF_PENDING ? NSF_AMBIGUOUS : r;
+}
+
+NSF_INLINE int nsf_pair(struct nsf_pair_key *key, __u64 cookie, __u32 role)
+{
+	__u32 other_tag;
+
+	return nsf_pair_tagged(key, cookie, role, 0, &other_tag);
 }
 
 /* Called once per socket at close: its peer's later sends find no peer, taint themselves and

@@ -36,6 +36,8 @@ pub enum FastPath {
     /// The vpnrelay relay's stats file of the [`nsfast_lab::rootless::World`] kept in the
     /// topology's extras. UDP workloads only.
     VpnRelay,
+    /// The pod shortcut (`nsfast pod shortcut`) of the named host namespace. TCP only.
+    PodShortcut { host: String },
 }
 
 /// How long the reading after a vpnrelay sample waits for the relay's stats file to change.
@@ -88,7 +90,7 @@ impl FastPath {
     /// Whether the fast path is meant to carry workload `w`.
     pub fn applies(&self, w: Workload) -> bool {
         match self {
-            FastPath::Sockmap => !w.is_udp(),
+            FastPath::Sockmap | FastPath::PodShortcut { .. } => !w.is_udp(),
             FastPath::Pod { .. } => true,
             FastPath::VpnRelay => w.is_udp(),
         }
@@ -106,6 +108,9 @@ impl FastPath {
                     .join(", ")
             ),
             FastPath::VpnRelay => "vpnrelay stats file (relay-br-vpn.stats)".into(),
+            FastPath::PodShortcut { host } => {
+                format!("pod shortcut stats (nsf_stats, nsf_pod_stats) of host {host}")
+            }
         }
     }
 
@@ -144,6 +149,17 @@ impl FastPath {
                     ("pairs".to_string(), s.pairs),
                     ("tainted".to_string(), s.tainted),
                     ("redirect_failed".to_string(), s.redirect_failed),
+                ]))
+            }
+            FastPath::PodShortcut { host } => {
+                let h = nsfast_pod::Host::open(Some(host))
+                    .map_err(|e| format!("host namespace {host}: {e}"))?;
+                let s = nsfast_pod::shortcut::status(&h)
+                    .map_err(|e| format!("pod shortcut of {host}: {e}"))?;
+                Ok(BTreeMap::from([
+                    ("redirected_bytes".to_string(), s.redirected_bytes),
+                    ("passed_bytes".to_string(), s.passed_bytes),
+                    ("pairs".to_string(), s.pairs),
                 ]))
             }
             FastPath::Pod { hosts, .. } => {
@@ -189,7 +205,7 @@ impl FastPath {
             .filter(|(_, d)| *d > 0)
             .collect();
         let carried = match self {
-            FastPath::Sockmap => {
+            FastPath::Sockmap | FastPath::PodShortcut { .. } => {
                 BTreeMap::from([("redirected_bytes".to_string(), delta("redirected_bytes"))])
             }
             FastPath::VpnRelay => BTreeMap::from([("up_bytes".to_string(), delta("up_bytes"))]),

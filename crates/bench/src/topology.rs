@@ -82,6 +82,12 @@ pub fn registry() -> Vec<TopologyDef> {
             build: build_bpf,
         },
         TopologyDef {
+            name: "bpf-shortcut",
+            about: "bpf + the pod shortcut (nsfast pod shortcut: sockmap between the host's pods)",
+            probe: crate::sockmap_hook::probe,
+            build: build_bpf_shortcut,
+        },
+        TopologyDef {
             name: "bpf-remote",
             about: "veth + BPF host routing to a pod on another host over a veth wire (fib + redirect out, redirect_peer in)",
             probe: || Ok(()),
@@ -475,6 +481,27 @@ fn build_pods(
 /// veth + TCX BPF host routing: pod → pod by bpf_redirect_peer (`nsfast pod --mode veth`).
 fn build_bpf(ctx: &BuildCtx) -> Result<Built, TopologyError> {
     build_pods(ctx, "bpf", ModeRequest::Veth, AttachRequest::Auto, false)
+}
+
+/// `bpf` with the pod shortcut enabled on host A (attached to the topology's cgroup): pod
+/// ↔ pod TCP skips TCP/IP. Torn down with the pods (the last `pod del` removes it).
+fn build_bpf_shortcut(ctx: &BuildCtx) -> Result<Built, TopologyError> {
+    const T: &str = "bpf-shortcut";
+    let mut b = build_pods(ctx, T, ModeRequest::Veth, AttachRequest::Auto, false)?;
+    let Some(crate::evidence::FastPath::Pod { hosts, .. }) = &b.fast_path else {
+        return Err(other(T, "no pod host".to_string()));
+    };
+    let host_name = hosts[0].1.clone();
+    let host = nsfast_pod::Host::open(Some(&host_name)).map_err(|e| other(T, e.to_string()))?;
+    nsfast_pod::shortcut::enable(&host, Some(&b.cgroup_dir))
+        .map_err(|e| other(T, e.to_string()))?;
+    b.note = Some(format!(
+        "{}; pod shortcut on host {host_name}, cgroup {}",
+        b.note.take().unwrap_or_default(),
+        b.cgroup_dir.display()
+    ));
+    b.fast_path = Some(crate::evidence::FastPath::PodShortcut { host: host_name });
+    Ok(b)
 }
 
 /// `bpf` with classic tc attachments (what kernels without TCX, e.g. 6.1, get), to compare

@@ -71,7 +71,14 @@ fn pod_pins() -> Vec<String> {
 }
 
 /// Topologies that claim a fast path: every sample on them must carry that path's evidence.
-const FAST_PATHS: [&str; 5] = ["sockmap", "bpf", "bpf-tc", "bpf-remote", "netkit"];
+const FAST_PATHS: [&str; 6] = [
+    "sockmap",
+    "bpf",
+    "bpf-tc",
+    "bpf-shortcut",
+    "bpf-remote",
+    "netkit",
+];
 
 /// The bench worker (this package's `nsfast-bench-worker`; in a VM guest /bin's copy, named
 /// by NSFAST_BENCH_WORKER_BIN, as the build path does not exist there).
@@ -229,6 +236,7 @@ fn build_and_teardown_leave_nothing_behind() {
             "sockmap",
             "bpf",
             "bpf-tc",
+            "bpf-shortcut",
             "bpf-remote",
         ] {
             assert!(names.contains(&t), "topology {t} was not built: {names:?}");

@@ -252,6 +252,7 @@ fn add(env: &Env, conf: &NetConf, raw: &Value) -> Result<String, CniError> {
     o.mode = mode;
     o.uplinks = conf.uplinks.clone();
     o.host_firewall = conf.host_firewall;
+    o.no_shortcut = crate::spec::shortcut_opt_out(env.args.as_deref(), conf)?;
     o.netns = Some(netns.to_string());
     o.pod_if = id.ifname.to_string();
     o.cni = Some(CniAttachment {
@@ -316,6 +317,20 @@ fn add(env: &Env, conf: &NetConf, raw: &Value) -> Result<String, CniError> {
         o.ip = v4;
     }
     o.ip6 = addrs.v6;
+    // `"shortcut": true`: the first ADD enables it (the pod joins it in add_locked).
+    if conf.shortcut && !nsfast_pod::shortcut::is_enabled(host) {
+        let enabled = nsfast_sys::cgroup::cgroup2_mount()
+            .map_err(|e| e.to_string())
+            .and_then(|root| nsfast_sys::cgroup::Cgroup::open(root).map_err(|e| e.to_string()))
+            .map_err(|e| CniError::new(code::IO_FAILURE, "enable the pod shortcut", e))
+            .and_then(|cg| {
+                nsfast_pod::shortcut::enable_locked(host, &lock, &cg)
+                    .map_err(state_err("enable the pod shortcut"))
+            });
+        if let Err(e) = enabled {
+            return Err(fail(e));
+        }
+    }
     let added = match pod::add_locked(&plan, &lock, &o) {
         Ok(a) => a,
         Err(e) => return Err(fail(add_err(e))),

@@ -73,10 +73,44 @@ pub struct NetConf {
     /// redirected past it.
     #[serde(rename = "hostFirewall", default)]
     pub host_firewall: bool,
+    /// nsfast: the first ADD enables the pod shortcut on the host (`nsfast pod shortcut
+    /// enable`, cgroup2 root); a pod opts out with CNI_ARGS `NSFAST_SHORTCUT=false` or
+    /// runtimeConfig `{"shortcut": false}`.
+    #[serde(default)]
+    pub shortcut: bool,
+    #[serde(rename = "runtimeConfig", default)]
+    pub runtime_config: Option<Value>,
     #[serde(rename = "prevResult", default)]
     pub prev_result: Option<Value>,
     #[serde(rename = "cni.dev/valid-attachments", default)]
     pub valid_attachments: Option<Vec<Attachment>>,
+}
+
+/// Whether this pod opts out of the pod shortcut: CNI_ARGS `NSFAST_SHORTCUT=false` (or
+/// `true`), else runtimeConfig `{"shortcut": false}`; default: no. A bad value is refused.
+pub fn shortcut_opt_out(cni_args: Option<&str>, conf: &NetConf) -> Result<bool, CniError> {
+    for kv in cni_args.unwrap_or("").split(';') {
+        if let Some(v) = kv.strip_prefix("NSFAST_SHORTCUT=") {
+            return match v {
+                "true" => Ok(false),
+                "false" => Ok(true),
+                _ => Err(CniError::new(
+                    code::INVALID_ENV,
+                    format!("invalid CNI_ARGS NSFAST_SHORTCUT={v:?}: expected true or false"),
+                    "NSFAST_SHORTCUT=false keeps this pod off the pod shortcut",
+                )),
+            };
+        }
+    }
+    match conf.runtime_config.as_ref().and_then(|r| r.get("shortcut")) {
+        None => Ok(false),
+        Some(Value::Bool(b)) => Ok(!b),
+        Some(v) => Err(CniError::new(
+            code::INVALID_CONFIG,
+            format!("invalid runtimeConfig shortcut {v}: expected a boolean"),
+            "runtimeConfig {\"shortcut\": false} keeps this pod off the pod shortcut",
+        )),
+    }
 }
 
 /// One entry of `cni.dev/valid-attachments`.
@@ -254,6 +288,43 @@ mod tests {
         assert!(e.msg.contains(&MAX_STDIN.to_string()), "{}", e.msg);
         assert!(about().starts_with("CNI nsfast plugin v"));
         assert!(about().contains("CNI protocol versions supported: 0.4.0, 1.0.0, 1.1.0"));
+    }
+
+    #[test]
+    fn shortcut_key_and_opt_out_arg() {
+        let base = r#"{"cniVersion":"1.1.0","name":"n","type":"nsfast-cni""#;
+        let off = parse_conf(format!("{base}}}").as_bytes()).unwrap().0;
+        assert!(!off.shortcut);
+        let on = parse_conf(format!(r#"{base},"shortcut":true}}"#).as_bytes())
+            .unwrap()
+            .0;
+        assert!(on.shortcut);
+        assert!(!shortcut_opt_out(None, &on).unwrap());
+        assert!(!shortcut_opt_out(Some("IgnoreUnknown=1;K8S_POD_NAME=x"), &on).unwrap());
+        assert!(shortcut_opt_out(Some("IgnoreUnknown=1;NSFAST_SHORTCUT=false"), &on).unwrap());
+        assert!(!shortcut_opt_out(Some("NSFAST_SHORTCUT=true"), &on).unwrap());
+        let e = shortcut_opt_out(Some("NSFAST_SHORTCUT=no"), &on).unwrap_err();
+        assert_eq!(e.code, code::INVALID_ENV);
+        assert!(
+            e.msg.contains("\"no\"") && e.msg.contains("true or false"),
+            "{e:?}"
+        );
+        let rc = parse_conf(
+            format!(r#"{base},"shortcut":true,"runtimeConfig":{{"shortcut":false}}}}"#).as_bytes(),
+        )
+        .unwrap()
+        .0;
+        assert!(shortcut_opt_out(None, &rc).unwrap());
+        let bad =
+            parse_conf(format!(r#"{base},"runtimeConfig":{{"shortcut":"off"}}}}"#).as_bytes())
+                .unwrap()
+                .0;
+        assert_eq!(
+            shortcut_opt_out(None, &bad).unwrap_err().code,
+            code::INVALID_CONFIG
+        );
+        let e = parse_conf(format!(r#"{base},"shortcut":"yes"}}"#).as_bytes()).unwrap_err();
+        assert_eq!(e.code, code::INVALID_CONFIG);
     }
 
     #[test]

@@ -2,6 +2,11 @@
 //!
 //! Each constant holds one ELF object, 8-byte aligned as aya requires. Test objects
 //! (`bpf/tests/`) are not here: crate nsfast-lab builds them (`nsfast_lab::bpf`).
+//!
+//! [`sockmap_abi`] mirrors the maps of [`SOCKMAP`]: both `nsfast sockmap` (crate
+//! nsfast-sockmap) and the pod shortcut (crate nsfast-pod) load that object.
+
+pub mod sockmap_abi;
 
 /// sockops + sk_msg programs and their maps (`bpf/sockmap.bpf.c`).
 pub static SOCKMAP: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/sockmap.bpf.o"));

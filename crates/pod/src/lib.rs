@@ -6,6 +6,9 @@
 //! - [`datapath`]  — load `bpf/pod.bpf.c` against a host's pinned maps; TCX and netkit
 //!   attachment and pinning, classic tc (clsact + cls_bpf) where TCX is missing; endpoint
 //!   table and counters.
+//! - [`shortcut`]  — the sockmap shortcut between pods of one host (`nsfast pod shortcut`),
+//!   `bpf/sockmap.bpf.c` in pod mode, pinned under the host's pin directory.
+//! - [`fault`]     — the crash tests' fault-injection hook.
 //! - [`state`]     — per-host state: bpffs pins and JSON records under /run/nsfast/pod.
 //! - [`abi`]       — mirrors of the BPF types and names.
 //! - [`error`]     — [`PodError`].
@@ -13,7 +16,9 @@
 pub mod abi;
 pub mod datapath;
 pub mod error;
+pub mod fault;
 pub mod pod;
+pub mod shortcut;
 pub mod state;
 
 pub use error::PodError;

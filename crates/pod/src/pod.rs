@@ -261,6 +261,8 @@ pub struct AddOptions {
     /// `--host-firewall`: the pod's traffic (to and from it) goes through the host stack and
     /// its netfilter instead of being redirected (the source check still applies).
     pub host_firewall: bool,
+    /// `--no-shortcut`: the pod's TCP never takes the pod shortcut (crate::shortcut).
+    pub no_shortcut: bool,
 }
 
 impl AddOptions {
@@ -302,6 +304,7 @@ impl AddOptions {
             pod_if: POD_IF.into(),
             cni: None,
             host_firewall: false,
+            no_shortcut: false,
         }
     }
 }
@@ -386,10 +389,7 @@ impl Undo {
     }
 }
 
-/// Environment variable naming an `add` step after which the process SIGKILLs itself: a
-/// fault-injection hook for the crash tests, inert unless set. The steps, in order, are
-/// [`ADD_STEPS`].
-pub const CRASH_ENV: &str = "NSFAST_TEST_CRASH_AT";
+pub use crate::fault::{crash_point, CRASH_ENV};
 
 /// The steps of an `add` (CNI ADD and `nsfast pod add`) that [`CRASH_ENV`] can stop after:
 /// - `intent` (CNI): the intent record is written, nothing else;
@@ -412,14 +412,6 @@ pub const ADD_STEPS: &[&str] = &[
     "endpoint",
     "record",
 ];
-
-/// Stops the process with SIGKILL if [`CRASH_ENV`] names `step` (tests only).
-pub fn crash_point(step: &str) {
-    if std::env::var_os(CRASH_ENV).is_some_and(|v| v == step) {
-        tracing::warn!("{CRASH_ENV}={step}: killing myself");
-        let _ = nix::sys::signal::raise(nix::sys::signal::Signal::SIGKILL);
-    }
-}
 
 /// A checked `add`: the host and how the pod will be made, before anything changes.
 #[derive(Debug)]
@@ -479,6 +471,14 @@ pub fn add(opts: &AddOptions) -> Result<Added, PodError> {
             plan.host.remove_record(&r.name)?;
         }
     }
+    // Repairs the shortcut's pod map after a killed add/del (e.g. a pod whose add died after
+    // its record was complete): a retry of the add leaves the pod known either way.
+    if let Err(e) = crate::shortcut::sync(&plan.host, &lock) {
+        warn!(
+            "host {}: shortcut pod map not repaired: {e}",
+            plan.host.display
+        );
+    }
     add_locked(&plan, &lock, opts)
 }
 
@@ -520,6 +520,8 @@ pub fn intent(host: &Host, opts: &AddOptions, dp: Datapath, attach: AttachMethod
         cni: opts.cni.clone(),
         host_firewall: opts.host_firewall,
         pending: true,
+        no_shortcut: opts.no_shortcut,
+        netns_cookie: None,
     }
 }
 
@@ -603,11 +605,20 @@ pub fn add_locked(plan: &Plan, _lock: &HostLock, opts: &AddOptions) -> Result<Ad
             built.netns = record.netns.clone();
             built.netns_owned = record.netns_owned;
             built.pending = false;
+            built.netns_cookie = pod_ns.cookie().ok();
             record = built;
             if let Err(e) = host.write_record(&record) {
                 return Err(fail(e, undo, Some(pod_ns)));
             }
             crash_point("record");
+            // The shortcut (if on) learns the pod; a failure leaves the pod on the kernel
+            // path, and the next add/del/enable of the host retries.
+            if crate::shortcut::is_enabled(host) {
+                if let Err(e) = crate::shortcut::sync(host, _lock) {
+                    warn!("pod {}: the shortcut did not learn it: {e}", opts.name);
+                }
+                crash_point("shortcut");
+            }
             if record.netns_owned {
                 let _ = pod_ns.persist();
             }
@@ -932,6 +943,9 @@ pub fn del_locked(
         return Ok(None);
     };
     remove(host, &r)?;
+    if let Err(e) = crate::shortcut::sync(host, _lock) {
+        warn!("pod {name}: the shortcut did not forget it: {e}");
+    }
     Ok(Some(r))
 }
 
@@ -1023,6 +1037,9 @@ pub struct Listing {
     pub uplinks: Vec<datapath::Uplink>,
     /// Datapath counters of the host (all its pods), by name.
     pub counters: std::collections::BTreeMap<String, u64>,
+    /// Whether the pod shortcut is on for this host, and its per-pod counters (by pod name).
+    pub shortcut_enabled: bool,
+    pub shortcut: std::collections::BTreeMap<String, crate::shortcut::PodShortcutStats>,
 }
 
 /// Lists the pods of `host` with the host's datapath counters.
@@ -1039,6 +1056,11 @@ pub fn list(host: Option<&str>) -> Result<Listing, PodError> {
         uplinks: datapath::uplinks(&host),
         pods,
         counters,
+        shortcut_enabled: crate::shortcut::is_enabled(&host),
+        shortcut: crate::shortcut::pod_stats(&host).unwrap_or_else(|e| {
+            warn!("host {}: shortcut counters unreadable: {e}", host.display);
+            Default::default()
+        }),
     })
 }
 

@@ -751,6 +751,12 @@ pub struct PodRecord {
     /// next `add`/`del`/GC of the pod undoes whatever of it exists.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub pending: bool,
+    /// `--no-shortcut`: the pod's sockets never take the pod shortcut (crate::shortcut).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub no_shortcut: bool,
+    /// The pod namespace's netns cookie (the shortcut's key for the pod), once known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub netns_cookie: Option<u64>,
 }
 
 impl PodRecord {

@@ -107,6 +107,7 @@ pub(crate) fn check_not_attached(path: &Path) -> Result<(), SockmapError> {
             let pid = status::instances()
                 .ok()
                 .and_then(|v| v.into_iter().find(|i| i.sockops_prog_id == Some(prog.id())))
+                .filter(|i| !i.pod_mode) // the pod shortcut has no loader process
                 .map(|i| i.loader_pid);
             return Err(SockmapError::AlreadyAttached {
                 path: path.to_path_buf(),

@@ -80,6 +80,9 @@ pub struct Instance {
     /// attached any more is draining: its sockets keep the shortcut until they close.
     pub attached: bool,
     pub started_unix: u64,
+    /// A pod shortcut (`nsfast pod shortcut`, pinned, no loader process) rather than a
+    /// `sockmap run` instance.
+    pub pod_mode: bool,
     pub stats: Stats,
 }
 
@@ -161,6 +164,7 @@ pub fn instances() -> Result<Vec<Instance>, SockmapError> {
                 && Path::new(&format!("/proc/{}", config.loader_pid)).exists(),
             attached,
             started_unix: config.started_unix,
+            pod_mode: config.port_mode & abi::MODE_PODS != 0,
             stats,
         });
     }

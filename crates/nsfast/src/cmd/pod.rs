@@ -32,6 +32,36 @@ pub enum PodCmd {
         #[arg(long)]
         host: Option<String>,
     },
+    /// The sockmap shortcut between pods of one host: TCP between two pods skips TCP/IP (and
+    /// with it tc and netfilter). No daemon: the programs stay attached by pinned links.
+    #[command(subcommand)]
+    Shortcut(ShortcutCmd),
+}
+
+#[derive(Subcommand, Debug)]
+pub enum ShortcutCmd {
+    /// Attach the shortcut for the host's pods (pods added later join it).
+    Enable {
+        /// Host network namespace (under /run/netns); default: the current namespace.
+        #[arg(long)]
+        host: Option<String>,
+        /// cgroup2 directory whose sockets are looked at (default: the cgroup2 root; only
+        /// sockets of the host's pods take the shortcut either way).
+        #[arg(long)]
+        cgroup: Option<std::path::PathBuf>,
+    },
+    /// Detach it: new connections take the kernel path; redirected ones drain.
+    Disable {
+        /// Host network namespace (under /run/netns); default: the current namespace.
+        #[arg(long)]
+        host: Option<String>,
+    },
+    /// Whether it is on, where, and its counters per pod.
+    Status {
+        /// Host network namespace (under /run/netns); default: the current namespace.
+        #[arg(long)]
+        host: Option<String>,
+    },
 }
 
 #[derive(Args, Debug)]
@@ -63,11 +93,18 @@ pub struct AddArgs {
     /// check still applies).
     #[arg(long)]
     host_firewall: bool,
+    /// Keep this pod's TCP off the pod shortcut (`nsfast pod shortcut`), so it meets the host's
+    /// tc and netfilter rules.
+    #[arg(long)]
+    no_shortcut: bool,
 }
 
 pub fn run(cmd: PodCmd) -> Result<()> {
     // A change is finished once started: SIGINT/SIGTERM wait until it is (or is undone).
-    if !matches!(cmd, PodCmd::List { .. }) {
+    if !matches!(
+        cmd,
+        PodCmd::List { .. } | PodCmd::Shortcut(ShortcutCmd::Status { .. })
+    ) {
         nsfast_sys::signals::block_termination()?;
     }
     let r = run_inner(cmd);
@@ -88,6 +125,7 @@ fn run_inner(cmd: PodCmd) -> Result<()> {
             o.uplinks = a.uplinks;
             o.pod_if = a.ifname;
             o.host_firewall = a.host_firewall;
+            o.no_shortcut = a.no_shortcut;
             let added = nsfast_pod::add(&o)?;
             if let Some(j) = json() {
                 j.print(&added)?;
@@ -116,6 +154,17 @@ fn run_inner(cmd: PodCmd) -> Result<()> {
                 if r.tc_filters.is_empty() {
                     nsfast_sys::outln!("attach: {}", r.attach.as_str())?;
                 }
+                let on = nsfast_pod::Host::open(o.host.as_deref())
+                    .is_ok_and(|h| nsfast_pod::shortcut::is_enabled(&h));
+                nsfast_sys::outln!(
+                    "shortcut: {}",
+                    match (on, r.no_shortcut) {
+                        (_, true) => "opted out (--no-shortcut)",
+                        (true, false) =>
+                            "on (pod <-> pod TCP on this host bypasses tc and netfilter)",
+                        (false, false) => "off on this host",
+                    }
+                )?;
             }
             Ok(())
         }
@@ -208,7 +257,106 @@ fn run_inner(cmd: PodCmd) -> Result<()> {
             }
             let c: Vec<String> = l.counters.iter().map(|(k, v)| format!("{k}={v}")).collect();
             nsfast_sys::outln!("counters: {}", c.join(" "))?;
+            if l.shortcut_enabled {
+                print_shortcut_pods(&l.shortcut)?;
+            } else {
+                nsfast_sys::outln!("shortcut: off")?;
+            }
             Ok(())
         }
+        PodCmd::Shortcut(c) => shortcut(c),
     }
+}
+
+fn print_shortcut_pods(
+    pods: &std::collections::BTreeMap<String, nsfast_pod::shortcut::PodShortcutStats>,
+) -> Result<()> {
+    nsfast_sys::outln!(
+        "{:<24} {:<9} {:>8} {:>16} {:>10} {:>10}",
+        "SHORTCUT",
+        "STATE",
+        "PAIRED",
+        "BYTES-REDIRECTED",
+        "FALLBACKS",
+        "OPTED-OUT"
+    )?;
+    for (name, s) in pods {
+        nsfast_sys::outln!(
+            "{:<24} {:<9} {:>8} {:>16} {:>10} {:>10}",
+            name,
+            if s.shortcut { "on" } else { "opted-out" },
+            s.paired,
+            s.redirected_bytes,
+            s.fallbacks,
+            s.opted_out
+        )?;
+    }
+    Ok(())
+}
+
+fn shortcut(c: ShortcutCmd) -> Result<()> {
+    use nsfast_pod::{shortcut, Host};
+    match c {
+        ShortcutCmd::Enable { host, cgroup } => {
+            let h = Host::open(host.as_deref())?;
+            let e = shortcut::enable(&h, cgroup.as_deref())?;
+            if let Some(j) = json() {
+                j.print(&e)?;
+                return Ok(());
+            }
+            nsfast_sys::outln!(
+                "shortcut {} on host {}: cgroup {}",
+                if e.already {
+                    "already enabled"
+                } else {
+                    "enabled"
+                },
+                h.display,
+                e.state.cgroup.display()
+            )?;
+            nsfast_sys::outln!("note: {}", shortcut::BYPASS_NOTE)?;
+        }
+        ShortcutCmd::Disable { host } => {
+            let h = Host::open(host.as_deref())?;
+            let was = shortcut::disable(&h)?;
+            if let Some(j) = json() {
+                j.print(&serde_json::json!({ "host": h.display, "disabled": was }))?;
+                return Ok(());
+            }
+            nsfast_sys::outln!(
+                "shortcut {} on host {}",
+                if was { "disabled" } else { "was not enabled" },
+                h.display
+            )?;
+        }
+        ShortcutCmd::Status { host } => {
+            let h = Host::open(host.as_deref())?;
+            let s = shortcut::status(&h)?;
+            if let Some(j) = json() {
+                j.print(&s)?;
+                return Ok(());
+            }
+            if !s.enabled {
+                nsfast_sys::outln!("shortcut: off on host {}", s.host)?;
+                return Ok(());
+            }
+            nsfast_sys::outln!(
+                "shortcut: on, host {}, cgroup {} ({} sockets, {} pairs, {} bytes redirected, \
+                 {} passed, {} pair conflicts)",
+                s.host,
+                s.cgroup
+                    .as_ref()
+                    .map(|p| p.display().to_string())
+                    .unwrap_or_else(|| "?".into()),
+                s.sockets,
+                s.pairs,
+                s.redirected_bytes,
+                s.passed_bytes,
+                s.pair_conflicts
+            )?;
+            nsfast_sys::outln!("note: {}", s.bypasses)?;
+            print_shortcut_pods(&s.pods)?;
+        }
+    }
+    Ok(())
 }

@@ -145,6 +145,7 @@ fn status() -> anyhow::Result<()> {
     }
     for i in &instances {
         let state = match (i.attached, i.loader_alive) {
+            (true, _) if i.pod_mode => "pod shortcut (pinned; see `nsfast pod shortcut status`)",
             (true, true) => "running",
             (true, false) => "attached (loader gone)",
             (false, _) => {

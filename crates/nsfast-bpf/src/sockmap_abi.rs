@@ -1,0 +1,254 @@
+//! `#[repr(C)]` mirrors of `bpf/lib/sockmap_maps.h` and `bpf/lib/sockmap_key.h` (the object
+//! [`crate::SOCKMAP`]).
+//! Keep both sides in sync; the unit tests below check sizes, and the BPF_PROG_TEST_RUN tests
+//! check the key layout against the C helpers.
+
+/// Program names (as the kernel shows them).
+pub const PROG_SOCKOPS: &str = "nsf_sockops";
+pub const PROG_SK_MSG: &str = "nsf_sk_msg";
+
+/// Map names.
+pub const MAP_SOCKHASH: &str = "nsf_sockhash";
+pub const MAP_STATS: &str = "nsf_stats";
+pub const MAP_CONFIG: &str = "nsf_config";
+pub const MAP_PORTS: &str = "nsf_ports";
+
+/// `nsf_config.port_mode` bit: only ports marked include take the shortcut.
+pub const PORTS_INCLUDE: u32 = 1;
+/// `nsf_config.port_mode` bit: pod mode (`nsfast pod shortcut`): only sockets of registered pods
+/// (`nsf_pods`) take part; the pod's host id is in the pair key.
+pub const MODE_PODS: u32 = 0x10000;
+
+/// Pod-mode maps.
+pub const MAP_PODS: &str = "nsf_pods";
+pub const MAP_POD_STATS: &str = "nsf_pod_stats";
+/// `nsf_pods` capacity (and `nsf_pod_stats` slots).
+pub const MAX_PODS: u32 = 4096;
+/// `nsf_pod.flags`: the pod opted out (`--no-shortcut`).
+pub const POD_NO_SHORTCUT: u32 = 1;
+
+/// struct nsf_pod: the value of `nsf_pods` (key: the pod's netns cookie).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PodEntry {
+    pub host_id: u32,
+    pub flags: u32,
+    pub slot: u32,
+    pub pad: u32,
+}
+
+// SAFETY: PodEntry is repr(C), Copy, four u32 without padding; any bit pattern is valid.
+unsafe impl aya::Pod for PodEntry {}
+
+/// Counter indices of `nsf_pod_stats` (enum nsf_pod_stat).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u32)]
+pub enum PodStat {
+    Paired = 0,
+    RedirectMsgs,
+    RedirectBytes,
+    Fallbacks,
+    PassBytes,
+    OptedOut,
+}
+
+pub const POD_STAT_COUNT: u32 = 6;
+
+/// struct nsf_pod_counters: one per-CPU value per pod slot.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PodCounters {
+    pub v: [u64; POD_STAT_COUNT as usize],
+}
+
+// SAFETY: PodCounters is repr(C), Copy, an array of u64 without padding; any bit pattern is valid.
+unsafe impl aya::Pod for PodCounters {}
+/// `nsf_ports` value bits.
+pub const PORT_INCLUDE: u8 = 1;
+pub const PORT_EXCLUDE: u8 = 2;
+
+/// Counter indices of `nsf_stats` (enum nsf_stat).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u32)]
+pub enum Stat {
+    SockAdded = 0,
+    SockAddFailed,
+    Paired,
+    PairConflict,
+    RedirectMsgs,
+    RedirectBytes,
+    PassMsgs,
+    PassBytes,
+    Tainted,
+    RedirectFailed,
+    SkippedPort,
+    Closed,
+}
+
+pub const STAT_COUNT: u32 = 12;
+
+/// struct nsf_counters: the one per-CPU value of `nsf_stats`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Counters {
+    pub v: [u64; STAT_COUNT as usize],
+}
+
+// SAFETY: Counters is repr(C), Copy, an array of u64 without padding; any bit pattern is valid.
+unsafe impl aya::Pod for Counters {}
+
+/// struct nsf_config
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Config {
+    pub cgroup_id: u64,
+    pub loader_pid: u32,
+    pub port_mode: u32,
+    pub started_unix: u64,
+}
+
+// SAFETY: Config is repr(C), Copy, has no padding (8+4+4+8 bytes) and every bit pattern is a
+// valid value, as aya::Pod requires.
+unsafe impl aya::Pod for Config {}
+
+/// struct nsf_pair_key
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PairKey {
+    pub client_ip: [u32; 4],
+    pub server_ip: [u32; 4],
+    pub client_isn: u32,
+    pub server_isn: u32,
+    pub client_port: u16,
+    pub server_port: u16,
+    /// 0; in pod mode the pods' host id.
+    pub pad: u32,
+}
+
+// SAFETY: PairKey is repr(C), Copy, 48 bytes with no implicit padding (checked below), and any
+// bit pattern is valid.
+unsafe impl aya::Pod for PairKey {}
+
+/// struct nsf_pending
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Pending {
+    pub cookie: u64,
+    pub role: u32,
+    /// Pod mode: the first end's pod slot + 1 (0: none).
+    pub pad: u32,
+}
+
+// SAFETY: Pending is repr(C), Copy, 16 bytes without implicit padding; any bit pattern is valid.
+unsafe impl aya::Pod for Pending {}
+
+/// Roles in `nsf_pending` and the poison cookie (sockmap_maps.h).
+pub const ROLE_ACTIVE: u32 = 1;
+pub const ROLE_PASSIVE: u32 = 2;
+pub const POISON: u64 = u64::MAX;
+pub const MAP_PENDING: &str = "nsf_pending";
+pub const MAP_PEERS: &str = "nsf_peers";
+
+/// struct nsf_conn_view (input of the key builder; used by the BPF unit tests).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ConnView {
+    pub family: u32,
+    pub active: u32,
+    pub local_ip4: u32,
+    pub remote_ip4: u32,
+    pub local_ip6: [u32; 4],
+    pub remote_ip6: [u32; 4],
+    pub local_port: u32,
+    pub remote_port: u32,
+    pub snd_nxt: u32,
+    pub rcv_nxt: u32,
+}
+
+impl ConnView {
+    /// The bytes of the view as the C struct lays them out.
+    pub fn to_bytes(&self) -> Vec<u8> {
+        let mut v = Vec::with_capacity(64);
+        for w in [self.family, self.active, self.local_ip4, self.remote_ip4] {
+            v.extend_from_slice(&w.to_ne_bytes());
+        }
+        for w in self.local_ip6.iter().chain(self.remote_ip6.iter()) {
+            v.extend_from_slice(&w.to_ne_bytes());
+        }
+        for w in [
+            self.local_port,
+            self.remote_port,
+            self.snd_nxt,
+            self.rcv_nxt,
+        ] {
+            v.extend_from_slice(&w.to_ne_bytes());
+        }
+        v
+    }
+}
+
+/// An IPv4 address as the BPF side stores it (network-order u32 read natively).
+pub fn ip4_word(ip: std::net::Ipv4Addr) -> u32 {
+    u32::from_ne_bytes(ip.octets())
+}
+
+/// An IPv6 address as four network-order words read natively.
+pub fn ip6_words(ip: std::net::Ipv6Addr) -> [u32; 4] {
+    let o = ip.octets();
+    let mut w = [0u32; 4];
+    for (i, c) in o.chunks_exact(4).enumerate() {
+        w[i] = u32::from_ne_bytes([c[0], c[1], c[2], c[3]]);
+    }
+    w
+}
+
+/// The key the BPF side must build for a client/server pair (the Rust reference model).
+pub fn expected_key(
+    client: std::net::SocketAddr,
+    server: std::net::SocketAddr,
+    client_isn: u32,
+    server_isn: u32,
+) -> PairKey {
+    fn canon(ip: std::net::IpAddr) -> [u32; 4] {
+        match ip {
+            std::net::IpAddr::V4(v4) => ip6_words(v4.to_ipv6_mapped()),
+            std::net::IpAddr::V6(v6) => ip6_words(v6),
+        }
+    }
+    PairKey {
+        client_ip: canon(client.ip()),
+        server_ip: canon(server.ip()),
+        client_isn,
+        server_isn,
+        client_port: client.port(),
+        server_port: server.port(),
+        pad: 0,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn layouts_match_the_c_structs() {
+        assert_eq!(std::mem::size_of::<Config>(), 24);
+        assert_eq!(std::mem::size_of::<PairKey>(), 48);
+        assert_eq!(std::mem::size_of::<ConnView>(), 64);
+        assert_eq!(std::mem::size_of::<Pending>(), 16);
+        assert_eq!(ConnView::default().to_bytes().len(), 64);
+        assert_eq!(Stat::Closed as u32 + 1, STAT_COUNT);
+        assert_eq!(std::mem::size_of::<PodEntry>(), 16);
+        assert_eq!(PodStat::OptedOut as u32 + 1, POD_STAT_COUNT);
+    }
+
+    #[test]
+    fn v4_and_v4_mapped_v6_give_the_same_key() {
+        let c4: std::net::SocketAddr = "10.1.0.1:40000".parse().unwrap();
+        let s4: std::net::SocketAddr = "10.1.0.2:5201".parse().unwrap();
+        let c6: std::net::SocketAddr = "[::ffff:10.1.0.1]:40000".parse().unwrap();
+        let s6: std::net::SocketAddr = "[::ffff:10.1.0.2]:5201".parse().unwrap();
+        assert_eq!(expected_key(c4, s4, 1, 2), expected_key(c6, s6, 1, 2));
+        assert_ne!(expected_key(c4, s4, 1, 2), expected_key(c4, s4, 1, 3));
+    }
+}

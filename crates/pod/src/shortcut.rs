@@ -1,0 +1,610 @@
+//! The pod shortcut: `nsfast sockmap`'s programs (`bpf/sockmap.bpf.c`, the same object) in pod
+//! mode, attached for one host with no daemon.
+//!
+//! `enable` loads the object with `NSF_MODE_PODS`, attaches sk_msg to its SOCKHASH and sockops
+//! to a cgroup (default: the cgroup2 root) by a BPF link, and pins the link and the maps under
+//! the host's pin directory (`<pin dir>/shortcut/`), so they outlive the command. The maps
+//! and link are built in `shortcut-new/` and renamed into place: a SIGKILLed `enable` leaves
+//! either nothing or a `shortcut-new/` that the next `enable`/`disable`/`sync` removes.
+//!
+//! Only sockets whose network namespace is in `nsf_pods` take part: [`sync`] makes that map
+//! match the host's complete pod records (netns cookie → host id, opt-out flag, counter slot),
+//! called by `pod add`, `pod del` and `enable` with the host's lock held. It is idempotent,
+//! so a retry after a crash repairs whatever a killed run left. `disable` unpins everything:
+//! new connections take the kernel path at once, sockets already redirected keep their
+//! redirect (the kernel keeps the maps alive while they hold them) until they close. The host's
+//! last pod going removes the pin directory, and the shortcut with it.
+
+use std::fs;
+use std::os::fd::AsFd;
+use std::path::{Path, PathBuf};
+
+use aya::maps::{Array, HashMap as BpfHashMap, Map, MapData, PerCpuArray, PerCpuValues, SockHash};
+use aya::programs::{links::FdLink, CgroupAttachMode, SkMsg, SockOps};
+use aya::EbpfLoader;
+use nsfast_bpf::sockmap_abi::{
+    self as abi, Config, Counters, PodCounters, PodEntry, PodStat, Stat,
+};
+use nsfast_sys::cgroup::{cgroup2_mount, Cgroup};
+use serde::{Deserialize, Serialize};
+use tracing::{info, warn};
+
+use crate::error::PodError;
+use crate::fault::crash_point;
+use crate::state::{create_dir_all_racy, ensure_bpffs, Host, HostLock, PodRecord};
+
+/// What the shortcut bypasses, for `status` and the docs.
+pub const BYPASS_NOTE: &str = "the shortcut bypasses tc and netfilter for pod <-> pod TCP on \
+     this host (sends go straight into the peer socket); opt a pod out with `pod add \
+     --no-shortcut` (CNI: NSFAST_SHORTCUT=false) if its traffic must meet host rules";
+
+/// Steps of `enable` that [`crate::pod::CRASH_ENV`] can stop after: `shortcut-maps` (maps
+/// pinned in `shortcut-new/`), `shortcut-attach` (the link attached and pinned there),
+/// `shortcut-state` (the state file written), `shortcut-ready` (renamed into place). And of
+/// `pod add` with the shortcut on: `shortcut` (the pod registered, the add not returned).
+pub const ENABLE_STEPS: &[&str] = &[
+    "shortcut-maps",
+    "shortcut-attach",
+    "shortcut-state",
+    "shortcut-ready",
+];
+
+const DIR: &str = "shortcut";
+const NEW_DIR: &str = "shortcut-new"; // bpffs names cannot contain a dot
+const STATE_FILE: &str = "shortcut.state";
+const LINK: &str = "link";
+/// Maps pinned (by their names in the object).
+const MAPS: &[&str] = &[
+    abi::MAP_SOCKHASH,
+    abi::MAP_PODS,
+    abi::MAP_POD_STATS,
+    abi::MAP_STATS,
+    abi::MAP_CONFIG,
+];
+
+/// What `enable` recorded (in the host's state directory; the pins are on bpffs).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EnabledState {
+    pub cgroup: PathBuf,
+    pub cgroup_id: u64,
+    pub host_id: u32,
+    pub enabled_unix: u64,
+}
+
+fn dir(host: &Host) -> PathBuf {
+    host.pin_dir().join(DIR)
+}
+
+fn new_dir(host: &Host) -> PathBuf {
+    host.pin_dir().join(NEW_DIR)
+}
+
+fn state_path(host: &Host) -> PathBuf {
+    host.state_dir().join(STATE_FILE)
+}
+
+/// The host id that goes into pod-mode pair keys: the host namespace's cookie (never reused),
+/// folded to 32 bits and never 0 (0 is a plain `nsfast sockmap` key).
+pub fn host_id(host: &Host) -> Result<u32, PodError> {
+    let c = host.ns.cookie()?;
+    Ok(((c as u32) ^ ((c >> 32) as u32)).max(1))
+}
+
+/// Whether the shortcut is enabled on `host` (its link is pinned).
+pub fn is_enabled(host: &Host) -> bool {
+    dir(host).join(LINK).exists()
+}
+
+fn remove_pins(d: &Path) -> Result<(), PodError> {
+    if !d.exists() {
+        return Ok(());
+    }
+    // The link first: new connections take the kernel path from here on.
+    let link = d.join(LINK);
+    if link.exists() {
+        fs::remove_file(&link).map_err(PodError::io(format!("unpin {}", link.display())))?;
+    }
+    fs::remove_dir_all(d).map_err(PodError::io(format!("remove {}", d.display())))
+}
+
+/// Removes what a killed `enable` left (`shortcut-new/`, or a `shortcut/` without its link).
+fn remove_leftovers(host: &Host) -> Result<(), PodError> {
+    let nd = new_dir(host);
+    if nd.exists() {
+        warn!(
+            "host {}: removing {} (an interrupted shortcut enable)",
+            host.display,
+            nd.display()
+        );
+        remove_pins(&nd)?;
+    }
+    let d = dir(host);
+    if d.exists() && !d.join(LINK).exists() {
+        warn!(
+            "host {}: removing {} (a shortcut without its link)",
+            host.display,
+            d.display()
+        );
+        remove_pins(&d)?;
+    }
+    Ok(())
+}
+
+fn now_unix() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+/// How `enable` went.
+#[derive(Debug, Clone, Serialize)]
+pub struct Enabled {
+    pub state: EnabledState,
+    /// It was enabled already (on the same cgroup): nothing changed.
+    pub already: bool,
+}
+
+/// Enables the shortcut on `host`, attached to `cgroup` (default: the cgroup2 root). Enabling
+/// again on the same cgroup changes nothing; on another cgroup it is refused.
+pub fn enable(host: &Host, cgroup: Option<&Path>) -> Result<Enabled, PodError> {
+    let root = cgroup2_mount().map_err(|e| PodError::Bpf {
+        what: "find the cgroup2 mount".into(),
+        source: Box::new(e),
+    })?;
+    let path = cgroup.map(Path::to_path_buf).unwrap_or(root);
+    let cg = Cgroup::open(&path).map_err(|e| PodError::Bpf {
+        what: format!(
+            "invalid --cgroup {}: expected an existing cgroup2 directory",
+            path.display()
+        ),
+        source: Box::new(e),
+    })?;
+    let lock = host.lock()?;
+    enable_locked(host, &lock, &cg)
+}
+
+/// [`enable`] with the host's lock held.
+pub fn enable_locked(host: &Host, lock: &HostLock, cg: &Cgroup) -> Result<Enabled, PodError> {
+    let cgroup_id = cg.id().map_err(|e| PodError::Bpf {
+        what: format!("read the id of cgroup {}", cg.path().display()),
+        source: Box::new(e),
+    })?;
+    remove_leftovers(host)?;
+    if is_enabled(host) {
+        if let Some(st) = read_state(host)? {
+            if st.cgroup_id != cgroup_id {
+                return Err(PodError::Io {
+                    what: format!(
+                        "the shortcut of host {} is already attached to cgroup {}: \
+                         `nsfast pod shortcut disable` first to move it to {}",
+                        host.display,
+                        st.cgroup.display(),
+                        cg.path().display()
+                    ),
+                    source: std::io::Error::from(std::io::ErrorKind::AlreadyExists),
+                });
+            }
+            sync(host, lock)?;
+            return Ok(Enabled {
+                state: st,
+                already: true,
+            });
+        }
+        // Pins without the state file (removed by hand?): start over.
+        warn!(
+            "host {}: the shortcut's state file is missing: enabling it again",
+            host.display
+        );
+        remove_pins(&dir(host))?;
+    }
+    ensure_bpffs()?;
+    create_dir_all_racy(&host.pin_dir())?;
+    let nd = new_dir(host);
+    fs::create_dir(&nd).map_err(PodError::io(format!("create {}", nd.display())))?;
+    let state = EnabledState {
+        cgroup: cg.path().to_path_buf(),
+        cgroup_id,
+        host_id: host_id(host)?,
+        enabled_unix: now_unix(),
+    };
+    if let Err(e) = build(host, lock, cg, &nd, &state) {
+        let _ = remove_pins(&nd);
+        return Err(e);
+    }
+    crash_point("shortcut-attach");
+    write_state(host, &state)?;
+    crash_point("shortcut-state");
+    let d = dir(host);
+    fs::rename(&nd, &d).map_err(PodError::io(format!(
+        "rename {} to {}",
+        nd.display(),
+        d.display()
+    )))?;
+    crash_point("shortcut-ready");
+    info!(
+        "host {}: shortcut enabled on cgroup {} (id {cgroup_id})",
+        host.display,
+        cg.path().display()
+    );
+    Ok(Enabled {
+        state,
+        already: false,
+    })
+}
+
+/// Loads the object in pod mode, pins its maps in `nd`, registers the host's pods, attaches
+/// sk_msg to the SOCKHASH and sockops to the cgroup, and pins the link in `nd`.
+fn build(
+    host: &Host,
+    lock: &HostLock,
+    cg: &Cgroup,
+    nd: &Path,
+    state: &EnabledState,
+) -> Result<(), PodError> {
+    let mut ebpf = EbpfLoader::new()
+        .load(nsfast_bpf::SOCKMAP)
+        .map_err(|e| PodError::Load(Box::new(e)))?;
+    {
+        let mut cfg: Array<&mut MapData, Config> = Array::try_from(
+            ebpf.map_mut(abi::MAP_CONFIG)
+                .ok_or_else(|| missing(abi::MAP_CONFIG))?,
+        )
+        .map_err(PodError::map("open nsf_config"))?;
+        cfg.set(
+            0,
+            Config {
+                cgroup_id: state.cgroup_id,
+                loader_pid: std::process::id(),
+                port_mode: abi::MODE_PODS,
+                started_unix: state.enabled_unix,
+            },
+            0,
+        )
+        .map_err(PodError::map("write nsf_config"))?;
+    }
+    for m in MAPS {
+        let map = ebpf.map(m).ok_or_else(|| missing(m))?;
+        let p = nd.join(m);
+        map.pin(&p).map_err(|e| PodError::Bpf {
+            what: format!("pin {}", p.display()),
+            source: Box::new(e),
+        })?;
+    }
+    sync_in(host, lock, nd, state.host_id)?;
+    crash_point("shortcut-maps");
+    let sockhash_fd = {
+        let map = ebpf
+            .map(abi::MAP_SOCKHASH)
+            .ok_or_else(|| missing(abi::MAP_SOCKHASH))?;
+        let hash: SockHash<&MapData, u64> =
+            SockHash::try_from(map).map_err(PodError::map("open nsf_sockhash"))?;
+        hash.fd()
+            .try_clone()
+            .map_err(PodError::io("dup the sockhash fd"))?
+    };
+    let sk_msg: &mut SkMsg = ebpf
+        .program_mut(abi::PROG_SK_MSG)
+        .ok_or_else(|| missing(abi::PROG_SK_MSG))?
+        .try_into()
+        .map_err(PodError::prog("sk_msg program type"))?;
+    sk_msg.load().map_err(PodError::prog("load sk_msg"))?;
+    // Attached to the map (BPF_PROG_ATTACH; the pinned map holds the program), not a link.
+    let msg_link = sk_msg
+        .attach(&sockhash_fd)
+        .map_err(PodError::prog("attach sk_msg to nsf_sockhash"))?;
+    let msg_link = sk_msg
+        .take_link(msg_link)
+        .map_err(PodError::prog("take the sk_msg attachment"))?;
+    // Dropping aya's handle would detach the program from the map: keep it attached after
+    // this process (the handle's two descriptors close when the process exits).
+    std::mem::forget(msg_link);
+    let sockops: &mut SockOps = ebpf
+        .program_mut(abi::PROG_SOCKOPS)
+        .ok_or_else(|| missing(abi::PROG_SOCKOPS))?
+        .try_into()
+        .map_err(PodError::prog("sockops program type"))?;
+    sockops.load().map_err(PodError::prog("load sockops"))?;
+    let cgdir = fs::File::open(cg.path())
+        .map_err(PodError::io(format!("open cgroup {}", cg.path().display())))?;
+    let id = sockops
+        .attach(cgdir.as_fd(), CgroupAttachMode::Single)
+        .map_err(PodError::prog(format!(
+            "attach sockops to cgroup {}",
+            cg.path().display()
+        )))?;
+    let link = sockops
+        .take_link(id)
+        .map_err(PodError::prog("take the sockops link"))?;
+    let fd_link = FdLink::try_from(link).map_err(|e| PodError::Bpf {
+        what: "the sockops attachment is not a BPF link (kernel < 5.7?)".into(),
+        source: Box::new(e),
+    })?;
+    let p = nd.join(LINK);
+    fd_link.pin(&p).map_err(|e| PodError::Bpf {
+        what: format!("pin {}", p.display()),
+        source: Box::new(e),
+    })?;
+    Ok(())
+}
+
+fn missing(what: &str) -> PodError {
+    PodError::Io {
+        what: format!("the sockmap object has no {what}"),
+        source: std::io::Error::from(std::io::ErrorKind::NotFound),
+    }
+}
+
+fn write_state(host: &Host, st: &EnabledState) -> Result<(), PodError> {
+    let p = state_path(host);
+    let tmp = p.with_extension("tmp");
+    let body = serde_json::to_vec_pretty(st).map_err(|e| PodError::State {
+        path: p.clone(),
+        source: e,
+    })?;
+    fs::write(&tmp, body).map_err(PodError::io(format!("write {}", tmp.display())))?;
+    fs::rename(&tmp, &p).map_err(PodError::io(format!("write {}", p.display())))
+}
+
+fn read_state(host: &Host) -> Result<Option<EnabledState>, PodError> {
+    let p = state_path(host);
+    match fs::read(&p) {
+        Ok(b) => serde_json::from_slice(&b)
+            .map(Some)
+            .map_err(|e| PodError::State { path: p, source: e }),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(PodError::Io {
+            what: format!("read {}", p.display()),
+            source: e,
+        }),
+    }
+}
+
+/// Disables the shortcut on `host`: unpins the link (new connections take the kernel path at
+/// once) and the maps. Sockets already redirected keep their redirect until they close.
+/// Returns whether anything was enabled.
+pub fn disable(host: &Host) -> Result<bool, PodError> {
+    if !host.state_dir().exists() && !host.pin_dir().exists() {
+        return Ok(false);
+    }
+    let _lock = host.lock()?;
+    let was = is_enabled(host) || new_dir(host).exists() || dir(host).exists();
+    remove_pins(&dir(host))?;
+    remove_pins(&new_dir(host))?;
+    let p = state_path(host);
+    if p.exists() {
+        fs::remove_file(&p).map_err(PodError::io(format!("remove {}", p.display())))?;
+    }
+    if was {
+        info!("host {}: shortcut disabled", host.display);
+    }
+    // A host with neither pods nor uplink filters keeps no state for the shortcut's sake.
+    if host.records()?.is_empty() && host.uplink_tcs()?.is_empty() {
+        host.gc_if_empty()?;
+    }
+    Ok(was)
+}
+
+/// The netns cookie of a pod's namespace (from its record, or by opening the namespace).
+fn pod_cookie(r: &PodRecord) -> Option<u64> {
+    r.netns_cookie.or_else(|| {
+        nsfast_sys::netns::NetNs::open(&r.netns)
+            .ok()
+            .and_then(|ns| ns.cookie().ok())
+    })
+}
+
+/// Makes `nsf_pods` match the host's complete pod records (lock held); nothing to do when
+/// the shortcut is off. Cleans up what a killed `enable` left.
+pub fn sync(host: &Host, lock: &HostLock) -> Result<(), PodError> {
+    remove_leftovers(host)?;
+    if !is_enabled(host) {
+        return Ok(());
+    }
+    let id = match read_state(host)? {
+        Some(st) => st.host_id,
+        None => host_id(host)?,
+    };
+    sync_in(host, lock, &dir(host), id)
+}
+
+fn open_pinned(d: &Path, name: &str) -> Result<Map, PodError> {
+    let p = d.join(name);
+    let data = MapData::from_pin(&p).map_err(PodError::map(format!("open {}", p.display())))?;
+    Map::from_map_data(data).map_err(PodError::map(format!("open {}", p.display())))
+}
+
+fn sync_in(host: &Host, _lock: &HostLock, d: &Path, host_id: u32) -> Result<(), PodError> {
+    let mut pods: BpfHashMap<MapData, u64, PodEntry> =
+        BpfHashMap::try_from(open_pinned(d, abi::MAP_PODS)?)
+            .map_err(PodError::map("open nsf_pods"))?;
+    let mut stats: PerCpuArray<MapData, PodCounters> =
+        PerCpuArray::try_from(open_pinned(d, abi::MAP_POD_STATS)?)
+            .map_err(PodError::map("open nsf_pod_stats"))?;
+    let mut want = std::collections::BTreeMap::new();
+    for r in host.records()?.into_iter().filter(|r| !r.pending) {
+        match pod_cookie(&r) {
+            Some(c) => {
+                want.insert(c, r.no_shortcut);
+            }
+            None => warn!("pod {}: its namespace {} is gone", r.name, r.netns),
+        }
+    }
+    let have: Vec<(u64, PodEntry)> = pods.iter().flatten().collect();
+    let mut used = std::collections::BTreeSet::new();
+    for (c, e) in &have {
+        if want.contains_key(c) {
+            used.insert(e.slot);
+        } else {
+            pods.remove(c)
+                .map_err(PodError::map("remove from nsf_pods"))?;
+        }
+    }
+    let ncpu = aya::util::nr_cpus().map_err(|(_, e)| PodError::Io {
+        what: "count the possible CPUs".into(),
+        source: e,
+    })?;
+    for (c, no_shortcut) in want {
+        let flags = if no_shortcut { abi::POD_NO_SHORTCUT } else { 0 };
+        if let Some((_, e)) = have.iter().find(|(k, _)| *k == c) {
+            if e.flags != flags || e.host_id != host_id {
+                let e = PodEntry {
+                    flags,
+                    host_id,
+                    ..*e
+                };
+                pods.insert(c, e, 0)
+                    .map_err(PodError::map("update nsf_pods"))?;
+            }
+            continue;
+        }
+        let Some(slot) = (0..abi::MAX_PODS).find(|s| !used.contains(s)) else {
+            return Err(PodError::Io {
+                what: format!("the shortcut holds {} pods at most", abi::MAX_PODS),
+                source: std::io::Error::from(std::io::ErrorKind::OutOfMemory),
+            });
+        };
+        used.insert(slot);
+        let zero = PerCpuValues::try_from(vec![PodCounters::default(); ncpu]).map_err(|e| {
+            PodError::Io {
+                what: "per-CPU zeros".into(),
+                source: e,
+            }
+        })?;
+        stats
+            .set(slot, zero, 0)
+            .map_err(PodError::map("clear nsf_pod_stats"))?;
+        pods.insert(
+            c,
+            PodEntry {
+                host_id,
+                flags,
+                slot,
+                pad: 0,
+            },
+            0,
+        )
+        .map_err(PodError::map("insert into nsf_pods"))?;
+    }
+    Ok(())
+}
+
+/// A pod's shortcut counters.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct PodShortcutStats {
+    /// Whether the pod takes part (false: `--no-shortcut`).
+    pub shortcut: bool,
+    /// Connection ends of this pod that were paired.
+    pub paired: u64,
+    pub redirected_msgs: u64,
+    pub redirected_bytes: u64,
+    /// Sockets of this pod that fell back to the kernel path (no peer pod: a connection to the
+    /// host or a remote pod; or the peer closed).
+    pub fallbacks: u64,
+    /// Bytes this pod's tracked sockets sent on the kernel path.
+    pub passed_bytes: u64,
+    /// Connection ends skipped because the pod opted out.
+    pub opted_out: u64,
+}
+
+/// The shortcut of one host.
+#[derive(Debug, Clone, Serialize)]
+pub struct Status {
+    pub host: String,
+    pub enabled: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cgroup: Option<PathBuf>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cgroup_id: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub host_id: Option<u32>,
+    pub bypasses: &'static str,
+    /// Sockets currently in the SOCKHASH.
+    pub sockets: u64,
+    pub pairs: u64,
+    pub pair_conflicts: u64,
+    pub redirected_bytes: u64,
+    pub passed_bytes: u64,
+    /// Per pod, by name.
+    pub pods: std::collections::BTreeMap<String, PodShortcutStats>,
+}
+
+/// Per-pod counters of `host` (empty when the shortcut is off), by pod name.
+pub fn pod_stats(
+    host: &Host,
+) -> Result<std::collections::BTreeMap<String, PodShortcutStats>, PodError> {
+    let mut out = std::collections::BTreeMap::new();
+    if !is_enabled(host) {
+        return Ok(out);
+    }
+    let d = dir(host);
+    let pods: BpfHashMap<MapData, u64, PodEntry> =
+        BpfHashMap::try_from(open_pinned(&d, abi::MAP_PODS)?)
+            .map_err(PodError::map("open nsf_pods"))?;
+    let stats: PerCpuArray<MapData, PodCounters> =
+        PerCpuArray::try_from(open_pinned(&d, abi::MAP_POD_STATS)?)
+            .map_err(PodError::map("open nsf_pod_stats"))?;
+    for r in host.records()?.into_iter().filter(|r| !r.pending) {
+        let Some(e) = pod_cookie(&r).and_then(|c| pods.get(&c, 0).ok()) else {
+            continue;
+        };
+        let per_cpu = stats
+            .get(&e.slot, 0)
+            .map_err(PodError::map("read nsf_pod_stats"))?;
+        let sum = |s: PodStat| per_cpu.iter().map(|c| c.v[s as usize]).sum::<u64>();
+        out.insert(
+            r.name.clone(),
+            PodShortcutStats {
+                shortcut: e.flags & abi::POD_NO_SHORTCUT == 0,
+                paired: sum(PodStat::Paired),
+                redirected_msgs: sum(PodStat::RedirectMsgs),
+                redirected_bytes: sum(PodStat::RedirectBytes),
+                fallbacks: sum(PodStat::Fallbacks),
+                passed_bytes: sum(PodStat::PassBytes),
+                opted_out: sum(PodStat::OptedOut),
+            },
+        );
+    }
+    Ok(out)
+}
+
+/// The shortcut's state and counters on `host`.
+pub fn status(host: &Host) -> Result<Status, PodError> {
+    let mut s = Status {
+        host: host.display.clone(),
+        enabled: is_enabled(host),
+        cgroup: None,
+        cgroup_id: None,
+        host_id: None,
+        bypasses: BYPASS_NOTE,
+        sockets: 0,
+        pairs: 0,
+        pair_conflicts: 0,
+        redirected_bytes: 0,
+        passed_bytes: 0,
+        pods: Default::default(),
+    };
+    if !s.enabled {
+        return Ok(s);
+    }
+    if let Some(st) = read_state(host)? {
+        s.cgroup = Some(st.cgroup);
+        s.cgroup_id = Some(st.cgroup_id);
+        s.host_id = Some(st.host_id);
+    }
+    let d = dir(host);
+    let stats: PerCpuArray<MapData, Counters> =
+        PerCpuArray::try_from(open_pinned(&d, abi::MAP_STATS)?)
+            .map_err(PodError::map("open nsf_stats"))?;
+    let per_cpu = stats.get(&0, 0).map_err(PodError::map("read nsf_stats"))?;
+    let sum = |x: Stat| per_cpu.iter().map(|c| c.v[x as usize]).sum::<u64>();
+    s.pairs = sum(Stat::Paired);
+    s.pair_conflicts = sum(Stat::PairConflict);
+    s.redirected_bytes = sum(Stat::RedirectBytes);
+    s.passed_bytes = sum(Stat::PassBytes);
+    let hash: SockHash<MapData, u64> = SockHash::try_from(open_pinned(&d, abi::MAP_SOCKHASH)?)
+        .map_err(PodError::map("open nsf_sockhash"))?;
+    s.sockets = hash.keys().filter(|k| k.is_ok()).count() as u64;
+    s.pods = pod_stats(host)?;
+    Ok(s)
+}
