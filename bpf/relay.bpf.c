@@ -61,3 +61,26 @@ pass:
 	__sync_fetch_and_add(&c->end, 1);
 	return SK_PASS;
 }
+
+#define NSR_VIRTIO_VSOCK_OP_RW 5
+
+/*
+ * TP_PROTO(src_cid, src_port, dst_cid, dst_port, len, type, op, flags[, zcopy]): one call per
+ * packet a virtio-family transport allocates; only data (OP_RW) of the watched sockets counts.
+ */
+SEC("raw_tp/virtio_transport_alloc_pkt")
+int nsr_vsock_alloc(struct bpf_raw_tracepoint_args *ctx)
+{
+	struct nsr_vsock_key key = {};
+	__u64 *sent;
+
+	if ((__u16)ctx->args[6] != NSR_VIRTIO_VSOCK_OP_RW)
+		return 0;
+	key.src_port = (__u32)ctx->args[1];
+	key.dst_cid = (__u32)ctx->args[2];
+	key.dst_port = (__u32)ctx->args[3];
+	sent = bpf_map_lookup_elem(&nsr_vsock_sent, &key);
+	if (sent)
+		__sync_fetch_and_add(sent, (__u32)ctx->args[4]);
+	return 0;
+}

@@ -49,3 +49,23 @@ struct {
 	__type(key, __u64);
 	__type(value, struct nsr_counters);
 } nsr_counters SEC(".maps");
+
+/*
+ * AF_VSOCK targets: the bytes each one sent, counted at the virtio transports' packet
+ * allocation (tracepoint vsock:virtio_transport_alloc_pkt, loopback, virtio and vhost alike),
+ * keyed by the socket's own port and its peer. The relay waits on this count before it
+ * half-closes a vsock target whose source is also vsock (see crates/vsock/src/kernel.rs).
+ */
+struct nsr_vsock_key {
+	__u32 src_port;
+	__u32 dst_cid;
+	__u32 dst_port;
+	__u32 pad;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, NSR_MAX_SOCKETS);
+	__type(key, struct nsr_vsock_key);
+	__type(value, __u64);
+} nsr_vsock_sent SEC(".maps");

@@ -16,16 +16,20 @@
 //!   (`tcpi_bytes_acked` + SIOCOUTQ, against a baseline taken at the join) reach the program's
 //!   byte count; for a TCP source (and an AF_VSOCK target) the source's receive memory
 //!   (SO_MEMINFO) is back to 0: a redirected skb stays charged to the TCP socket it came from
-//!   until the workqueue has sent and freed it. AF_VSOCK → AF_VSOCK has neither measure (vsock
-//!   skbs are not charged to the socket, vsock exposes no byte count), so that pair is not
+//!   until the workqueue has sent and freed it. AF_VSOCK → AF_VSOCK has neither (vsock skbs
+//!   are not charged to the socket, vsock exposes no byte count): there a raw tracepoint
+//!   program on `virtio_transport_alloc_pkt` counts the data bytes each vsock target sent
+//!   (loopback, virtio and vhost allocate every packet there); without it that pair is not
 //!   joined.
 //! - Data that arrived before the join is not seen by the program until the socket's next
 //!   data_ready. For TCP, SO_RCVLOWAT runs data_ready at once (tcp_set_rcvlowat); held at its
 //!   maximum during the join it also keeps the program from running while only one leg is in
-//!   the map. AF_VSOCK has no such kick: a vsock leg that is readable right after the join
-//!   hands its direction over to user space, and so does a leg the program tainted during the
-//!   join (order-safe: a tainted socket is never redirected again, so what it kept is older
-//!   than nothing that went ahead).
+//!   the map. AF_VSOCK has no such kick: what a vsock leg holds at the join is forwarded in
+//!   user space first (written before the join: it stays ahead); packets that slip in between
+//!   lag (each later packet redirects the oldest: order holds), and a leg that stays readable
+//!   while its skb count stands still hands its direction over to user space. So does a leg
+//!   the program tainted during the join (a tainted socket is never redirected again, so what
+//!   it kept cannot be overtaken).
 //! - The process ending (SIGTERM, SIGKILL) closes both legs: a closed socket leaves the map by
 //!   itself (sock_map_close), and the program and maps go with the last descriptor.
 
@@ -36,11 +40,13 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use aya::maps::{HashMap as BpfHashMap, MapData, SockHash};
-use aya::programs::SkSkb;
+use aya::programs::{RawTracePoint, SkSkb};
 use aya::{Ebpf, EbpfLoader};
 use nix::errno::Errno;
 use nix::sys::epoll::{Epoll, EpollCreateFlags, EpollEvent, EpollFlags, EpollTimeout};
+use nsfast_sys::report::error_chain;
 use nsfast_sys::sockinfo;
+use std::os::fd::AsRawFd;
 
 use crate::conn::Conn;
 
@@ -49,6 +55,9 @@ const PROG: &str = "nsr_verdict";
 const MAP_SOCKHASH: &str = "nsr_sockhash";
 const MAP_PEERS: &str = "nsr_peers";
 const MAP_COUNTERS: &str = "nsr_counters";
+const MAP_VSOCK_SENT: &str = "nsr_vsock_sent";
+const PROG_VSOCK: &str = "nsr_vsock_alloc";
+const TP_VSOCK: &str = "virtio_transport_alloc_pkt";
 
 /// `struct nsr_counters` (bpf/lib/relay_maps.h) as seven u64: bytes, skbs, fails, passed,
 /// begin, end, flags (low 32 bits).
@@ -103,15 +112,21 @@ pub enum KernelError {
     Missing(&'static str),
 }
 
+/// `struct nsr_vsock_key`: the vsock socket's own port, its peer's CID and port, padding.
+type VsockKey = [u32; 4];
+
 struct Maps {
     sockhash: SockHash<MapData, u64>,
     peers: BpfHashMap<MapData, u64, u64>,
     counters: BpfHashMap<MapData, u64, RawCounters>,
+    vsock_sent: BpfHashMap<MapData, VsockKey, u64>,
 }
 
 /// The loaded program and its maps: one per relay process, shared by every connection.
 pub struct KernelPath {
     maps: Mutex<Maps>,
+    /// Why AF_VSOCK -> AF_VSOCK cannot be joined (the vsock byte counter did not attach).
+    vsock_pair: Result<(), String>,
     _ebpf: Ebpf,
 }
 
@@ -163,14 +178,50 @@ impl KernelPath {
         prog.load().map_err(|e| KernelError::Load(Box::new(e)))?;
         prog.attach(sockhash.fd())
             .map_err(|e| KernelError::Load(Box::new(e)))?;
+        let vsock_sent: BpfHashMap<MapData, VsockKey, u64> = take(&mut ebpf, MAP_VSOCK_SENT)?
+            .try_into()
+            .map_err(|e: aya::maps::MapError| KernelError::Load(Box::new(e)))?;
+        // The vsock byte counter: only AF_VSOCK -> AF_VSOCK needs it, so failing to attach it
+        // (no virtio vsock transport loaded, no tracepoint) only rules that pair out.
+        let vsock_pair = (|| -> Result<(), String> {
+            let p: &mut RawTracePoint = ebpf
+                .program_mut(PROG_VSOCK)
+                .ok_or("no vsock counter program")?
+                .try_into()
+                .map_err(|e: aya::programs::ProgramError| e.to_string())?;
+            p.load().map_err(|e| error_chain(&e))?;
+            p.attach(TP_VSOCK).map_err(|e| error_chain(&e))?;
+            Ok(())
+        })()
+        .map_err(|e| {
+            format!(
+                "AF_VSOCK to AF_VSOCK needs the vsock byte counter on tracepoint {TP_VSOCK}, \
+                 which did not attach: {e}"
+            )
+        });
         Ok(Self {
             maps: Mutex::new(Maps {
                 sockhash,
                 peers,
                 counters,
+                vsock_sent,
             }),
+            vsock_pair,
             _ebpf: ebpf,
         })
+    }
+
+    /// Whether a pair of legs can be joined: any pair with a TCP leg; AF_VSOCK ↔ AF_VSOCK
+    /// when the vsock byte counter is attached.
+    pub fn pair_supported(&self, a: Leg, b: Leg) -> Result<(), String> {
+        if a == Leg::Vsock && b == Leg::Vsock {
+            return self.vsock_pair.clone();
+        }
+        Ok(())
+    }
+
+    fn vsock_sent(&self, key: &VsockKey) -> u64 {
+        self.maps().vsock_sent.get(key, 0).unwrap_or_default()
     }
 
     fn maps(&self) -> std::sync::MutexGuard<'_, Maps> {
@@ -193,21 +244,30 @@ impl KernelPath {
             Leg::of(a).map_err(Refusal::unsupported)?,
             Leg::of(b).map_err(Refusal::unsupported)?,
         );
-        pair_supported(la, lb).map_err(Refusal::unsupported)?;
+        self.pair_supported(la, lb).map_err(Refusal::unsupported)?;
         let leg = |c: &Conn, l: Leg| -> Result<LegState, String> {
             let fd = c.reader();
             let cookie =
                 sockinfo::cookie(fd).map_err(|e| format!("{}: SO_COOKIE: {e}", c.label))?;
-            let base = match l {
-                Leg::Tcp => {
-                    sockinfo::tcp_written(fd).map_err(|e| format!("{}: TCP_INFO: {e}", c.label))?
+            let (base, vkey) = match l {
+                Leg::Tcp => (
+                    sockinfo::tcp_written(fd).map_err(|e| format!("{}: TCP_INFO: {e}", c.label))?,
+                    None,
+                ),
+                Leg::Vsock => {
+                    use nix::sys::socket::{getpeername, getsockname, VsockAddr};
+                    let me: VsockAddr = getsockname(fd.as_raw_fd())
+                        .map_err(|e| format!("{}: getsockname: {e}", c.label))?;
+                    let peer: VsockAddr = getpeername(fd.as_raw_fd())
+                        .map_err(|e| format!("{}: getpeername: {e}", c.label))?;
+                    (0, Some([me.port(), peer.cid(), peer.port(), 0]))
                 }
-                Leg::Vsock => 0,
             };
             Ok(LegState {
                 leg: l,
                 cookie,
                 base,
+                vkey,
             })
         };
         let (sa, sb) = (
@@ -224,7 +284,20 @@ impl KernelPath {
         for (c, _) in tcp_legs.clone() {
             let _ = sockinfo::set_rcvlowat(c.reader(), i32::MAX);
         }
-        let joined = self.insert(a, &sa, b, &sb);
+        // AF_VSOCK has no data_ready kick: what a vsock leg already holds is forwarded here
+        // first (written in full before the join, so it stays ahead of every redirected byte).
+        let mut pre = [0u64; 2];
+        for (i, (src, ss, dst)) in [(a, &sa, b), (b, &sb, a)].into_iter().enumerate() {
+            if ss.leg == Leg::Vsock {
+                pre[i] = forward_queued(src.reader(), dst.writer(), 1 << 20)
+                    .map_err(|e| Refusal::unsupported(format!("{}: {e}", src.label)))?;
+            }
+        }
+        USER_BYTES.fetch_add(pre[0] + pre[1], Ordering::Relaxed);
+        let joined = self.insert(a, &sa, b, &sb).map_err(|mut r| {
+            r.pre = pre;
+            r
+        });
         for (c, _) in tcp_legs {
             let _ = sockinfo::set_rcvlowat(c.reader(), 1);
         }
@@ -251,8 +324,8 @@ impl KernelPath {
             (Err(e), _) => Some(format!("{} -> {}: {e}", a.label, b.label)),
             _ => None,
         };
-        let ua = *ab.as_ref().unwrap_or(&0);
-        let ub = *ba.as_ref().unwrap_or(&0);
+        let ua = *ab.as_ref().unwrap_or(&0) + pre[0];
+        let ub = *ba.as_ref().unwrap_or(&0) + pre[1];
         Ok(Joined {
             a_to_b: ca[0] + ua,
             b_to_a: cb[0] + ub,
@@ -278,6 +351,11 @@ impl KernelPath {
             m.counters
                 .insert(sb.cookie, zero, 0)
                 .map_err(map_err("counters"))?;
+            for k in [sa.vkey, sb.vkey].into_iter().flatten() {
+                m.vsock_sent
+                    .insert(k, 0, 0)
+                    .map_err(map_err("vsock counter"))?;
+            }
             // Peers before sockets: a verdict that runs between the two socket inserts finds
             // its peer entry, fails to redirect to the missing socket and taints (its data
             // stays, the direction is handed over to user space).
@@ -304,6 +382,7 @@ impl KernelPath {
                                 c.label
                             ),
                             fallback_ok: true,
+                            pre: [0; 2],
                         },
                         (true, Leg::Vsock) => Refusal::unsupported(format!(
                             "the kernel cannot put {} into a sockmap (EOPNOTSUPP; AF_VSOCK \
@@ -323,6 +402,7 @@ impl KernelPath {
                             return Err(Refusal {
                                 reason: format!("{}; bytes already received are lost", why.reason),
                                 fallback_ok: false,
+                                pre: [0; 2],
                             });
                         }
                     }
@@ -336,6 +416,9 @@ impl KernelPath {
                 let _ = m.peers.remove(&c);
                 let _ = m.counters.remove(&c);
             }
+            for k in [sa.vkey, sb.vkey].into_iter().flatten() {
+                let _ = m.vsock_sent.remove(&k);
+            }
         }
         r
     }
@@ -346,6 +429,9 @@ impl KernelPath {
             let _ = m.peers.remove(&c);
             let _ = m.sockhash.remove(&c);
             let _ = m.counters.remove(&c);
+        }
+        for k in [sa.vkey, sb.vkey].into_iter().flatten() {
+            let _ = m.vsock_sent.remove(&k);
         }
     }
 
@@ -382,10 +468,19 @@ impl KernelPath {
         wait_until("no verdict in flight", abort, dst.reader(), || {
             Ok(self.counters(ss.cookie)[5] >= begin)
         })?;
-        let stuck = self.counters(ss.cookie)[6] & TAINTED != 0
-            || (ss.leg == Leg::Vsock && readable(src.reader())?);
+        let mut stuck = self.counters(ss.cookie)[6] & TAINTED != 0;
         if !stuck {
-            wait_eof(src.reader(), dst.reader(), abort).map_err(ctx("waiting for EOF"))?;
+            // A vsock leg's packets that arrived after the forward above and before the join
+            // wait in its queue: each later packet's data_ready redirects the oldest one, so
+            // order holds and bulk flows, but with no later packet (a request waiting for its
+            // answer) they would wait forever. Readable while the program's skb count stands
+            // still for a tick: hand over to user space.
+            let stalled =
+                || -> io::Result<bool> { Ok(ss.leg == Leg::Vsock && readable(src.reader())?) };
+            stuck = wait_eof(src.reader(), dst.reader(), abort, stalled, || {
+                self.counters(ss.cookie)[1]
+            })
+            .map_err(ctx("waiting for EOF"))?;
         }
         check_abort(abort)?;
         // (1) no more redirects from src; (2) none in flight.
@@ -407,6 +502,14 @@ impl KernelPath {
                         Ok(sockinfo::tcp_written(dst.reader())?.saturating_sub(ds.base)
                             >= redirected)
                     },
+                )?;
+            } else if let (Leg::Vsock, Some(k)) = (ss.leg, ds.vkey) {
+                // AF_VSOCK -> AF_VSOCK: the target's data packets, counted by the tracepoint.
+                wait_until(
+                    "the vsock target sent every redirected byte",
+                    abort,
+                    dst.reader(),
+                    || Ok(self.vsock_sent(&k) >= redirected),
                 )?;
             } else {
                 // TCP source: its remainder is charged to it as well, so read that first
@@ -449,6 +552,8 @@ pub struct Refusal {
     /// The connection can still be relayed in user space, also under `--path kernel` (a leg
     /// that half-closed before the join); false: the kernel path is not available for it.
     pub fallback_ok: bool,
+    /// Bytes already forwarded in user space before the join was refused (a → b, b → a).
+    pub pre: [u64; 2],
 }
 
 impl Refusal {
@@ -456,6 +561,7 @@ impl Refusal {
         Self {
             reason,
             fallback_ok: false,
+            pre: [0; 2],
         }
     }
 }
@@ -471,6 +577,8 @@ struct LegState {
     cookie: u64,
     /// TCP: bytes written into its send queue before the join (see sockinfo::tcp_written).
     base: u64,
+    /// AF_VSOCK: its key in nsr_vsock_sent (own port, peer CID, peer port).
+    vkey: Option<VsockKey>,
 }
 
 fn ctx(what: &'static str) -> impl FnOnce(io::Error) -> io::Error {
@@ -522,16 +630,31 @@ fn readable(fd: BorrowedFd<'_>) -> io::Result<bool> {
     Ok(wait_events(&[(fd, EpollFlags::EPOLLIN)], 0)?[0].contains(EpollFlags::EPOLLIN))
 }
 
-/// Waits for src's end of data (RDHUP/HUP), while watching both legs for errors.
-fn wait_eof(src: BorrowedFd<'_>, dst: BorrowedFd<'_>, abort: &AtomicBool) -> io::Result<()> {
+/// Waits for src's end of data (RDHUP/HUP), while watching both legs for errors. Returns true
+/// instead when `stalled` held on two ticks in a row (10 ms apart for the first second, then
+/// 200 ms) with `progress` unchanged in between.
+fn wait_eof(
+    src: BorrowedFd<'_>,
+    dst: BorrowedFd<'_>,
+    abort: &AtomicBool,
+    stalled: impl Fn() -> io::Result<bool>,
+    progress: impl Fn() -> u64,
+) -> io::Result<bool> {
     let mut watch_dst = true;
+    let start = Instant::now();
+    let mut last: Option<u64> = None;
     loop {
         check_abort(abort)?;
         let mut fds = vec![(src, EpollFlags::EPOLLRDHUP)];
         if watch_dst {
             fds.push((dst, EpollFlags::empty()));
         }
-        let r = wait_events(&fds, 200)?;
+        let tick = if start.elapsed() < Duration::from_secs(1) {
+            10
+        } else {
+            200
+        };
+        let r = wait_events(&fds, tick)?;
         let rs = r[0];
         let rd = r.get(1).copied().unwrap_or(EpollFlags::empty());
         if rs.contains(EpollFlags::EPOLLERR) {
@@ -546,9 +669,40 @@ fn wait_eof(src: BorrowedFd<'_>, dst: BorrowedFd<'_>, abort: &AtomicBool) -> io:
             watch_dst = false;
         }
         if rs.intersects(EpollFlags::EPOLLRDHUP | EpollFlags::EPOLLHUP) {
-            return sock_error(src);
+            sock_error(src)?;
+            return Ok(false);
+        }
+        if stalled()? {
+            let now = progress();
+            if last == Some(now) {
+                return Ok(true);
+            }
+            last = Some(now);
+        } else {
+            last = None;
         }
     }
+}
+
+/// Forwards what `src` holds now (MSG_DONTWAIT reads until EAGAIN, at most `max` bytes),
+/// each chunk written in full to `dst`. Returns the bytes forwarded.
+fn forward_queued(src: BorrowedFd<'_>, dst: BorrowedFd<'_>, max: usize) -> io::Result<u64> {
+    use nix::sys::socket::{recv, MsgFlags};
+    let mut buf = vec![0u8; 64 << 10];
+    let mut total = 0usize;
+    while total < max {
+        match recv(src.as_raw_fd(), &mut buf, MsgFlags::MSG_DONTWAIT) {
+            Ok(0) => break,
+            Ok(n) => {
+                write_all(dst, &buf[..n])?;
+                total += n;
+            }
+            Err(Errno::EINTR) => {}
+            Err(Errno::EAGAIN) => break,
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(total as u64)
 }
 
 /// Polls `ok` (1 ms, growing to 20 ms) until it holds; fails on an abort or an error on

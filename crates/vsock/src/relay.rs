@@ -19,7 +19,7 @@ use tracing::{debug, info, warn};
 
 use crate::addr::Address;
 use crate::conn::{self, Conn, ConnError, Listener, SockOpts};
-use crate::kernel::{self, KernelPath, Leg};
+use crate::kernel::{KernelPath, Leg};
 
 /// Which data path a relayed connection takes (`--path`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -450,12 +450,12 @@ fn kernel_for(a: &Address, b: &Address, path: DataPath) -> Result<Option<KernelP
         return Ok(None);
     }
     let why = match (kernel_leg(a), kernel_leg(b)) {
-        (Some(la), Some(lb)) => match kernel::pair_supported(la, lb) {
-            Ok(()) => match KernelPath::load() {
-                Ok(k) => return Ok(Some(k)),
-                Err(e) => error_chain(&e),
+        (Some(la), Some(lb)) => match KernelPath::load() {
+            Ok(k) => match k.pair_supported(la, lb) {
+                Ok(()) => return Ok(Some(k)),
+                Err(e) => e,
             },
-            Err(e) => e,
+            Err(e) => error_chain(&e),
         },
         _ => {
             let which = if kernel_leg(a).is_none() { a } else { b };
@@ -538,26 +538,29 @@ impl Relay {
                     id,
                     a: a.label.clone(),
                     b: b.label.clone(),
-                    bytes_a_to_b: 0,
-                    bytes_b_to_a: 0,
+                    bytes_a_to_b: why.pre[0],
+                    bytes_b_to_a: why.pre[1],
                     millis: start.elapsed().as_millis() as u64,
                     spliced: false,
                     path: "kernel",
-                    user_bytes: 0,
+                    user_bytes: why.pre[0] + why.pre[1],
                     error: Some(format!("--path kernel: {why}")),
                 }
             }
-            Err(why) if why.fallback_ok => {
-                debug!("connection {id}: not joined ({why}): relaying with splice");
-                relay(id, a, b, self.opts.buffer)
-            }
             Err(why) => {
-                if !self.fallback_logged.swap(true, Ordering::Relaxed) {
+                if why.fallback_ok {
+                    debug!("connection {id}: not joined ({why}): relaying with splice");
+                } else if !self.fallback_logged.swap(true, Ordering::Relaxed) {
                     info!("connection {id}: kernel path not used ({why}): relaying with splice (logged once)");
                 } else {
                     debug!("connection {id}: kernel path not used ({why})");
                 }
-                relay(id, a, b, self.opts.buffer)
+                let mut st = relay(id, a, b, self.opts.buffer);
+                // What the join attempt forwarded before it was refused.
+                st.bytes_a_to_b += why.pre[0];
+                st.bytes_b_to_a += why.pre[1];
+                st.user_bytes += why.pre[0] + why.pre[1];
+                st
             }
         }
     }
