@@ -503,8 +503,10 @@ impl KernelPath {
                             >= redirected)
                     },
                 )?;
-            } else if let (Leg::Vsock, Some(k)) = (ss.leg, ds.vkey) {
-                // AF_VSOCK -> AF_VSOCK: the target's data packets, counted by the tracepoint.
+            } else if let (Some(k), true) = (ds.vkey, self.vsock_pair.is_ok()) {
+                // A vsock target: its data packets, counted by the tracepoint (needed for
+                // vsock -> vsock, and for a hand-over before EOF, where the TCP source's
+                // rule below would wait for EOF).
                 wait_until(
                     "the vsock target sent every redirected byte",
                     abort,
