@@ -1559,3 +1559,47 @@ fn kernel_path_without_privilege_refuses_and_auto_falls_back() {
     assert_eq!(err.matches("kernel path not used").count(), 1, "{err}");
     assert!(err.contains("CAP_BPF"), "{err}");
 }
+
+/// `--path kernel` with a leg the kernel path cannot take refuses at start, naming it; a bad
+/// `--path` value names the valid ones; nothing is listening afterwards.
+#[test]
+fn kernel_path_refuses_a_unix_leg_and_bad_values_at_start() {
+    require_root();
+    let w = World::new();
+    let sock = w.path("k.sock");
+    let mut cmd = Command::new(nsfast_bin());
+    cmd.args([
+        "vsock",
+        "relay",
+        "tcp-listen:7215,bind=127.0.0.1",
+        &format!("unix:{}", sock.display()),
+        "--path",
+        "kernel",
+    ]);
+    w.ns.configure_command(&mut cmd, None);
+    let out = cmd.output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(
+        err.contains("--path kernel: unix:")
+            && err.contains("is not a TCP or AF_VSOCK stream address"),
+        "{err}"
+    );
+    let out = Command::new(nsfast_bin())
+        .args([
+            "vsock",
+            "relay",
+            "tcp-listen:7216",
+            "tcp:127.0.0.1:1",
+            "--path",
+            "fast",
+        ])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("invalid path \"fast\": use auto, kernel or splice"),
+        "{err}"
+    );
+}
