@@ -68,8 +68,15 @@ test-unit: deps
 	$(CARGO) test --workspace --lib --bins
 
 # Root integration tests: throwaway namespaces, cgroups, BPF (all removed afterwards).
+# The workspace binaries tests run as processes (the traffic peer, vpnrelay, nsfast-cni) are
+# the ones this same `cargo test --workspace --tests` builds into target/debug before any test
+# runs; without these variables each test would `cargo build` its own copy, with the feature
+# set of a build without dev-dependencies: a second debug compile of ~25 crates.
+TEST_BIN_DIR := $(CURDIR)/target/debug
+TEST_BINS_ENV := NSFAST_SHIPPED_BIN_DIR=$(TEST_BIN_DIR) NSFAST_TESTPEER_BIN=$(TEST_BIN_DIR)/nsfast-testpeer \
+	VPNRELAY_TEST_BIN=$(TEST_BIN_DIR)/vpnrelay NSFAST_VPNRELAY_BIN=$(TEST_BIN_DIR)/vpnrelay
 test-root: deps
-	$(CARGO) test --workspace --tests
+	$(TEST_BINS_ENV) $(CARGO) test --workspace --tests
 
 test-vm: deps
 	tests/vm/run.sh

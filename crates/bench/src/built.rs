@@ -43,7 +43,7 @@ pub enum TopologyError {
 /// What a topology build needs to know about the run.
 #[derive(Debug, Clone)]
 pub struct BuildCtx {
-    /// Prefix for every namespace and cgroup of this run, such as `nsfb-1234`.
+    /// Prefix for every namespace and cgroup of this run, such as `nsfb1234` (`nsfast_lab::name::run_prefix`).
     pub prefix: String,
     /// The run's cgroup directory (created by [`RunCgroup::create`]).
     pub cgroup_root: PathBuf,

@@ -29,7 +29,7 @@ pub enum FastPath {
     /// nsfast pod datapath counters of the named host namespaces; `required` lists, per
     /// check, the host (index into `hosts`) and the counters whose sum must move.
     Pod {
-        /// (label, host namespace name), e.g. ("A", "nsfb-1-bpf-ha").
+        /// (label, host namespace name), e.g. ("A", "nsfb1-bpf-ha").
         hosts: Vec<(&'static str, String)>,
         required: Vec<(usize, Vec<&'static str>)>,
     },

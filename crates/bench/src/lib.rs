@@ -50,9 +50,6 @@ pub enum BenchError {
         value: String,
         valid: String,
     },
-    /// A list flag has an empty element.
-    #[error("empty element in {flag} ({value:?}): write a comma-separated list such as host,veth")]
-    EmptyList { flag: &'static str, value: String },
     /// `--placement cross-cpu` on a machine (or affinity mask) with one CPU.
     #[error("placement cross-cpu needs two CPUs, but this process may only run on CPU {0}")]
     CrossCpuNeedsTwo(usize),

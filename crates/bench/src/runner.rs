@@ -44,7 +44,7 @@ impl Observer for StderrObserver {
 pub struct Runner {
     pub config: Config,
     pub launcher: Launcher,
-    /// Prefix for namespaces and cgroups (`nsfb-<pid>` by default).
+    /// Prefix for namespaces and cgroups (`nsfb<pid>` by default).
     pub prefix: String,
     /// Show a progress bar on stderr.
     pub progress: bool,
@@ -435,22 +435,28 @@ fn probe_topologies(
         let def = topology::find(name)?;
         match (def.probe)() {
             Ok(()) => defs.push(def),
-            Err(reason) => {
-                let s = Skipped {
-                    topology: name.clone(),
-                    reason,
-                };
-                obs.skipped(&s);
-                skipped.push(s);
-            }
+            Err(reason) => skip(obs, skipped, name.clone(), reason),
         }
     }
-    if defs.is_empty() {
-        return Err(BenchError::NothingToRun(
-            "every selected topology was skipped; nothing to measure".into(),
-        ));
+    nonempty(
+        defs,
+        "every selected topology was skipped; nothing to measure",
+    )
+}
+
+/// A topology that will not run: the observer hears of it, the report lists it.
+fn skip(obs: &mut dyn Observer, skipped: &mut Vec<Skipped>, topology: String, reason: String) {
+    let s = Skipped { topology, reason };
+    obs.skipped(&s);
+    skipped.push(s);
+}
+
+/// `v`, or [`BenchError::NothingToRun`] saying `why` when it is empty.
+fn nonempty<T>(v: Vec<T>, why: &str) -> Result<Vec<T>, BenchError> {
+    if v.is_empty() {
+        return Err(BenchError::NothingToRun(why.into()));
     }
-    Ok(defs)
+    Ok(v)
 }
 
 /// Builds each of `defs`; one that fails to build goes to `skipped`, its note to `notes`.
@@ -472,22 +478,10 @@ fn build_topologies(
                 }
                 built.push(b);
             }
-            Err(e) => {
-                let s = Skipped {
-                    topology: def.name.into(),
-                    reason: format!("build failed: {e}"),
-                };
-                obs.skipped(&s);
-                skipped.push(s);
-            }
+            Err(e) => skip(obs, skipped, def.name.into(), format!("build failed: {e}")),
         }
     }
-    if built.is_empty() {
-        return Err(BenchError::NothingToRun(
-            "no selected topology could be built".into(),
-        ));
-    }
-    Ok(built)
+    nonempty(built, "no selected topology could be built")
 }
 
 /// The sample of a measurement that failed with `e`.

@@ -1,5 +1,5 @@
 //! Topologies: where the client and the server live and how packets get between them. Each is
-//! built in throwaway namespaces and cgroups named with the run's prefix (`nsfb-<pid>`,
+//! built in throwaway namespaces and cgroups named with the run's prefix (`nsfb<pid>`,
 //! `nsfast_lab::name`), through crate nsfast-lab's worlds, and torn down when its [`Built`] is
 //! dropped.
 //!
@@ -10,7 +10,6 @@
 
 use std::any::Any;
 use std::net::{IpAddr, Ipv4Addr};
-use std::path::PathBuf;
 
 use nsfast_lab::pods::{AttachRequest, ModeRequest};
 use nsfast_lab::topology::Topology;
@@ -264,15 +263,13 @@ fn build_veth_pair(ctx: &BuildCtx, t: &'static str) -> Result<Built, TopologyErr
     b.namespaces.push(ns(t, format!("{}-{t}-c", ctx.prefix))?);
     b.namespaces.push(ns(t, format!("{}-{t}-s", ctx.prefix))?);
     let (c, s) = (&b.namespaces[0], &b.namespaces[1]);
-    nl(t, net::create_veth(c, "nsfb-c", s, "nsfb-s"))?;
-    nl(
-        t,
-        net::add_address(Some(c), "nsfb-c", ip(10, 201, 0, 1), 24),
-    )?;
-    nl(
-        t,
-        net::add_address(Some(s), "nsfb-s", ip(10, 201, 0, 2), 24),
-    )?;
+    let link = |c: &NetNs, s: &NetNs| -> Result<(), NetError> {
+        let (nc, ns) = (c.netlink()?, s.netlink()?);
+        nc.create_veth("nsfb-c", &ns, "nsfb-s")?;
+        nc.add_address("nsfb-c", ip(10, 201, 0, 1), 24)?;
+        ns.add_address("nsfb-s", ip(10, 201, 0, 2), 24)
+    };
+    nl(t, link(c, s))?;
     client_sysctls(t, c)?;
     Ok(b)
 }
@@ -323,27 +320,19 @@ fn build_routed(ctx: &BuildCtx) -> Result<Built, TopologyError> {
     b.namespaces
         .push(ns(T, format!("{}-routed-h", ctx.prefix))?);
     let (a, bb, h) = (&b.namespaces[0], &b.namespaces[1], &b.namespaces[2]);
-    nl(T, net::create_veth(a, "eth0", h, "veth-a"))?;
-    nl(T, net::create_veth(bb, "eth0", h, "veth-b"))?;
-    nl(
-        T,
-        net::add_address(Some(h), "veth-a", ip(10, 202, 1, 1), 24),
-    )?;
-    nl(
-        T,
-        net::add_address(Some(h), "veth-b", ip(10, 202, 2, 1), 24),
-    )?;
-    nl(T, net::add_address(Some(a), "eth0", ip(10, 202, 1, 2), 24))?;
-    nl(T, net::add_address(Some(bb), "eth0", ip(10, 202, 2, 2), 24))?;
-    let any = IpAddr::V4(Ipv4Addr::UNSPECIFIED);
-    nl(
-        T,
-        net::add_route(Some(a), any, 0, Some(ip(10, 202, 1, 1)), Some("eth0")),
-    )?;
-    nl(
-        T,
-        net::add_route(Some(bb), any, 0, Some(ip(10, 202, 2, 1)), Some("eth0")),
-    )?;
+    let link = || -> Result<(), NetError> {
+        let (na, nb, nh) = (a.netlink()?, bb.netlink()?, h.netlink()?);
+        na.create_veth("eth0", &nh, "veth-a")?;
+        nb.create_veth("eth0", &nh, "veth-b")?;
+        nh.add_address("veth-a", ip(10, 202, 1, 1), 24)?;
+        nh.add_address("veth-b", ip(10, 202, 2, 1), 24)?;
+        na.add_address("eth0", ip(10, 202, 1, 2), 24)?;
+        nb.add_address("eth0", ip(10, 202, 2, 2), 24)?;
+        let any = IpAddr::V4(Ipv4Addr::UNSPECIFIED);
+        na.add_route(any, 0, Some(ip(10, 202, 1, 1)), Some("eth0"))?;
+        nb.add_route(any, 0, Some(ip(10, 202, 2, 1)), Some("eth0"))
+    };
+    nl(T, link())?;
     nl(T, net::set_sysctl(Some(h), "net.ipv4.ip_forward", "1"))?;
     client_sysctls(T, a)?;
     Ok(b)
@@ -559,9 +548,9 @@ fn ip(a: u8, b: u8, c: u8, d: u8) -> IpAddr {
     IpAddr::V4(Ipv4Addr::new(a, b, c, d))
 }
 
-/// What a killed run left (`nsfb-<dead pid>-*`): see [`nsfast_lab::cleanup::bench_leftovers`].
-pub fn stale_leftovers() -> (Vec<String>, Vec<PathBuf>) {
-    nsfast_lab::cleanup::bench_leftovers()
+/// What killed runs left (`nsfb<dead pid>-*`): see [`nsfast_lab::cleanup::leftovers`].
+pub fn stale_leftovers() -> nsfast_lab::cleanup::Leftovers {
+    nsfast_lab::cleanup::leftovers()
 }
 
 /// `nsfast bench --cleanup`: [`nsfast_lab::cleanup::dead_runs`]. Returns what was removed.

@@ -18,7 +18,7 @@ const DUR: Duration = Duration::from_millis(300);
 /// A throwaway namespace, deleted on drop (also when the test panics).
 fn netns(tag: &str) -> NetNs {
     require_root();
-    NetNs::create(&format!("nsfb-{}-t{tag}", std::process::id())).expect("create netns")
+    NetNs::create(&nsfast_lab::name::unique(&format!("t{tag}"))).expect("create netns")
 }
 
 fn run_pair(tag: &str, w: Workload, sizes: Sizes) -> (ClientResult, ServerCounts) {

@@ -27,6 +27,13 @@ fn serial() -> std::sync::MutexGuard<'static, ()> {
     SERIAL.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+/// A pid of `candidates` that no process has: what a SIGKILLed run would have been.
+fn dead_pid(mut candidates: impl Iterator<Item = u32>) -> u32 {
+    candidates
+        .find(|p| !Path::new(&format!("/proc/{p}")).exists())
+        .expect("a free pid")
+}
+
 fn leftovers(prefix: &str) -> Vec<String> {
     let mut left: Vec<String> = nsfast_sys::netns::list_named()
         .into_iter()
@@ -178,7 +185,7 @@ fn expected_skips() -> BTreeMap<&'static str, String> {
 fn build_and_teardown_leave_nothing_behind() {
     require_root();
     let _serial = serial();
-    let prefix = format!("nsfb-{}-tb", std::process::id());
+    let prefix = nsfast_lab::name::unique("tb");
     let cpus_before = nsfast_sys::sched::allowed_cpus().unwrap();
     let pins_before = pod_pins();
     let expected = expected_skips();
@@ -248,7 +255,7 @@ fn build_and_teardown_leave_nothing_behind() {
 fn a_sockmap_sample_the_shortcut_did_not_carry_is_marked_failed() {
     require_root();
     let _serial = serial();
-    let prefix = format!("nsfb-{}-ti", std::process::id());
+    let prefix = nsfast_lab::name::unique("ti");
     {
         let run_cg = RunCgroup::create(&prefix).unwrap();
         let ctx = BuildCtx {
@@ -296,7 +303,7 @@ fn a_sockmap_sample_the_shortcut_did_not_carry_is_marked_failed() {
 fn pod_topologies_name_the_redirect_they_take() {
     require_root();
     let _serial = serial();
-    let prefix = format!("nsfb-{}-tq", std::process::id());
+    let prefix = nsfast_lab::name::unique("tq");
     {
         let run_cg = RunCgroup::create(&prefix).unwrap();
         let ctx = BuildCtx {
@@ -327,7 +334,7 @@ fn pod_topologies_name_the_redirect_they_take() {
 #[test]
 fn teardown_happens_when_the_user_panics() {
     require_root();
-    let prefix = format!("nsfb-{}-tp", std::process::id());
+    let prefix = nsfast_lab::name::unique("tp");
     let p2 = prefix.clone();
     let r = std::panic::catch_unwind(move || {
         let run_cg = RunCgroup::create(&p2).unwrap();
@@ -360,9 +367,7 @@ fn cleanup_removes_what_a_killed_run_left() {
     require_root();
     let _serial = serial();
     // A pid that is not running: what a SIGKILLed run would have left.
-    let dead = (3_000_000..4_000_000u32)
-        .find(|p| !Path::new(&format!("/proc/{p}")).exists())
-        .unwrap();
+    let dead = dead_pid(3_000_000..4_000_000u32);
     let prefix = format!("nsfb-{dead}");
     let ns = nsfast_sys::netns::NetNs::create(&format!("{prefix}-host"))
         .unwrap()
@@ -370,7 +375,7 @@ fn cleanup_removes_what_a_killed_run_left() {
     drop(ns);
     let cg = nsfast_sys::cgroup::cgroup2_mount().unwrap().join(&prefix);
     std::fs::create_dir_all(cg.join("host/client")).unwrap();
-    let mine = format!("nsfb-{}-tc", std::process::id());
+    let mine = nsfast_lab::name::unique("tc");
     let live = nsfast_sys::netns::NetNs::create(&mine).unwrap();
     let removed = nsfast_bench::topology::cleanup_stale();
     assert!(
@@ -385,14 +390,51 @@ fn cleanup_removes_what_a_killed_run_left() {
     drop(live);
 }
 
+/// A killed test's objects (names of `nsfast_lab::name::unique`, here with a dead pid in place
+/// of ours) are found and removed by the cleanup: namespace, cgroup, temporary folder. A live
+/// test's objects are left alone.
+#[test]
+fn cleanup_removes_what_a_killed_test_left_and_keeps_a_live_ones() {
+    use nsfast_lab::name::{unique, TEST};
+    require_root();
+    let _serial = serial();
+    let dead = dead_pid(3_000_000..4_000_000u32);
+    let me = std::process::id();
+    let theirs =
+        |tag: &str| unique(tag).replacen(&format!("{TEST}{me}x"), &format!("{TEST}{dead}x"), 1);
+    let (ns, cg, dir) = (theirs("ctr"), theirs("cg"), theirs("data"));
+    assert!(ns.starts_with(&format!("{TEST}{dead}x")), "{ns}");
+    drop(nsfast_sys::netns::NetNs::create(&ns).unwrap().persist());
+    let cg = nsfast_sys::cgroup::cgroup2_mount().unwrap().join(cg);
+    std::fs::create_dir_all(&cg).unwrap();
+    let dir = std::env::temp_dir().join(dir);
+    std::fs::create_dir_all(dir.join("sub")).unwrap();
+    let live_ns = nsfast_sys::netns::NetNs::create(&unique("live")).unwrap();
+    let live_dir = std::env::temp_dir().join(unique("live"));
+    std::fs::create_dir_all(&live_dir).unwrap();
+
+    let found = nsfast_bench::topology::stale_leftovers();
+    let removed = nsfast_bench::topology::cleanup_stale();
+    let live_left = Path::new("/run/netns").join(live_ns.name()).exists() && live_dir.exists();
+    let _ = std::fs::remove_dir_all(&live_dir);
+    assert!(found.namespaces.contains(&ns), "{found:?}");
+    assert!(found.cgroups.contains(&cg), "{found:?}");
+    assert!(found.dirs.contains(&dir), "{found:?}");
+    assert!(
+        !found.namespaces.iter().any(|n| n == live_ns.name()),
+        "{found:?}"
+    );
+    assert!(!found.dirs.contains(&live_dir), "{found:?}");
+    assert!(!Path::new("/run/netns").join(&ns).exists(), "{removed:?}");
+    assert!(!cg.exists() && !dir.exists(), "{removed:?}");
+    assert!(live_left, "a live test's objects were removed: {removed:?}");
+}
+
 #[test]
 fn cleanup_removes_a_killed_runs_vpnrelay_world() {
     require_root();
     let _serial = serial();
-    let dead = (3_000_000..4_000_000u32)
-        .rev()
-        .find(|p| !Path::new(&format!("/proc/{p}")).exists())
-        .unwrap();
+    let dead = dead_pid((3_000_000..4_000_000u32).rev());
     let prefix = format!("nsfv{dead}x0");
     for suffix in ["host", "srv"] {
         drop(
@@ -448,16 +490,15 @@ fn cleanup_removes_a_killed_runs_vpnrelay_world() {
 fn cleanup_removes_the_pod_state_a_killed_run_left() {
     require_root();
     let _serial = serial();
-    let dead = (4_000_000..5_000_000u32)
-        .find(|p| !Path::new(&format!("/proc/{p}")).exists())
-        .unwrap();
+    let dead = dead_pid(4_000_000..5_000_000u32);
     let prefix = format!("nsfb-{dead}");
     let make_host = |tag: &str, attach: nsfast_pod::AttachRequest, net: u8| {
         let host = format!("{prefix}-{tag}-ha");
         drop(nsfast_sys::netns::NetNs::create(&host).unwrap().persist());
         let h = nsfast_sys::netns::NetNs::open(&host).unwrap();
-        nsfast_sys::net::create_veth(&h, "wire0", &h, "wire1").unwrap();
-        drop(h);
+        let n = h.netlink().unwrap();
+        n.create_veth("wire0", &n, "wire1").unwrap();
+        drop((n, h));
         for i in 0..2u8 {
             let mut o = nsfast_pod::AddOptions::new(
                 &format!("{prefix}-{tag}-a{i}"),
@@ -576,7 +617,7 @@ fn rootless_topologies_build_and_leave_nothing_behind() {
     let tenant_before = processes_of(tenant.uid);
     let rules_before = run_text(&["ip", "-4", "rule"]);
     let nft_before = run_text(&["nft", "list", "ruleset"]);
-    let prefix = format!("nsfb-{}-tr", std::process::id());
+    let prefix = nsfast_lab::name::unique("tr");
     let world_prefix = format!("nsfv{}x", std::process::id());
     {
         let run_cg = RunCgroup::create(&prefix).unwrap();

@@ -7,8 +7,8 @@ use std::path::PathBuf;
 use std::process::{Command, Stdio};
 
 use nsfast_lab::require_root;
+use nsfast_lab::topology::Topology as _;
 use nsfast_lab::world::unique;
-use nsfast_sys::net;
 use nsfast_sys::netns::NetNs;
 use serde_json::{json, Value};
 
@@ -18,10 +18,13 @@ fn cni_bin() -> PathBuf {
 
 fn cni_path() -> String {
     let p = std::env::var("NSFAST_CNI_PATH").unwrap_or_else(|_| "/usr/lib/cni".into());
-    assert!(
-        PathBuf::from(&p).join("host-local").is_file() && PathBuf::from(&p).join("ptp").is_file(),
-        "host-local/ptp not found in {p}: apt-get install containernetworking-plugins (make deps)"
-    );
+    let ptp = nsfast_lab::ptp::PtpSpec {
+        pods_per_host: 1,
+        cni_path: &p,
+    };
+    if let Err(why) = ptp.probe() {
+        panic!("{why} (make deps)");
+    }
     p
 }
 
@@ -44,7 +47,7 @@ struct Rig {
 impl Rig {
     fn new() -> Self {
         require_root();
-        let tag = unique("nsft-cni");
+        let tag = unique("cni");
         let host = NetNs::create(&format!("{tag}-h")).expect("host netns");
         let data_dir = std::env::temp_dir().join(&tag);
         std::fs::create_dir_all(&data_dir).unwrap();
@@ -60,7 +63,7 @@ impl Rig {
     }
 
     fn container(&mut self) -> String {
-        let ns = NetNs::create(&unique("nsft-ctr")).expect("container netns");
+        let ns = NetNs::create(&unique("ctr")).expect("container netns");
         let p = ns.path().display().to_string();
         self.containers.push(ns);
         p
@@ -182,7 +185,8 @@ fn add_check_add_twice_del_twice() {
     assert_eq!(rig.reservations().len(), 1);
     // The pod is real: its address is on eth0 in the container's namespace.
     let ctr = NetNs::open(&netns).unwrap();
-    let have = net::link_ipv4_addresses(Some(&ctr), "eth0").unwrap();
+    let ctr_nl = ctr.netlink().unwrap();
+    let have = ctr_nl.link_ipv4_addresses("eth0").unwrap();
     assert_eq!(format!("{}/{}", have[0].0, have[0].1), addr);
 
     let chk = rig.run("CHECK", "ctr-a", &netns, &Rig::with_prev(&conf, r));
@@ -216,7 +220,7 @@ fn add_check_add_twice_del_twice() {
     assert!(rig.reservations().is_empty());
     let h = nsfast_pod::Host::open(Some(rig.host.name())).unwrap();
     assert!(!h.pin_dir().exists() && !h.state_dir().exists());
-    assert!(!net::link_exists(Some(&ctr), "eth0").unwrap());
+    assert!(!ctr_nl.link_exists("eth0").unwrap());
     // CHECK after DEL: unknown container.
     let chk = rig.run("CHECK", "ctr-a", &netns, &Rig::with_prev(&conf, r));
     assert!(!chk.ok);
@@ -233,7 +237,11 @@ fn check_fails_after_manual_damage_and_del_still_cleans_up() {
     let pods = rig.host_pods();
     assert_eq!(pods.len(), 1);
     // Damage: someone deletes the host-side device (and with it the pair).
-    net::delete_link(Some(&rig.host), &pods[0].host_if).unwrap();
+    rig.host
+        .netlink()
+        .unwrap()
+        .delete_link(&pods[0].host_if)
+        .unwrap();
     let chk = rig.run("CHECK", "ctr-d", &netns, &Rig::with_prev(&conf, &add.json));
     assert!(!chk.ok, "CHECK passed on a damaged attachment");
     assert_eq!(chk.json["code"], 101, "{}", chk.raw);
@@ -274,7 +282,7 @@ fn gc_removes_only_attachments_not_listed_as_valid() {
         "the collected address was released"
     );
     let ctr2 = NetNs::open(&n2).unwrap();
-    assert!(!net::link_exists(Some(&ctr2), "eth0").unwrap());
+    assert!(!ctr2.netlink().unwrap().link_exists("eth0").unwrap());
     assert!(rig.run("DEL", "ctr-keep", &n1, &conf).ok);
 }
 
@@ -548,11 +556,14 @@ fn ptp_reference_topology_connects_and_cleans_up() {
     use std::io::{Read, Write};
     use std::net::{SocketAddr, TcpListener, TcpStream};
     require_root();
-    let prefix = unique("nsft-rp");
+    let prefix = unique("rp");
     let names;
     {
-        let t = nsfast_lab::ptp::PtpTopology::build(&prefix, 1, &cni_path())
-            .expect("build ptp topology");
+        let t = nsfast_lab::ptp::PtpSpec {
+            pods_per_host: 1,
+            cni_path: &cni_path(),
+        }
+        .expect_built(&prefix);
         let (a, b) = (t.pod(0, 0), t.pod(1, 0));
         let addr = SocketAddr::from((b.ip, 7200));
         let l = b.netns.run(|| TcpListener::bind(addr)).unwrap().unwrap();

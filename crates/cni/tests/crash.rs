@@ -13,7 +13,6 @@ use std::time::{Duration, Instant};
 
 use nsfast_lab::require_root;
 use nsfast_lab::world::unique;
-use nsfast_sys::net;
 use nsfast_sys::netns::NetNs;
 use serde_json::{json, Value};
 
@@ -62,7 +61,7 @@ struct Rig {
 impl Rig {
     fn new() -> Self {
         require_root();
-        let tag = unique("nsft-cc");
+        let tag = unique("cc");
         let host = NetNs::create(&format!("{tag}-h")).expect("host netns");
         let data_dir = std::env::temp_dir().join(&tag);
         std::fs::create_dir_all(&data_dir).unwrap();
@@ -75,7 +74,7 @@ impl Rig {
     }
 
     fn container(&mut self) -> String {
-        let ns = NetNs::create(&unique("nsft-cctr")).expect("container netns");
+        let ns = NetNs::create(&unique("cctr")).expect("container netns");
         let p = ns.path().display().to_string();
         self.containers.push(ns);
         p
@@ -213,7 +212,7 @@ impl Rig {
         );
         let ctr = NetNs::open(ctr_netns).unwrap();
         assert!(
-            !net::link_exists(Some(&ctr), "eth0").unwrap(),
+            !ctr.netlink().unwrap().link_exists("eth0").unwrap(),
             "{when}: eth0 left in the container"
         );
         assert!(
@@ -237,7 +236,11 @@ impl Rig {
             "{when}: the pod's lease"
         );
         let ctr_ns = NetNs::open(ctr_netns).unwrap();
-        let have = net::link_ipv4_addresses(Some(&ctr_ns), "eth0").unwrap();
+        let have = ctr_ns
+            .netlink()
+            .unwrap()
+            .link_ipv4_addresses("eth0")
+            .unwrap();
         assert_eq!(have, [(p.ip, p.prefix)], "{when}");
         let mut conf = self.conf();
         conf["prevResult"] = add.json.clone();
@@ -453,7 +456,12 @@ fn del_with_another_attachments_ids_leaves_the_pod() {
     assert!(del.ok, "{}", del.raw);
     let pods = rig.pods();
     assert_eq!(pods.len(), 1, "DEL removed another container's pod");
-    assert!(net::link_exists(Some(&rig.host), &pods[0].host_if).unwrap());
+    assert!(rig
+        .host
+        .netlink()
+        .unwrap()
+        .link_exists(&pods[0].host_if)
+        .unwrap());
     r.cni.as_mut().unwrap().container_id = "ctr-a".into();
     std::fs::write(&path, serde_json::to_vec(&r).unwrap()).unwrap();
     assert!(rig.run("DEL", "ctr-a", &netns).ok);
@@ -596,7 +604,10 @@ fn cni_netns_that_is_not_a_namespace_is_refused() {
 #[test]
 fn gc_removes_stale_state_of_a_dead_host_with_this_inode() {
     let rig = Rig::new();
-    net::create_veth(&rig.host, "nsftold0", &rig.host, "nsftold1").unwrap();
+    let host_nl = rig.host.netlink().unwrap();
+    host_nl
+        .create_veth("nsftold0", &host_nl, "nsftold1")
+        .unwrap();
     let key = format!("cookie-1-ino-{}", rig.host.inode());
     let dir = PathBuf::from(nsfast_pod::state::STATE_ROOT).join(&key);
     std::fs::create_dir_all(&dir).unwrap();
@@ -615,5 +626,5 @@ fn gc_removes_stale_state_of_a_dead_host_with_this_inode() {
     let _ = std::fs::remove_dir_all(&dir);
     assert!(out.ok, "GC: {}", out.raw);
     assert!(!left, "stale state {} left", dir.display());
-    assert!(net::link_exists(Some(&rig.host), "nsftold0").unwrap());
+    assert!(host_nl.link_exists("nsftold0").unwrap());
 }

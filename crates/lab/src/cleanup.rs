@@ -1,6 +1,7 @@
 //! The one "remove what a dead run left" cleanup, for every throwaway name of [`crate::name`]
-//! whose owning process is gone: bench runs' namespaces, cgroups and pod state, and rootless
-//! worlds' processes, namespaces and folders. Live runs' objects are left alone.
+//! whose owning process is gone: bench runs' and killed tests' namespaces, cgroups, temporary
+//! folders and pod state, and rootless worlds' processes, namespaces and folders. Live runs'
+//! objects are left alone.
 
 use std::fs;
 use std::io;
@@ -36,38 +37,64 @@ pub fn remove_cgroup_tree(path: &Path) -> io::Result<()> {
     remove_cgroup_retry(path)
 }
 
-/// Namespaces and cgroups left by bench runs whose process is gone (`nsfb-<pid>-...`,
-/// [`crate::name::run_prefix`]).
-pub fn bench_leftovers() -> (Vec<String>, Vec<PathBuf>) {
-    let dead = |name: &str| -> bool {
-        crate::name::dead_owner(name).is_some_and(|p| p.starts_with(crate::name::BENCH))
-    };
-    let ns: Vec<String> = nsfast_sys::netns::list_named()
+/// What dead bench runs and killed tests left (names of [`crate::name`] whose owner id is
+/// `nsfb…` or `nsft…` and whose process is gone): named network namespaces, cgroups at the
+/// cgroup2 root, and folders in the temporary directory (real folders owned by this user only,
+/// never a link). Rootless worlds (`nsfv…`) are [`crate::rootless::cleanup_stale`]'s.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Leftovers {
+    pub namespaces: Vec<String>,
+    pub cgroups: Vec<PathBuf>,
+    pub dirs: Vec<PathBuf>,
+}
+
+/// Whether `name` belongs to a dead bench run or a dead test.
+fn dead(name: &str) -> bool {
+    use crate::name::{dead_owner, BENCH, TEST};
+    dead_owner(name).is_some_and(|p| p.starts_with(BENCH) || p.starts_with(TEST))
+}
+
+/// Entries of `dir` with a dead owner's name that are real directories (`own`: owned by this
+/// process's effective user).
+fn dead_dirs(dir: &Path, own: bool) -> Vec<PathBuf> {
+    use std::os::unix::fs::MetadataExt;
+    let euid = nix::unistd::Uid::effective().as_raw();
+    fs::read_dir(dir)
         .into_iter()
-        .filter(|n| dead(n))
-        .collect();
-    let cgs = nsfast_sys::cgroup::cgroup2_mount()
-        .ok()
-        .and_then(|m| fs::read_dir(m).ok())
-        .map(|rd| {
-            rd.flatten()
-                .filter(|e| e.file_name().to_str().is_some_and(dead))
-                .map(|e| e.path())
-                .collect()
+        .flatten()
+        .flatten()
+        .filter(|e| e.file_name().to_str().is_some_and(dead))
+        .filter(|e| {
+            e.path()
+                .symlink_metadata()
+                .is_ok_and(|m| m.is_dir() && (!own || m.uid() == euid))
         })
-        .unwrap_or_default();
-    (ns, cgs)
+        .map(|e| e.path())
+        .collect()
+}
+
+/// Finds what [`Leftovers`] describes.
+pub fn leftovers() -> Leftovers {
+    Leftovers {
+        namespaces: nsfast_sys::netns::list_named()
+            .into_iter()
+            .filter(|n| dead(n))
+            .collect(),
+        cgroups: nsfast_sys::cgroup::cgroup2_mount()
+            .map(|m| dead_dirs(&m, false))
+            .unwrap_or_default(),
+        dirs: dead_dirs(&std::env::temp_dir(), true),
+    }
 }
 
 /// The one "remove what a dead run left" cleanup (`nsfast bench --cleanup`): removes what
-/// [`bench_leftovers`] finds, and the `nsfast pod` state of killed runs' pod
+/// [`leftovers`] finds, and the `nsfast pod` state of killed runs' pod
 /// topologies (`bpf`, `netkit`): pods of a stale host namespace are deleted through
 /// `nsfast pod` (their tc filters, pins and records with them) before the namespaces go, and
 /// pod state whose host namespace is already gone is removed after. Returns what was removed.
 pub fn dead_runs() -> Vec<String> {
     let mut done = Vec::new();
-    let (ns, _) = bench_leftovers();
-    for n in &ns {
+    for n in &leftovers().namespaces {
         let Ok(host) = nsfast_pod::Host::open(Some(n)) else {
             continue;
         };
@@ -84,17 +111,23 @@ pub fn dead_runs() -> Vec<String> {
         }
     }
     // Pod namespaces went with their pods: list again.
-    let (ns, cgs) = bench_leftovers();
-    for n in ns {
+    let left = leftovers();
+    for n in left.namespaces {
         match nsfast_sys::netns::delete_named(&n) {
             Ok(()) => done.push(format!("network namespace {n}")),
             Err(e) => tracing::warn!("{e}"),
         }
     }
-    for c in cgs {
+    for c in left.cgroups {
         match remove_cgroup_tree(&c) {
             Ok(()) => done.push(format!("cgroup {}", c.display())),
             Err(e) => tracing::warn!("remove cgroup {}: {e}", c.display()),
+        }
+    }
+    for d in left.dirs {
+        match fs::remove_dir_all(&d) {
+            Ok(()) => done.push(format!("folder {}", d.display())),
+            Err(e) => tracing::warn!("remove {}: {e}", d.display()),
         }
     }
     match nsfast_pod::pod::remove_orphaned_state() {

@@ -5,8 +5,10 @@
 //! Module map:
 //! - [`topology`] — the one trait of a throwaway world: probe (reason to skip), build (a guard
 //!   that tears the world down on drop, in an order each implementor documents).
-//! - [`name`]  — the one naming scheme (`nsf<kind><pid>...`) and who owns a name.
-//! - [`cleanup`] — the one "remove what a dead run left" (`nsfast bench --cleanup`).
+//! - [`name`]  — the one naming scheme (owner id `nsf<kind><pid>[x<n>]`, then `-<part>`) and
+//!   who owns a name.
+//! - [`cleanup`] — the one "remove what a dead run left" (`nsfast bench --cleanup`): dead bench
+//!   runs', killed tests' and dead rootless worlds' objects.
 //! - [`world`] — throwaway network namespaces joined by veth, cgroups, all removed on drop
 //!   (also when a test panics).
 //! - [`pods`]  — two hosts joined by a veth wire, with nsfast pods (`nsfast_pod::add`).

@@ -11,7 +11,7 @@
 
 use std::net::{IpAddr, Ipv4Addr};
 
-use nsfast_sys::net;
+use nsfast_sys::net::NetError;
 use nsfast_sys::netns::NetNs;
 
 use nsfast_pod::pod::{self, AddOptions, PodIp};
@@ -30,6 +30,29 @@ pub fn host_ip(h: usize) -> Ipv4Addr {
 /// Pod `i` of host `h`.
 pub fn pod_ip(h: usize, i: usize) -> Ipv4Addr {
     Ipv4Addr::new(10, 251, 1 + h as u8, 10 + i as u8)
+}
+
+/// Host namespaces `<prefix>-ha` / `<prefix>-hb` joined by the [`WIRE_IF`] wire (addresses
+/// [`host_ip`]), each routing the other's pod subnet (10.251.<1 + h>.0/24) over it: the layout
+/// this topology and [`crate::ptp`] share. One netlink handle per host.
+pub fn two_hosts(prefix: &str) -> Result<[NetNs; 2], NetError> {
+    let hosts = [
+        NetNs::create(&format!("{prefix}-ha"))?,
+        NetNs::create(&format!("{prefix}-hb"))?,
+    ];
+    let nl = [hosts[0].netlink()?, hosts[1].netlink()?];
+    nl[0].create_veth_into(WIRE_IF, "wiretmp0", &nl[1], WIRE_IF)?;
+    for (h, n) in nl.iter().enumerate() {
+        n.add_address(WIRE_IF, IpAddr::V4(host_ip(h)), 24)?;
+        let other = 1 - h;
+        n.add_route(
+            IpAddr::V4(Ipv4Addr::new(10, 251, 1 + other as u8, 0)),
+            24,
+            Some(IpAddr::V4(host_ip(other))),
+            None,
+        )?;
+    }
+    Ok(hosts)
 }
 
 /// The topology. Fields are public so benches can start processes in the namespaces.
@@ -72,25 +95,10 @@ impl Topology {
         attach: AttachRequest,
         pods_per_host: usize,
     ) -> Result<Self, PodError> {
-        let a = NetNs::create(&format!("{prefix}-ha"))?;
-        let b = NetNs::create(&format!("{prefix}-hb"))?;
         let mut t = Topology {
-            hosts: [a, b],
+            hosts: two_hosts(prefix)?,
             pods: Vec::new(),
         };
-        net::create_veth_into(Some(&t.hosts[0]), WIRE_IF, "wiretmp0", &t.hosts[1], WIRE_IF)?;
-        for h in 0..2 {
-            let ns = Some(&t.hosts[h]);
-            net::add_address(ns, WIRE_IF, IpAddr::V4(host_ip(h)), 24)?;
-            let other = 1 - h;
-            net::add_route(
-                ns,
-                IpAddr::V4(Ipv4Addr::new(10, 251, 1 + other as u8, 0)),
-                24,
-                Some(IpAddr::V4(host_ip(other))),
-                None,
-            )?;
-        }
         for h in 0..2 {
             for i in 0..pods_per_host {
                 let name = format!("{prefix}-{}{i}", ["a", "b"][h]);

@@ -3,12 +3,11 @@
 //! DELs every pod through ptp, then removes the namespaces and the IPAM store.
 
 use std::io::Write;
-use std::net::{IpAddr, Ipv4Addr};
+use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
-use crate::pods::{host_ip, WIRE_IF};
-use nsfast_sys::net;
+use crate::pods::two_hosts;
 use nsfast_sys::netns::NetNs;
 use serde_json::{json, Value};
 
@@ -44,7 +43,7 @@ impl PtpTopology {
     /// `cni_path`: where `ptp` and `host-local` are (Debian: /usr/lib/cni).
     pub fn build(prefix: &str, pods_per_host: usize, cni_path: &str) -> Result<Self, CniError> {
         let ns = |n: String| NetNs::create(&n).map_err(|e| io("create namespace", e));
-        let hosts = [ns(format!("{prefix}-ha"))?, ns(format!("{prefix}-hb"))?];
+        let hosts = two_hosts(prefix).map_err(|e| io("build the hosts and their wire", e))?;
         let data_dir = std::env::temp_dir().join(format!("{prefix}-ipam"));
         std::fs::create_dir_all(&data_dir).map_err(|e| io("create IPAM store", e))?;
         let mut t = Self {
@@ -54,22 +53,6 @@ impl PtpTopology {
             data_dir,
             network: format!("{prefix}-ptp"),
         };
-        net::create_veth_into(Some(&t.hosts[0]), WIRE_IF, "wiretmp0", &t.hosts[1], WIRE_IF)
-            .map_err(|e| io("create wire", e))?;
-        for h in 0..2 {
-            let ns = Some(&t.hosts[h]);
-            net::add_address(ns, WIRE_IF, IpAddr::V4(host_ip(h)), 24)
-                .map_err(|e| io("wire address", e))?;
-            let other = 1 - h;
-            net::add_route(
-                ns,
-                IpAddr::V4(Ipv4Addr::new(10, 251, 1 + other as u8, 0)),
-                24,
-                Some(IpAddr::V4(host_ip(other))),
-                None,
-            )
-            .map_err(|e| io("route to the other host's pods", e))?;
-        }
         for h in 0..2 {
             for i in 0..pods_per_host {
                 let netns = ns(format!("{prefix}-p{}{i}", ["a", "b"][h]))?;
@@ -170,7 +153,7 @@ impl crate::topology::Topology for PtpSpec<'_> {
     fn probe(&self) -> Result<(), String> {
         for p in ["ptp", "host-local"] {
             let f = Path::new(self.cni_path).join(p);
-            if !f.exists() {
+            if !f.is_file() {
                 return Err(format!(
                     "{} not found (install containernetworking-plugins)",
                     f.display()

@@ -207,9 +207,11 @@ impl World {
             children: Mutex::new(Vec::new()),
         };
         let (vh, vs) = (format!("{prefix}h"), format!("{prefix}s"));
-        nsfast_sys::net::create_veth(&w.host, &vh, &w.server, &vs)?;
-        nsfast_sys::net::add_address(Some(&w.host), &vh, HOST_IP.into(), 24)?;
-        nsfast_sys::net::add_address(Some(&w.server), &vs, SERVER_IP.into(), 24)?;
+        let (nh, ns) = (w.host.netlink()?, w.server.netlink()?);
+        nh.create_veth(&vh, &ns, &vs)?;
+        nh.add_address(&vh, HOST_IP.into(), 24)?;
+        ns.add_address(&vs, SERVER_IP.into(), 24)?;
+        drop((nh, ns));
         std::fs::create_dir_all(&runtime_dir)?;
         nix::unistd::chown(
             &runtime_dir,

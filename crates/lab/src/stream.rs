@@ -49,29 +49,23 @@ pub trait Duplex: Read + Write + Send + Sized + 'static {
     fn read_timeout(&self, d: Duration);
 }
 
-impl Duplex for TcpStream {
-    fn dup(&self) -> Self {
-        self.try_clone().unwrap()
-    }
-    fn shut_wr(&self) {
-        self.shutdown(std::net::Shutdown::Write).unwrap();
-    }
-    fn read_timeout(&self, d: Duration) {
-        self.set_read_timeout(Some(d)).unwrap();
-    }
+/// TCP and UNIX streams have the same `try_clone`/`shutdown`/`set_read_timeout`.
+macro_rules! duplex_for {
+    ($($t:ty),*) => {$(
+        impl Duplex for $t {
+            fn dup(&self) -> Self {
+                self.try_clone().unwrap()
+            }
+            fn shut_wr(&self) {
+                self.shutdown(std::net::Shutdown::Write).unwrap();
+            }
+            fn read_timeout(&self, d: Duration) {
+                self.set_read_timeout(Some(d)).unwrap();
+            }
+        }
+    )*};
 }
-
-impl Duplex for UnixStream {
-    fn dup(&self) -> Self {
-        self.try_clone().unwrap()
-    }
-    fn shut_wr(&self) {
-        self.shutdown(std::net::Shutdown::Write).unwrap();
-    }
-    fn read_timeout(&self, d: Duration) {
-        self.set_read_timeout(Some(d)).unwrap();
-    }
-}
+duplex_for!(TcpStream, UnixStream);
 
 /// What one end of a [`bidir`] transfer sent and received.
 #[derive(Debug, PartialEq, Eq)]

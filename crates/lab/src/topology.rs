@@ -27,4 +27,17 @@ pub trait Topology {
 
     /// Builds the world.
     fn build(&self, ctx: &Self::Ctx) -> Result<Self::Guard, Self::Error>;
+
+    /// For root tests, which never pass by skipping: [`Topology::probe`] then
+    /// [`Topology::build`], panicking with the probe's reason or the build's error.
+    fn expect_built(&self, ctx: &Self::Ctx) -> Self::Guard
+    where
+        Self::Error: std::fmt::Display,
+    {
+        if let Err(why) = self.probe() {
+            panic!("cannot build the {} world here: {why}", self.name());
+        }
+        self.build(ctx)
+            .unwrap_or_else(|e| panic!("building the {} world: {e:#}", self.name()))
+    }
 }

@@ -19,7 +19,7 @@ pub struct TestCgroup {
 impl TestCgroup {
     pub fn new() -> Self {
         let root = cgroup2_mount().expect("cgroup2 mount");
-        let cg = Cgroup::create(root.join(unique("nsft-cg"))).expect("create test cgroup");
+        let cg = Cgroup::create(root.join(unique("cg"))).expect("create test cgroup");
         Self { cg }
     }
 
@@ -73,43 +73,26 @@ impl VethPair {
     pub const SERVER_IF: &'static str = "nss0";
 
     pub fn new() -> Self {
-        let client = NetNs::create(&unique("nsft-c")).expect("create client netns");
-        let server = NetNs::create(&unique("nsft-s")).expect("create server netns");
+        let client = NetNs::create(&unique("c")).expect("create client netns");
+        let server = NetNs::create(&unique("s")).expect("create server netns");
         for ns in [&client, &server] {
             // No DAD, so IPv6 addresses are usable at once.
             net::set_sysctl(Some(ns), "net.ipv6.conf.all.accept_dad", "0").expect("sysctl");
             net::set_sysctl(Some(ns), "net.ipv6.conf.default.accept_dad", "0").expect("sysctl");
         }
-        net::create_veth(&client, Self::CLIENT_IF, &server, Self::SERVER_IF)
+        let (c, s) = (
+            client.netlink().expect("netlink in client"),
+            server.netlink().expect("netlink in server"),
+        );
+        c.create_veth(Self::CLIENT_IF, &s, Self::SERVER_IF)
             .expect("create veth pair");
-        net::add_address(
-            Some(&client),
-            Self::CLIENT_IF,
-            IpAddr::V4(Self::CLIENT_V4),
-            24,
-        )
-        .expect("addr");
-        net::add_address(
-            Some(&server),
-            Self::SERVER_IF,
-            IpAddr::V4(Self::SERVER_V4),
-            24,
-        )
-        .expect("addr");
-        net::add_address(
-            Some(&client),
-            Self::CLIENT_IF,
-            IpAddr::V6(Self::CLIENT_V6),
-            64,
-        )
-        .expect("addr6");
-        net::add_address(
-            Some(&server),
-            Self::SERVER_IF,
-            IpAddr::V6(Self::SERVER_V6),
-            64,
-        )
-        .expect("addr6");
+        for (nl, ifname, v4, v6) in [
+            (&c, Self::CLIENT_IF, Self::CLIENT_V4, Self::CLIENT_V6),
+            (&s, Self::SERVER_IF, Self::SERVER_V4, Self::SERVER_V6),
+        ] {
+            nl.add_address(ifname, IpAddr::V4(v4), 24).expect("addr");
+            nl.add_address(ifname, IpAddr::V6(v6), 64).expect("addr6");
+        }
         Self { client, server }
     }
 }

@@ -479,7 +479,7 @@ mod tests {
             eprintln!("skipped: needs root");
             return;
         }
-        let ns = NetNs::create(&format!("nsft-lo-{}", std::process::id())).unwrap();
+        let ns = NetNs::create(&format!("nsft{}x0-lo", std::process::id())).unwrap();
         ns.run(|| {
             let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
             std::net::TcpStream::connect(l.local_addr().unwrap()).unwrap();
@@ -497,7 +497,7 @@ mod tests {
         );
         assert_eq!(a, current_cookie().unwrap());
         if nix::unistd::geteuid().is_root() {
-            let name = format!("nsft-ck-{}", std::process::id());
+            let name = format!("nsft{}x0-ck", std::process::id());
             let other = NetNs::create(&name).unwrap();
             assert_ne!(other.cookie().unwrap(), a);
         }

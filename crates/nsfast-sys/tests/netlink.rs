@@ -14,9 +14,11 @@ fn one_handle_per_namespace_serves_a_whole_sequence() {
         nix::unistd::geteuid().is_root(),
         "needs root (network namespaces): run as root"
     );
+    // Names in nsfast_lab::name's test form (nsfast-sys cannot depend on the lab), so the
+    // dead-run cleanup finds them after a kill.
     let id = std::process::id();
-    let a = NetNs::create(&format!("nsft-nla-{id}")).unwrap();
-    let b = NetNs::create(&format!("nsft-nlb-{id}")).unwrap();
+    let a = NetNs::create(&format!("nsft{id}x0-nla")).unwrap();
+    let b = NetNs::create(&format!("nsft{id}x1-nlb")).unwrap();
     let before = connections_opened();
     let na = a.netlink().unwrap();
     let nb = b.netlink().unwrap();

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 const EXE: &str = env!("CARGO_BIN_EXE_nsfast");
 
 fn leftovers(pid: u32) -> Vec<String> {
-    let prefix = format!("nsfb-{pid}");
+    let prefix = nsfast_lab::name::run_prefix_of(pid);
     let mut left: Vec<String> = std::fs::read_dir("/run/netns")
         .map(|rd| {
             rd.flatten()
@@ -61,7 +61,7 @@ fn bad_arguments_give_one_clear_error() {
 #[test]
 fn tiny_run_writes_json_and_svgs() {
     require_root();
-    let dir = std::env::temp_dir().join(format!("nsfb-cli-{}", std::process::id()));
+    let dir = std::env::temp_dir().join(nsfast_lab::name::unique("cli"));
     let json = dir.join("run.json");
     let out = bench(&[
         "--topologies",
@@ -231,7 +231,7 @@ fn sigkill_leaves_no_process_and_cleanup_removes_the_rest() {
     child.wait().unwrap();
     let cg = ["/sys/fs/cgroup/unified", "/sys/fs/cgroup"]
         .iter()
-        .map(|m| Path::new(m).join(format!("nsfb-{pid}")))
+        .map(|m| Path::new(m).join(nsfast_lab::name::run_prefix_of(pid)))
         .find(|p| p.exists())
         .expect("a SIGKILLed run leaves its cgroup behind");
     // Its workers die with it (PR_SET_PDEATHSIG).
@@ -296,7 +296,7 @@ fn vsock_topologies_are_skipped_outside_a_guest() {
 #[test]
 fn output_to_stdout_with_csv_hgrm_and_svg_dir() {
     require_root();
-    let dir = std::env::temp_dir().join(format!("nsfb-out-{}", std::process::id()));
+    let dir = std::env::temp_dir().join(nsfast_lab::name::unique("out"));
     let csv = dir.join("run.csv");
     let (hgrm, svgs) = (dir.join("hgrm"), dir.join("svg"));
     let out = bench(&[

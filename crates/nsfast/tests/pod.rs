@@ -10,8 +10,9 @@ use std::process::{Command, Output};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use nsfast_lab::pods::{self as topology, Topology};
+use nsfast_lab::pods::{self as topology, PodsSpec, Topology};
 use nsfast_lab::require_root;
+use nsfast_lab::topology::Topology as _;
 use nsfast_lab::world::unique;
 use nsfast_pod::abi;
 use nsfast_pod::ModeRequest;
@@ -36,7 +37,7 @@ fn nsfast(args: &[&str]) -> Output {
 }
 
 fn prefix() -> String {
-    unique("nsft-p")
+    unique("p")
 }
 
 /// A TCP echo server in `ns` on `addr`, serving `conns` connections of `ROUNDS` messages.
@@ -198,8 +199,18 @@ fn l3() -> bool {
 }
 
 fn build(p: &str, pods: usize) -> Topology {
+    build_with(p, nsfast_pod::AttachRequest::Auto, pods)
+}
+
+/// The two-host pod world bench builds (`nsfast_lab::pods::PodsSpec`), in this run's mode.
+fn build_with(p: &str, attach: nsfast_pod::AttachRequest, pods_per_host: usize) -> Topology {
     require_root();
-    Topology::build(p, mode(), pods).expect("build topology")
+    PodsSpec {
+        mode: mode(),
+        attach,
+        pods_per_host,
+    }
+    .expect_built(p)
 }
 
 #[test]
@@ -267,7 +278,8 @@ fn a_pod_cannot_see_or_detach_its_programs() {
     let host_if = a0.record.host_if.clone();
     // The programs sit on the host-side device, in the host namespace: not nameable from the
     // pod, and the pod's own device carries nothing it could detach.
-    assert!(!net::link_exists(Some(&pod_ns), &host_if).unwrap());
+    let pod_nl = pod_ns.netlink().unwrap();
+    assert!(!pod_nl.link_exists(&host_if).unwrap());
     if tcx() {
         for ingress in [true, false] {
             let progs = nsfast_pod::datapath::tcx_programs(&pod_ns, "eth0", ingress).unwrap();
@@ -278,7 +290,7 @@ fn a_pod_cannot_see_or_detach_its_programs() {
     // has no tc filters either.
     assert!(nsfast_pod::datapath::tcx_programs(&pod_ns, &host_if, true).is_err());
     for ingress in [true, false] {
-        let f = net::tc_filters(Some(&pod_ns), "eth0", ingress).unwrap();
+        let f = pod_nl.tc_filters("eth0", ingress).unwrap();
         assert!(f.is_empty(), "tc filters on the pod's eth0: {f:?}");
     }
     match a0.record.attach {
@@ -295,7 +307,11 @@ fn a_pod_cannot_see_or_detach_its_programs() {
         }
         nsfast_pod::AttachMethod::Tc => {
             // Classic tc (no TCX on this kernel): one cls_bpf filter on the host end.
-            let f = net::tc_filters(Some(&t.hosts[0]), &host_if, true).unwrap();
+            let f = t.hosts[0]
+                .netlink()
+                .unwrap()
+                .tc_filters(&host_if, true)
+                .unwrap();
             assert_eq!(f.len(), 1, "{f:?}");
             assert_eq!(f[0].bpf_name.as_deref(), Some(abi::PROG_FROM_CONTAINER));
         }
@@ -389,8 +405,9 @@ fn cli_add_list_del_leaves_nothing_behind() {
         assert!(!netns::list_named().contains(n), "pod netns {n} left");
     }
     guard.names.clear();
+    let host_nl = host_ns.netlink().unwrap();
     for i in &host_ifs {
-        assert!(!net::link_exists(Some(&host_ns), i).unwrap(), "{i} left");
+        assert!(!host_nl.link_exists(i).unwrap(), "{i} left");
     }
     assert!(!pins.exists(), "pins left in {}", pins.display());
     assert!(!state.exists(), "state left in {}", state.display());
@@ -592,12 +609,12 @@ fn veth_without_tcx_falls_back_to_tc_and_forced_tcx_is_refused() {
 #[test]
 fn tc_attach_carries_pod_and_wire_traffic_and_cleans_up_exactly() {
     require_root();
-    let t = Topology::build_with(&prefix(), mode(), nsfast_pod::AttachRequest::Tc, 2)
-        .expect("build topology");
+    let t = build_with(&prefix(), nsfast_pod::AttachRequest::Tc, 2);
     let (a0, a1, b0) = (t.pod(0, 0), t.pod(0, 1), t.pod(1, 0));
     let veth = mode() == ModeRequest::Veth;
     // What was attached, as `pod list --json` reports it.
-    for h in 0..2 {
+    let nl = [t.hosts[0].netlink().unwrap(), t.hosts[1].netlink().unwrap()];
+    for (h, host_nl) in nl.iter().enumerate() {
         let out = nsfast(&["pod", "list", "--host", t.host_name(h), "--json"]);
         let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
         for p in v["pods"].as_array().unwrap() {
@@ -606,7 +623,7 @@ fn tc_attach_carries_pod_and_wire_traffic_and_cleans_up_exactly() {
         }
         assert_eq!(v["uplinks"][0]["ifname"], topology::WIRE_IF, "{v}");
         assert_eq!(v["uplinks"][0]["attach"], "tc", "{v}");
-        let f = net::tc_filters(Some(&t.hosts[h]), topology::WIRE_IF, true).unwrap();
+        let f = host_nl.tc_filters(topology::WIRE_IF, true).unwrap();
         assert_eq!(f.len(), 1, "{f:?}");
         assert_eq!(f[0].bpf_name.as_deref(), Some(abi::PROG_FROM_WIRE));
         if tcx() {
@@ -617,7 +634,7 @@ fn tc_attach_carries_pod_and_wire_traffic_and_cleans_up_exactly() {
     }
     if veth {
         for p in [a0, a1, b0] {
-            let f = net::tc_filters(Some(&t.hosts[p.host]), &p.record.host_if, true).unwrap();
+            let f = nl[p.host].tc_filters(&p.record.host_if, true).unwrap();
             assert_eq!(f.len(), 1, "{f:?}");
             assert_eq!(f[0].bpf_name.as_deref(), Some(abi::PROG_FROM_CONTAINER));
         }
@@ -638,15 +655,15 @@ fn tc_attach_carries_pod_and_wire_traffic_and_cleans_up_exactly() {
             .unwrap()
             .is_some());
         if veth {
-            assert!(!net::link_exists(Some(&t.hosts[p.host]), &p.record.host_if).unwrap());
+            assert!(!nl[p.host].link_exists(&p.record.host_if).unwrap());
         }
         let left = nsfast_pod::list(Some(host)).unwrap().pods.len();
-        let f = net::tc_filters(Some(&t.hosts[p.host]), topology::WIRE_IF, true).unwrap();
+        let f = nl[p.host].tc_filters(topology::WIRE_IF, true).unwrap();
         assert_eq!(f.len(), usize::from(left > 0), "{host}: {left} pods, {f:?}");
     }
-    for h in 0..2 {
+    for (h, host_nl) in nl.iter().enumerate() {
         assert!(
-            !net::has_clsact(Some(&t.hosts[h]), topology::WIRE_IF).unwrap(),
+            !host_nl.has_clsact(topology::WIRE_IF).unwrap(),
             "host {h}: the clsact qdisc nsfast added is still on {}",
             topology::WIRE_IF
         );
@@ -668,7 +685,8 @@ fn tc_uplink_keeps_a_clsact_qdisc_it_did_not_add() {
         host: &host,
         names: vec![pod.clone()],
     };
-    net::create_veth(&host_ns, "upa0", &host_ns, "upb0").unwrap();
+    let host_nl = host_ns.netlink().unwrap();
+    host_nl.create_veth("upa0", &host_nl, "upb0").unwrap();
     host_ns
         .run(|| aya::programs::tc::qdisc_add_clsact("upa0"))
         .unwrap()
@@ -704,7 +722,7 @@ fn tc_uplink_keeps_a_clsact_qdisc_it_did_not_add() {
     let s = String::from_utf8_lossy(&out.stdout);
     assert!(s.contains("upa0 (tc), upb0 (tc)"), "{s}");
     for dev in ["upa0", "upb0"] {
-        let f = net::tc_filters(Some(&host_ns), dev, true).unwrap();
+        let f = host_nl.tc_filters(dev, true).unwrap();
         assert_eq!(f.len(), 1, "{dev}: {f:?}");
         assert_eq!(f[0].bpf_name.as_deref(), Some(abi::PROG_FROM_WIRE));
     }
@@ -713,15 +731,9 @@ fn tc_uplink_keeps_a_clsact_qdisc_it_did_not_add() {
     let r = h.record(&pod).unwrap().unwrap();
     assert_eq!(nsfast_pod::pod::check(&h, &r), Vec::<String>::new());
     let f = &r.tc_filters[0];
-    assert!(net::tc_filter_delete(
-        Some(&host_ns),
-        &f.ifname,
-        Some(f.ifindex),
-        true,
-        f.priority,
-        f.handle
-    )
-    .unwrap());
+    assert!(host_nl
+        .tc_filter_delete(&f.ifname, Some(f.ifindex), true, f.priority, f.handle)
+        .unwrap());
     let bad = nsfast_pod::pod::check(&h, &r);
     assert!(
         bad.len() == 1 && bad[0].contains("tc filter") && bad[0].contains("missing"),
@@ -731,15 +743,13 @@ fn tc_uplink_keeps_a_clsact_qdisc_it_did_not_add() {
     let out = nsfast(&["pod", "del", &pod, "--host", &host]);
     assert!(out.status.success());
     for dev in ["upa0", "upb0"] {
-        assert!(net::tc_filters(Some(&host_ns), dev, true)
-            .unwrap()
-            .is_empty());
+        assert!(host_nl.tc_filters(dev, true).unwrap().is_empty());
     }
     assert!(
-        net::has_clsact(Some(&host_ns), "upa0").unwrap(),
+        host_nl.has_clsact("upa0").unwrap(),
         "the clsact that was there before went"
     );
-    assert!(!net::has_clsact(Some(&host_ns), "upb0").unwrap());
+    assert!(!host_nl.has_clsact("upb0").unwrap());
     assert_unchanged(&host_ns, &pod);
 }
 
@@ -928,7 +938,7 @@ fn del_all_removes_every_pod_and_the_hosts_state() {
 #[ignore = "needs netkit: runs in the VM harness's 6.12 and 7.2 guests (pod-bench)"]
 fn bench_pod_topologies_with_netkit_run() {
     require_root();
-    let dir = std::env::temp_dir().join(unique("nsft-podbench"));
+    let dir = std::env::temp_dir().join(unique("podbench"));
     std::fs::create_dir_all(&dir).unwrap();
     let json = dir.join("run.json");
     let topologies = ["host", "bpf", "bpf-remote", "netkit"];
@@ -985,7 +995,7 @@ fn bench_pod_topologies_with_netkit_run() {
     }
     let left: Vec<String> = netns::list_named()
         .into_iter()
-        .filter(|n| n.starts_with("nsfb-"))
+        .filter(|n| n.starts_with(nsfast_lab::name::BENCH))
         .collect();
     assert!(left.is_empty(), "{left:?}");
     let _ = std::fs::remove_dir_all(&dir);

@@ -11,11 +11,11 @@ use std::path::PathBuf;
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
-use nsfast_lab::pods::{self as topology, Topology};
+use nsfast_lab::pods::{self as topology, PodsSpec, Topology};
 use nsfast_lab::require_root;
+use nsfast_lab::topology::Topology as _;
 use nsfast_lab::world::unique;
 use nsfast_pod::ModeRequest;
-use nsfast_sys::net;
 use nsfast_sys::netns::NetNs;
 use socket2::{Domain, Protocol, SockAddr, Socket, Type};
 
@@ -163,13 +163,23 @@ fn forged_is_dropped_own_arrives(
     );
 }
 
+/// The two-host pod world bench builds, `pods_per_host` pods a host, in this run's mode.
+fn pods(prefix: &str, pods_per_host: usize) -> Topology {
+    PodsSpec {
+        mode: mode(),
+        attach: nsfast_pod::AttachRequest::Auto,
+        pods_per_host,
+    }
+    .expect_built(prefix)
+}
+
 /// Pods A (a0), B (a1), C (a2) on host A, a remote pod on host B: A forges B's address (and
 /// a remote pod's, and one nobody has) towards C, towards the remote pod over the wire and
 /// towards the host; every forged datagram is dropped and counted, the genuine one arrives.
 #[test]
 fn raw_socket_in_a_pod_cannot_send_with_another_pods_source() {
     require_root();
-    let t = Topology::build(&unique("nsft-sp"), mode(), 3).expect("build topology");
+    let t = pods(&unique("sp"), 3);
     let host = t.host_name(0).to_string();
     let (a, b, c) = (t.pod(0, 0), t.pod(0, 1), t.pod(0, 2));
     let remote = t.pod(1, 0);
@@ -254,13 +264,15 @@ fn arp_with_another_pods_sender_ip_is_not_answered() {
         eprintln!("netkit L3 pods have no ARP (IFF_NOARP): nothing to test");
         return;
     }
-    let t = Topology::build(&unique("nsft-sa"), mode(), 2).expect("build topology");
+    let t = pods(&unique("sa"), 2);
     let host = t.host_name(0).to_string();
     let (a, b) = (t.pod(0, 0), t.pod(0, 1));
     let a_ns = a.netns().unwrap();
     let pod_if = &a.record.pod_if;
-    let ifindex = net::link_index(Some(&a_ns), pod_if).unwrap();
-    let mac = net::link_mac(Some(&a_ns), pod_if).unwrap();
+    let a_nl = a_ns.netlink().unwrap();
+    let ifindex = a_nl.link_index(pod_if).unwrap();
+    let mac = a_nl.link_mac(pod_if).unwrap();
+    drop(a_nl);
     let s = a_ns.run(|| arp_socket(ifindex)).unwrap();
     let mut buf = [std::mem::MaybeUninit::<u8>::uninit(); 1500];
     let mut replied = |tip: Ipv4Addr| -> bool {
@@ -409,10 +421,10 @@ fn host_firewall_pods_meet_host_netfilter_other_pods_bypass_it() {
     const PORT: u16 = 7100;
     const N: usize = 10;
     let h = FwHost {
-        ns: Some(NetNs::create(&unique("nsft-fw")).expect("host netns")),
+        ns: Some(NetNs::create(&unique("fw")).expect("host netns")),
     };
     let host = h.name();
-    let p = unique("nsft-f");
+    let p = unique("f");
     let ips: Vec<Ipv4Addr> = (0..4).map(|i| Ipv4Addr::new(10, 252, 1, 10 + i)).collect();
     let names: Vec<String> = (0..4).map(|i| format!("{p}-{i}")).collect();
     // 0, 1: host firewall; 2, 3: not.

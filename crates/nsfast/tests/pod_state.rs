@@ -11,7 +11,6 @@ use std::process::{Command, Output};
 use nsfast_lab::require_root;
 use nsfast_lab::world::{link_names as links, unique};
 use nsfast_pod::state::{bpffs_root, PIN_SUBDIR, STATE_ROOT};
-use nsfast_sys::net;
 use nsfast_sys::netns::{self, NetNs};
 
 fn nsfast_bin() -> PathBuf {
@@ -135,7 +134,7 @@ fn assert_clean(host: &str, pod: &str, when: &str) {
 #[test]
 fn pod_add_killed_after_each_step_then_del_and_add_work_and_nothing_is_left() {
     require_root();
-    let p = unique("nsft-pk");
+    let p = unique("pk");
     let host = format!("{p}-h");
     let pod = format!("{p}-k");
     let _c = Cleanup {
@@ -213,7 +212,7 @@ fn pod_add_killed_after_each_step_then_del_and_add_work_and_nothing_is_left() {
         assert!(!r.pending, "{step}");
         let pns = NetNs::open(&pod).unwrap();
         assert_eq!(
-            net::link_ipv4_addresses(Some(&pns), "eth0").unwrap(),
+            pns.netlink().unwrap().link_ipv4_addresses("eth0").unwrap(),
             [("10.78.0.5".parse().unwrap(), 24)],
             "{step}"
         );
@@ -234,7 +233,7 @@ fn pod_add_killed_after_each_step_then_del_and_add_work_and_nothing_is_left() {
 #[test]
 fn host_inode_reuse_never_blocks_add_and_del_all_touches_only_the_new_host() {
     require_root();
-    let p = unique("nsft-pr");
+    let p = unique("pr");
     let (old_h, old_pod, new_pod) = (format!("{p}-old"), format!("{p}-a"), format!("{p}-b"));
     let mut c = Cleanup {
         hosts: vec![],
@@ -303,7 +302,8 @@ fn host_inode_reuse_never_blocks_add_and_del_all_touches_only_the_new_host() {
     c.dirs.push(Path::new(STATE_ROOT).join(&stale_key));
     c.dirs.push(bpffs_root().join(PIN_SUBDIR).join(&stale_key));
     // A device of the new host that happens to have the dead pod's device name.
-    net::create_veth(&new_h, &old_if, &new_h, "nsftdecoy1").unwrap();
+    let new_nl = new_h.netlink().unwrap();
+    new_nl.create_veth(&old_if, &new_nl, "nsftdecoy1").unwrap();
 
     let o = nsfast(&[
         "pod",
@@ -326,7 +326,7 @@ fn host_inode_reuse_never_blocks_add_and_del_all_touches_only_the_new_host() {
         "{out}"
     );
     assert!(
-        net::link_exists(Some(&new_h), &old_if).unwrap(),
+        new_nl.link_exists(&old_if).unwrap(),
         "del --all deleted the new host's device {old_if}"
     );
     assert!(
@@ -362,7 +362,7 @@ fn plant(dir: &Path, name: &str, ip: &str, host_if: &str, ifindex: u32, netns: &
 #[test]
 fn planted_stale_records_never_block_and_cleanup_touches_nothing_live() {
     require_root();
-    let p = unique("nsft-ps");
+    let p = unique("ps");
     let host = format!("{p}-h");
     let victim = format!("{p}-v");
     let mut c = Cleanup {
@@ -373,8 +373,9 @@ fn planted_stale_records_never_block_and_cleanup_touches_nothing_live() {
     let h = NetNs::create(&host).unwrap().persist();
     NetNs::create(&victim).unwrap().persist();
     let ino = h.inode();
-    net::create_veth(&h, "nsftold0", &h, "nsftold1").unwrap();
-    let idx0 = net::link_index(Some(&h), "nsftold0").unwrap();
+    let h_nl = h.netlink().unwrap();
+    h_nl.create_veth("nsftold0", &h_nl, "nsftold1").unwrap();
+    let idx0 = h_nl.link_index("nsftold0").unwrap();
     let legacy = Path::new(STATE_ROOT).join(format!("netns-{ino}"));
     let other = Path::new(STATE_ROOT).join(format!("cookie-1-ino-{ino}"));
     let other_pins = bpffs_root()
@@ -416,7 +417,7 @@ fn planted_stale_records_never_block_and_cleanup_touches_nothing_live() {
     let out = String::from_utf8_lossy(&o.stdout);
     assert!(out.contains("2 pod(s) deleted"), "{out}");
     for d in ["nsftold0", "nsftold1"] {
-        assert!(net::link_exists(Some(&h), d).unwrap(), "{d} deleted");
+        assert!(h_nl.link_exists(d).unwrap(), "{d} deleted");
     }
     assert!(netns::list_named().contains(&victim), "{victim} deleted");
     for d in [&legacy, &other, &other_pins] {
@@ -429,7 +430,7 @@ fn planted_stale_records_never_block_and_cleanup_touches_nothing_live() {
 #[test]
 fn legacy_state_of_a_live_host_is_adopted() {
     require_root();
-    let p = unique("nsft-pl");
+    let p = unique("pl");
     let host = format!("{p}-h");
     let pod_ns = format!("{p}-m");
     let mut c = Cleanup {
@@ -439,9 +440,11 @@ fn legacy_state_of_a_live_host_is_adopted() {
     };
     let h = NetNs::create(&host).unwrap().persist();
     let pns = NetNs::create(&pod_ns).unwrap().persist();
-    net::create_veth_into(Some(&h), "nsftmig0", "nsftmigp", &pns, "eth0").unwrap();
-    let idx = net::link_index(Some(&h), "nsftmig0").unwrap();
-    let mac = net::link_mac(Some(&h), "nsftmig0").unwrap();
+    let h_nl = h.netlink().unwrap();
+    h_nl.create_veth_into("nsftmig0", "nsftmigp", &pns.netlink().unwrap(), "eth0")
+        .unwrap();
+    let idx = h_nl.link_index("nsftmig0").unwrap();
+    let mac = h_nl.link_mac("nsftmig0").unwrap();
     let mac = mac
         .iter()
         .map(|b| format!("{b:02x}"))
@@ -465,7 +468,7 @@ fn legacy_state_of_a_live_host_is_adopted() {
     assert!(!legacy.exists(), "legacy state not moved");
     let o = nsfast(&["pod", "del", "mig", "--host", &host]);
     assert!(o.status.success(), "{}", text(&o));
-    assert!(!net::link_exists(Some(&h), "nsftmig0").unwrap());
+    assert!(!h_nl.link_exists("nsftmig0").unwrap());
     assert!(
         !netns::list_named().contains(&pod_ns),
         "owned pod namespace kept"

@@ -32,7 +32,7 @@ struct Dir(PathBuf);
 
 impl Dir {
     fn new() -> Self {
-        let d = std::env::temp_dir().join(unique("nsft-br"));
+        let d = std::env::temp_dir().join(unique("br"));
         std::fs::create_dir_all(&d).unwrap();
         Self(d)
     }

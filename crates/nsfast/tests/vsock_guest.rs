@@ -71,7 +71,7 @@ impl ModeNs {
     /// `nsfast vsock ns create NAME --mode MODE --json`, run in `parent` (or the current
     /// namespace), checked against `ns show`.
     fn create_in(parent: Option<&NetNs>, mode: Mode) -> Self {
-        let name = unique(&format!("nsft-{mode}"));
+        let name = unique(&mode.to_string());
         let mut cmd = Command::new(nsfast_bin());
         cmd.args([
             "vsock",
@@ -229,7 +229,7 @@ fn nsmode_create_never_locks_the_parent_namespace() {
     // namespace, then write the *other* value into that parent: had create written its mode
     // there, this would be EBUSY (write-once).
     for (mode, other) in [(Mode::Local, Mode::Global), (Mode::Global, Mode::Local)] {
-        let parent = NetNs::create(&unique("nsft-par")).unwrap();
+        let parent = NetNs::create(&unique("par")).unwrap();
         let child = ModeNs::create_in(Some(&parent), mode);
         assert_eq!(child.modes().ns_mode, mode);
         parent
@@ -378,7 +378,7 @@ fn socat_vsock_listen_echo_through_our_relay() {
     require_guest();
     // socat VSOCK-LISTEN echoes; our relay vsock-connects to it from a UNIX listener; a UNIX
     // client sends 4 MiB, half-closes and reads them all back.
-    let dir = std::env::temp_dir().join(unique("nsft-socat"));
+    let dir = std::env::temp_dir().join(unique("socat"));
     std::fs::create_dir_all(&dir).unwrap();
     let _socat = spawn("socat", &["VSOCK-LISTEN:6000,fork,reuseaddr", "EXEC:cat"]);
     // socat listens a moment after it starts; a probe connection (its forked `cat` sees EOF
@@ -411,7 +411,7 @@ fn socat_vsock_connect_into_our_relay_listener() {
     require_guest();
     // Our relay listens on vsock and forwards to socat's echo over UNIX; socat VSOCK-CONNECT
     // is the client (stdin from a file, stdout to a file), half-close carried through.
-    let dir = std::env::temp_dir().join(unique("nsft-socat"));
+    let dir = std::env::temp_dir().join(unique("socat"));
     std::fs::create_dir_all(&dir).unwrap();
     let echo = dir.join("echo.sock");
     let _echo = spawn(
@@ -468,7 +468,7 @@ fn socat_on_both_ends_with_our_relay_in_the_middle() {
     let data = payload(1 << 20, 3);
     let back = round_trip(connect_retry(6003), &data);
     assert!(back == data, "direct echo through the relay differs");
-    let dir = std::env::temp_dir().join(unique("nsft-socat"));
+    let dir = std::env::temp_dir().join(unique("socat"));
     std::fs::create_dir_all(&dir).unwrap();
     let input = dir.join("in");
     let output = dir.join("out");
@@ -563,7 +563,7 @@ fn hostpeer_round_trip_through_vhost_device_vsock_and_our_host_relay() {
 #[ignore = "needs vsock loopback: runs only in the VM harness's guests"]
 fn bench_vsock_topologies_quick() {
     require_guest();
-    let dir = std::env::temp_dir().join(format!("nsfb-vsock-{}", std::process::id()));
+    let dir = std::env::temp_dir().join(unique("vsock"));
     let json = dir.join("run.json");
     let topologies = ["vsock", "vsock-relay", "vsock-socat"];
     let out = nsfast(&[
@@ -632,7 +632,7 @@ fn bench_vsock_topologies_quick() {
         .map(|rd| {
             rd.flatten()
                 .filter_map(|e| e.file_name().into_string().ok())
-                .filter(|n| n.starts_with("nsfb-"))
+                .filter(|n| n.starts_with(nsfast_lab::name::BENCH))
                 .collect()
         })
         .unwrap_or_default();

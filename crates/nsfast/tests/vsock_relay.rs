@@ -31,7 +31,7 @@ struct World {
 
 impl World {
     fn new() -> Self {
-        let name = unique("nsft-vr");
+        let name = unique("vr");
         let dir = std::env::temp_dir().join(&name);
         std::fs::create_dir_all(&dir).unwrap();
         Self {
@@ -393,7 +393,7 @@ fn namespace_modes_are_reported_absent_before_linux_7_and_nothing_is_created() {
         return;
     }
     require_root();
-    let name = unique("nsft-vm");
+    let name = unique("vm");
     for args in [
         vec!["vsock", "ns", "show"],
         vec!["vsock", "ns", "create", &name, "--mode", "local"],

@@ -195,7 +195,7 @@ fn arp_request(sender_mac: [u8; 6], sip: Ipv4Addr, tip: Ipv4Addr) -> Vec<u8> {
 /// Runs `f` on a thread inside a throwaway namespace.
 fn in_netns(f: impl FnOnce() + Send) {
     require_root();
-    let ns = NetNs::create(&unique("nsft-pb")).expect("netns");
+    let ns = NetNs::create(&unique("pb")).expect("netns");
     ns.run(f).expect("test body");
 }
 
@@ -573,14 +573,13 @@ fn netkit_peer_program_uses_netkit_verdicts() {
 fn pod_to_remote_uses_the_fib_then_redirect_neigh_or_mac_rewrite() {
     require_root();
     let w = VethPair::new();
-    let ns = Some(&w.client);
+    let nl = w.client.netlink().unwrap();
     let dev = VethPair::CLIENT_IF;
-    let ifindex = net::link_index(ns, dev).unwrap();
-    let dev_mac = net::link_mac(ns, dev).unwrap();
+    let ifindex = nl.link_index(dev).unwrap();
+    let dev_mac = nl.link_mac(dev).unwrap();
     let remote = Ipv4Addr::new(10, 77, 1, 1);
     let gw = std::net::IpAddr::V4(VethPair::SERVER_V4);
-    net::add_route(
-        ns,
+    nl.add_route(
         std::net::IpAddr::V4(Ipv4Addr::new(10, 77, 0, 0)),
         16,
         Some(gw),
@@ -617,7 +616,7 @@ fn pod_to_remote_uses_the_fib_then_redirect_neigh_or_mac_rewrite() {
         .unwrap();
     // With a neighbour entry: MACs from the FIB, plain bpf_redirect.
     let gw_mac = [0x02, 0, 0, 0, 0, 0x77];
-    net::add_neighbour(ns, dev, gw, gw_mac).unwrap();
+    nl.add_neighbour(dev, gw, gw_mac).unwrap();
     w.client
         .run(|| {
             let h = Harness::new().with_pods_on(ifindex);
@@ -650,20 +649,15 @@ fn netkit_link_create_attaches_on_the_primary_only() {
         has_netkit,
         "netkit probe vs kernel config"
     );
-    let pod = NetNs::create(&unique("nsft-nk")).unwrap();
+    let pod = NetNs::create(&unique("nk")).unwrap();
+    let (client_nl, pod_nl) = (w.client.netlink().unwrap(), pod.netlink().unwrap());
     if has_netkit {
-        net::create_netkit(
-            Some(&w.client),
-            "nk0",
-            "nktmp0",
-            &pod,
-            "eth0",
-            net::NetkitMode::L3,
-        )
-        .unwrap();
+        client_nl
+            .create_netkit("nk0", "nktmp0", &pod_nl, "eth0", net::NetkitMode::L3)
+            .unwrap();
     }
-    let veth_idx = net::link_index(Some(&w.client), VethPair::CLIENT_IF).unwrap();
-    let nk_idx = has_netkit.then(|| net::link_index(Some(&w.client), "nk0").unwrap());
+    let veth_idx = client_nl.link_index(VethPair::CLIENT_IF).unwrap();
+    let nk_idx = has_netkit.then(|| client_nl.link_index("nk0").unwrap());
     w.client
         .run(|| {
             let h = Harness::new();
@@ -688,7 +682,7 @@ fn netkit_link_create_attaches_on_the_primary_only() {
         .unwrap();
     if has_netkit {
         // The peer's ifindex is refused: programs go on the primary.
-        let peer_idx = net::link_index(Some(&pod), "eth0").unwrap();
+        let peer_idx = pod_nl.link_index("eth0").unwrap();
         pod.run(|| {
             let h = Harness::new();
             let prog: &SchedClassifier = h

@@ -4,7 +4,8 @@
 //! no other test of the same process opens connections while it counts (the counter is
 //! process-wide); keep it that way.
 //!
-//! Uses no test-support crate on purpose (plain `std` + the crates under test).
+//! Uses nothing of the lab but its names (`nsfast_lab::name`, which opens no connection), so
+//! every connection counted is the pod crate's.
 
 use nsfast_pod::pod::{self, AddOptions, AttachRequest, ModeRequest};
 use nsfast_pod::Host;
@@ -73,8 +74,10 @@ fn pod_add_check_del_open_one_netlink_connection_per_namespace() {
         nix::unistd::geteuid().is_root(),
         "needs root (network namespaces, BPF): run as root"
     );
-    let id = format!("{}-{:x}", std::process::id(), connections_opened());
-    let (host, pod_name) = (format!("nsft-nlh-{id}"), format!("nsft-nlp-{id}"));
+    let (host, pod_name) = (
+        nsfast_lab::name::unique("nlh"),
+        nsfast_lab::name::unique("nlp"),
+    );
     let host_ns = NetNs::create(&host).expect("host namespace");
     // Dropped before `host_ns`: the pods go while their host still exists.
     let cleanup = Cleanup {

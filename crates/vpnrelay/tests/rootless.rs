@@ -209,12 +209,14 @@ fn wait_until(timeout: Duration, mut f: impl FnMut() -> bool) -> bool {
     f()
 }
 
+/// The rootless world bench's slirp4netns/vpnrelay topologies build.
 fn build(detach: bool) -> World {
-    World::build(&WorldOpts {
+    use nsfast_lab::topology::Topology as _;
+    WorldOpts {
         detach_netns: detach,
         ..Default::default()
-    })
-    .expect("building the rootless world")
+    }
+    .expect_built(&())
 }
 
 fn handover(w: &World) {

@@ -11,8 +11,6 @@
 //! - [`rule`]  — `ip rule` port rules and the local default route they steer to.
 //! - [`tc`]    — clsact qdiscs and cls_bpf filters: list, check, delete.
 //! - [`neigh`] — neighbour entries.
-//! - [`compat`] — the older free functions taking `Option<&NetNs>`, one handle per call, kept
-//!   for test and topology code until it moves to the lab crate.
 //!
 //! Dependency direction: `net` builds on [`crate::netns`]; `netns` knows nothing of `net`.
 
@@ -26,13 +24,11 @@ use rtnetlink::Handle;
 use crate::netns::{NetNs, NetnsError};
 
 pub mod addr;
-pub mod compat;
 pub mod link;
 pub mod neigh;
 pub mod rule;
 pub mod tc;
 
-pub use compat::*;
 pub use link::{netkit_trial, probe_netkit, NetkitMode};
 pub use rule::PortRule;
 pub use tc::TcFilterInfo;

@@ -100,9 +100,10 @@ pub struct BenchArgs {
     /// List the topologies and whether this machine can run them, then exit.
     #[arg(long)]
     pub list: bool,
-    /// Remove what runs that were killed left (namespaces, cgroups and nsfast pod state of
-    /// nsfb-<dead pid>-*, pod state whose host namespace is gone, the vpnrelay test world
-    /// nsfv<dead pid>x*: its processes, namespaces, runtime folder), then exit.
+    /// Remove what runs that were killed left (namespaces, cgroups, temporary folders and
+    /// nsfast pod state of bench runs nsfb<dead pid>-* and tests nsft<dead pid>x*, pod state
+    /// whose host namespace is gone, the vpnrelay test world nsfv<dead pid>x*: its processes,
+    /// namespaces, runtime folder), then exit.
     #[arg(long)]
     pub cleanup: bool,
     /// No progress bar.
