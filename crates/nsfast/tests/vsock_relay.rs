@@ -1359,11 +1359,18 @@ fn kernel_path_1000_sequential_fork_connections_leave_the_map_empty() {
     ]);
     // Read its report lines while it runs (a full pipe would stall the relay's reports and,
     // through --max-children, its accepts).
-    let mut stdout = relay.child_mut().stdout.take().unwrap();
-    let reader = std::thread::spawn(move || {
-        let mut v = String::new();
-        stdout.read_to_string(&mut v).unwrap();
-        v
+    let stdout = relay.child_mut().stdout.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel::<String>();
+    std::thread::spawn(move || {
+        use std::io::BufRead;
+        for l in std::io::BufReader::new(stdout)
+            .lines()
+            .map_while(Result::ok)
+        {
+            if tx.send(l).is_err() {
+                break;
+            }
+        }
     });
     let mut stderr = relay.child_mut().stderr.take().unwrap();
     let err_reader = std::thread::spawn(move || {
@@ -1387,19 +1394,18 @@ fn kernel_path_1000_sequential_fork_connections_leave_the_map_empty() {
         assert_eq!(back, msg.as_bytes(), "connection {i}");
     }
     eprintln!("1000 connections in {:?}", start.elapsed());
-    // The relay reports (and cleans up) each connection after the client saw its end.
-    let pid = relay.id();
-    wait_for("the sockhash to empty", || {
-        relay_sockhash_len(pid) == Some(0)
-    });
+    // The relay cleans up and then reports each connection, after the client saw its end:
+    // once all 1000 reports are in, the map must be empty.
+    let mut lines: Vec<serde_json::Value> = Vec::new();
+    while lines.len() < 1000 {
+        let l = rx
+            .recv_timeout(Duration::from_secs(20))
+            .unwrap_or_else(|_| panic!("only {} reports", lines.len()));
+        lines.push(serde_json::from_str(&l).unwrap());
+    }
+    assert_eq!(relay_sockhash_len(relay.id()), Some(0));
     let out = signal_and_wait(relay, nix::sys::signal::Signal::SIGTERM);
-    assert!(out.status.success());
-    let stdout = reader.join().unwrap();
-    let lines: Vec<serde_json::Value> = stdout
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
-    assert_eq!(lines.len(), 1000, "{}", err_reader.join().unwrap());
+    assert!(out.status.success(), "{}", err_reader.join().unwrap());
     for l in &lines {
         assert_eq!(l["path"], "kernel", "{l}");
         assert_eq!(l["user_bytes"], 0, "{l}");
