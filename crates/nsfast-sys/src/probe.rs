@@ -109,7 +109,7 @@ pub const USES: &[(&str, &str, &str)] = &[
     ),
     (
         "vsock_sockmap",
-        "vsock relay --path kernel/auto joins AF_VSOCK legs in a sockmap (Linux 6.4+)",
+        "vsock relay --path kernel can join AF_VSOCK legs in a sockmap (Linux 6.4+; experimental)",
         "AF_VSOCK legs are relayed with splice (TCP <-> TCP still joins)",
     ),
     (
