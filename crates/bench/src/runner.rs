@@ -417,6 +417,7 @@ fn server_spec(
             port: v.server_port,
         }),
         relay_to: None,
+        kernel_path: false,
     }
 }
 

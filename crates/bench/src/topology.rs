@@ -143,6 +143,12 @@ pub fn registry() -> Vec<TopologyDef> {
             build: crate::vsock_hook::build_relay,
         },
         TopologyDef {
+            name: "vsock-relay-kernel",
+            about: "vsock loopback through nsfast's vsock relay --path kernel (BPF sockmap redirect between the legs); VM guests only",
+            probe: crate::vsock_hook::probe,
+            build: crate::vsock_hook::build_relay_kernel,
+        },
+        TopologyDef {
             name: "vsock-socat",
             about: "vsock loopback through socat VSOCK-LISTEN,fork -> VSOCK-CONNECT:1; VM guests only",
             probe: crate::vsock_hook::probe_socat,

@@ -1,4 +1,4 @@
-//! The `vsock`, `vsock-relay` and `vsock-socat` topologies: the bench's stream workloads (rr,
+//! The `vsock`, `vsock-relay`, `vsock-relay-kernel` and `vsock-socat` topologies: the bench's stream workloads (rr,
 //! crr, stream, ping) over vsock loopback (CID 1) inside a VM guest, directly, through
 //! nsfast's vsock relay, or through socat doing the same job.
 //!
@@ -141,17 +141,31 @@ pub fn build_direct(ctx: &BuildCtx) -> Result<Built, TopologyError> {
 /// The server behind nsfast's relay (a `bench-worker` in relay role, in the server's cgroup,
 /// unpinned), which forwards every connection of its port to the server's.
 pub fn build_relay(ctx: &BuildCtx) -> Result<Built, TopologyError> {
-    const T: &str = "vsock-relay";
+    relay_topology(ctx, "vsock-relay", 1, false)
+}
+
+/// As `vsock-relay`, with the relay's kernel path: the legs joined by the BPF sockmap
+/// redirect (bpf/relay.bpf.c), no byte through the relay process.
+pub fn build_relay_kernel(ctx: &BuildCtx) -> Result<Built, TopologyError> {
+    relay_topology(ctx, "vsock-relay-kernel", 5, true)
+}
+
+fn relay_topology(
+    ctx: &BuildCtx,
+    name: &'static str,
+    first_port: u32,
+    kernel_path: bool,
+) -> Result<Built, TopologyError> {
     let mut path = VsockPath {
-        server_port: port(1),
-        client_port: port(2),
+        server_port: port(first_port),
+        client_port: port(first_port + 1),
         helper_pid: None,
     };
-    let mut b = base(ctx, T, path)?;
+    let mut b = base(ctx, name, path)?;
     let launcher = ctx
         .launcher
         .as_ref()
-        .ok_or_else(|| other(T, "no worker launcher to start the relay with"))?;
+        .ok_or_else(|| other(name, "no worker launcher to start the relay with"))?;
     let spec = WorkerSpec {
         role: Role::Relay,
         workload: crate::spec::Workload::Stream,
@@ -167,6 +181,7 @@ pub fn build_relay(ctx: &BuildCtx) -> Result<Built, TopologyError> {
             cid: VMADDR_CID_LOCAL,
             port: path.server_port,
         }),
+        kernel_path,
     };
     let mut args = launcher.args.clone();
     args.push(serde_json::to_string(&spec).expect("spec serializes"));
@@ -180,17 +195,20 @@ pub fn build_relay(ctx: &BuildCtx) -> Result<Built, TopologyError> {
     // Per-connection warnings would fill an unread pipe; errors before listening come on
     // stdout as a report.
     cmd.stderr(Stdio::null());
-    let mut relay = ChildGuard::spawn(cmd, "vsock relay").map_err(|e| other(T, e.to_string()))?;
+    let mut relay =
+        ChildGuard::spawn(cmd, "vsock relay").map_err(|e| other(name, e.to_string()))?;
     match read_report(relay.stdout()) {
         Some(WorkerReport::ReadyVsock(_)) => {}
-        Some(WorkerReport::Error(e)) => return Err(other(T, format!("relay: {e}"))),
-        _ => return Err(other(T, "relay exited before listening")),
+        Some(WorkerReport::Error(e)) => return Err(other(name, format!("relay: {e}"))),
+        _ => return Err(other(name, "relay exited before listening")),
     }
     path.helper_pid = Some(relay.pid());
     b.vsock = Some(path);
     b.note = Some(format!(
-        "vsock-relay: nsfast vsock relay vsock-listen:{} -> vsock-connect:1:{} (default buffers)",
-        path.client_port, path.server_port
+        "{name}: nsfast vsock relay vsock-listen:{} -> vsock-connect:1:{} (default buffers{})",
+        path.client_port,
+        path.server_port,
+        if kernel_path { ", --path kernel" } else { "" }
     ));
     b.extras.push(Box::new(relay));
     Ok(b)

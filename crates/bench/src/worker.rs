@@ -52,6 +52,9 @@ pub struct WorkerSpec {
     /// Relay: where each accepted connection goes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub relay_to: Option<VsockEnd>,
+    /// Relay: join the legs with the BPF kernel path (`--path kernel`) instead of splice.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub kernel_path: bool,
 }
 
 /// One line a worker prints.
@@ -159,6 +162,19 @@ fn relay(spec: &WorkerSpec, out: &mut dyn Write) -> Result<(), String> {
     };
     let opts = nsfast_vsock::relay::Options::default();
     let l = RelayListener::open(&a, opts.sock).map_err(|e| e.to_string())?;
+    // Loaded once for the process, like `nsfast vsock relay --path kernel`.
+    let kernel = if spec.kernel_path {
+        let k = nsfast_vsock::kernel::KernelPath::load()
+            .map_err(|e| nsfast_sys::report::error_chain(&e))?;
+        k.pair_supported(
+            nsfast_vsock::kernel::Leg::Vsock,
+            nsfast_vsock::kernel::Leg::Vsock,
+        )?;
+        Some(k)
+    } else {
+        None
+    };
+    let kernel = kernel.as_ref();
     emit(out, &WorkerReport::ReadyVsock(from));
     let sock: SockOpts = opts.sock;
     std::thread::scope(|s| {
@@ -170,9 +186,17 @@ fn relay(spec: &WorkerSpec, out: &mut dyn Write) -> Result<(), String> {
             };
             let b = &b;
             s.spawn(move || match conn::connect(b, sock) {
-                Ok(cb) => {
-                    nsfast_vsock::relay::relay(id, ca, cb, opts.buffer);
-                }
+                Ok(cb) => match kernel {
+                    // A refused join (none expected here) is relayed with splice.
+                    Some(k) => {
+                        if k.run(&ca, &cb).is_err() {
+                            nsfast_vsock::relay::relay(id, ca, cb, opts.buffer);
+                        }
+                    }
+                    None => {
+                        nsfast_vsock::relay::relay(id, ca, cb, opts.buffer);
+                    }
+                },
                 Err(_) => ca.abort(),
             });
         }

@@ -15,5 +15,10 @@ pub static SOCKMAP: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"),
 /// (`bpf/pod.bpf.c`).
 pub static POD: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/pod.bpf.o"));
 
+/// The vsock relay's kernel path: an sk_skb stream-verdict program that redirects each leg's
+/// received data to the other leg's egress, its SOCKHASH, peer map and per-socket counters
+/// (`bpf/relay.bpf.c`).
+pub static RELAY: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/relay.bpf.o"));
+
 /// SHA-256 over every object this crate embeds (name, length and bytes, in name order).
 pub const OBJECTS_SHA256: &str = env!("NSFAST_BPF_SHA256");

@@ -12,6 +12,7 @@
 //! - [`bpf`]     — raw `bpf(2)` calls aya 0.14 does not expose (program query on a cgroup,
 //!   netkit `BPF_LINK_CREATE`, object pin).
 //! - [`signals`] — block SIGINT/SIGTERM and wait for them synchronously.
+//! - [`sockinfo`] — socket cookie, family, receive memory, queue sizes, TCP bytes written.
 //! - [`sched`]   — CPU pinning (sched_setaffinity), allowed CPUs.
 //! - [`child`]   — pre_exec helpers for children (die with the parent).
 //! - [`procstat`] — /proc/stat per-CPU times (softirq) and /proc/PID/stat CPU time.
@@ -42,6 +43,7 @@ pub mod procstat;
 pub mod report;
 pub mod sched;
 pub mod signals;
+pub mod sockinfo;
 pub mod systemd;
 pub mod udp;
 pub mod userns;

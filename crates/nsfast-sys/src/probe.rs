@@ -107,6 +107,16 @@ pub const USES: &[(&str, &str, &str)] = &[
         "nsfast vsock ns create --mode global|local (Linux 7.0)",
         "new namespaces share the global vsock space",
     ),
+    (
+        "vsock_sockmap",
+        "vsock relay --path kernel can join AF_VSOCK legs in a sockmap (Linux 6.4+; experimental)",
+        "AF_VSOCK legs are relayed with splice (TCP <-> TCP still joins)",
+    ),
+    (
+        "vsock_zerocopy",
+        "MSG_ZEROCOPY on AF_VSOCK sends (SO_ZEROCOPY, Linux 6.7+; informational: the relay does not use it yet)",
+        "vsock sends copy",
+    ),
 ];
 
 /// The feature names [`probe_all`] reports, in its order.
@@ -213,10 +223,71 @@ pub fn probe_all() -> Report {
         "child_ns_mode",
         kv,
     ));
+    let vsock = mods.state("vsock");
+    let kallsyms = std::fs::read_to_string("/proc/kallsyms").unwrap_or_default();
+    features.push(probe_vsock_sockmap(kv, vsock, &kallsyms));
+    features.push(probe_vsock_zerocopy(kv, vsock));
     Report {
         kernel_release: kernel::release(),
         kernel_version: kv,
         features,
+    }
+}
+
+/// Whether AF_VSOCK sockets can join a sockmap, decided without opening one: vsock's
+/// `vsock_bpf_update_proto` (net/vmw_vsock/vsock_bpf.c, Linux 6.4, built with
+/// CONFIG_BPF_SYSCALL) is in /proc/kallsyms while the vsock module is loaded; when it is not
+/// loaded (no symbols to look at), the kernel version decides. Which transports have
+/// `read_skb` (loopback, virtio, vhost since 6.4; not VMCI or Hyper-V) is left to the relay,
+/// whose join is refused with EOPNOTSUPP otherwise.
+fn probe_vsock_sockmap(kv: KernelVersion, vsock: ModuleState, kallsyms: &str) -> Feature {
+    const NAME: &str = "vsock_sockmap";
+    if !vsock.usable() {
+        return no(NAME, "no vsock module");
+    }
+    let sym = kallsyms
+        .lines()
+        .any(|l| l.split_whitespace().nth(2) == Some("vsock_bpf_update_proto"));
+    if sym {
+        return yes(
+            NAME,
+            "vsock_bpf_update_proto is in /proc/kallsyms (vsock in sockmap)",
+        );
+    }
+    let loaded = matches!(vsock, ModuleState::Loaded | ModuleState::BuiltIn);
+    match (loaded, kv.at_least(6, 4)) {
+        (true, _) if !kallsyms.is_empty() => no(
+            NAME,
+            format!(
+                "vsock is loaded but /proc/kallsyms has no vsock_bpf_update_proto (kernel {kv}: \
+                 before 6.4, or built without CONFIG_BPF_SYSCALL)"
+            ),
+        ),
+        (_, true) => yes(
+            NAME,
+            format!("kernel {kv} >= 6.4 (by version: vsock not loaded or kallsyms unreadable)"),
+        ),
+        (_, false) => no(
+            NAME,
+            format!("kernel {kv} < 6.4: vsock cannot join a sockmap"),
+        ),
+    }
+}
+
+/// MSG_ZEROCOPY for AF_VSOCK (Linux 6.7), by kernel version and the vsock module (its code is
+/// static functions that may be inlined, so kallsyms cannot tell).
+fn probe_vsock_zerocopy(kv: KernelVersion, vsock: ModuleState) -> Feature {
+    const NAME: &str = "vsock_zerocopy";
+    if !vsock.usable() {
+        return no(NAME, "no vsock module");
+    }
+    if kv.at_least(6, 7) {
+        yes(NAME, format!("kernel {kv} >= 6.7 (by version)"))
+    } else {
+        no(
+            NAME,
+            format!("kernel {kv} < 6.7: no MSG_ZEROCOPY for vsock"),
+        )
     }
 }
 
@@ -541,6 +612,21 @@ mod tests {
         );
         assert_eq!(module_name_from_path("kernel/drivers/net/veth.ko"), "veth");
         assert_eq!(module_name_from_path("kernel/x/hv-sock.ko.zst"), "hv_sock");
+    }
+
+    #[test]
+    fn vsock_sockmap_from_kallsyms_then_version() {
+        let v = |s| KernelVersion::parse(s).unwrap();
+        let syms = "0000000000000000 t vsock_bpf_update_proto\t[vsock]\n";
+        let other = "0000000000000000 T vsock_core_register\t[vsock]\n";
+        assert!(probe_vsock_sockmap(v("6.1.0"), ModuleState::Loaded, syms).available);
+        let f = probe_vsock_sockmap(v("6.12.0"), ModuleState::Loaded, other);
+        assert!(!f.available, "loaded without the symbol: {}", f.reason);
+        assert!(probe_vsock_sockmap(v("6.12.0"), ModuleState::Loadable, "").available);
+        assert!(!probe_vsock_sockmap(v("6.1.0"), ModuleState::Loadable, other).available);
+        assert!(!probe_vsock_sockmap(v("7.2.0"), ModuleState::Absent, syms).available);
+        assert!(probe_vsock_zerocopy(v("6.7.0"), ModuleState::Loadable).available);
+        assert!(!probe_vsock_zerocopy(v("6.6.9"), ModuleState::Loaded).available);
     }
 
     #[test]

@@ -8,6 +8,8 @@
 //! - [`nsmode`] — Linux 7.0 vsock namespace modes: show, create the safe way.
 //! - [`hybrid`] — the host side of the hybrid vsock handshake (`CONNECT PORT\n` / `OK n\n`).
 //! - [`conn`]   — opening addresses: listeners, connections, stdio, as owned file descriptors.
+//! - [`kernel`] — the relay's kernel path: both legs in a SOCKHASH, an sk_skb verdict program
+//!   redirecting each leg's data to the other's egress; EOF and errors handled here.
 //! - [`relay`]  — moving bytes both ways with half-close, splice where the kernel allows it.
 //! - [`unixsock`] — UNIX listeners: stale socket files replaced, live ones refused, removal
 //!   on exit (relay and bridge).
@@ -19,6 +21,7 @@ pub mod bench;
 pub mod bridge;
 pub mod conn;
 pub mod hybrid;
+pub mod kernel;
 pub mod nsmode;
 pub mod relay;
 pub mod unixsock;

@@ -58,6 +58,12 @@ pub enum VsockCmd {
         /// the relay keeps serving. AF_VSOCK connects use the kernel's timeout (2 s default).
         #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = duration::arg("--connect-timeout", HOUR, false))]
         connect_timeout: Duration,
+        /// Data path: kernel (a BPF sockmap redirects each leg's data to the other leg's
+        /// egress; TCP and AF_VSOCK legs, Linux 6.4+ for vsock, CAP_BPF + CAP_NET_ADMIN),
+        /// splice (through a pipe in this process), or auto (kernel where possible, else
+        /// splice, saying why once).
+        #[arg(long, value_name = "auto|kernel|splice", default_value = "auto")]
+        path: relay::DataPath,
     },
     /// Host-side bridge so sibling VMs of one group reach each other over vsock.
     ///
@@ -193,6 +199,7 @@ pub fn run(cmd: VsockCmd) -> anyhow::Result<()> {
             buffer,
             vsock_buffer,
             connect_timeout,
+            path,
         } => {
             // -j: one JSON object per finished connection on stdout.
             let json = json_lines();
@@ -207,6 +214,7 @@ pub fn run(cmd: VsockCmd) -> anyhow::Result<()> {
                 );
             }
             let opts = relay::Options {
+                path,
                 // socat's `TCP-LISTEN:P,fork` is --fork.
                 fork: fork || a.forks(),
                 max_children,
@@ -221,14 +229,8 @@ pub fn run(cmd: VsockCmd) -> anyhow::Result<()> {
                     warn!("connection {}: {e}", s.id);
                 } else {
                     info!(
-                        "connection {} ({} <-> {}): {} bytes ->, {} bytes <-, {} ms{}",
-                        s.id,
-                        s.a,
-                        s.b,
-                        s.bytes_a_to_b,
-                        s.bytes_b_to_a,
-                        s.millis,
-                        if s.spliced { ", spliced" } else { "" }
+                        "connection {} ({} <-> {}): {} bytes ->, {} bytes <-, {} ms, {}",
+                        s.id, s.a, s.b, s.bytes_a_to_b, s.bytes_b_to_a, s.millis, s.path
                     );
                 }
                 if let Some(j) = json {

@@ -1,0 +1,800 @@
+//! The relay's kernel path: both legs of a connection go into a SOCKHASH and an sk_skb
+//! stream-verdict program (`bpf/relay.bpf.c`) redirects what each leg receives to the egress of
+//! the other, so no data byte passes through this process. What the kernel does, and how the
+//! relay keeps every byte in order around it (TCP <-> TCP checked on Linux 6.18; AF_VSOCK legs
+//! stalled vsock loopback in the 7.2 guest, not understood yet: `auto` does not join them,
+//! docs/vsock.md):
+//!
+//! - A redirect to egress is asynchronous: the skb is queued on the target's psock and a
+//!   workqueue item writes it into the target socket later. A `shutdown(SHUT_WR)` right after
+//!   the source's FIN could overtake queued data, and removing the TARGET from the map purges
+//!   its psock queue (the bytes are lost). So at a source's EOF the relay (1) removes the
+//!   source's peer entry (later skbs stay on the source, where it reads them), (2) waits until
+//!   no verdict run is in flight (the program's begin/end counts), (3) waits until everything
+//!   the program redirected was written into the target (below), (4) reads the source's
+//!   remainder in user space, writes it, and only then (5) half-closes the target. Sockets
+//!   leave the map only when both directions are done (or on an error).
+//! - "Written into the target": for a TCP target the bytes its send queue ever took
+//!   (`tcpi_bytes_acked` + SIOCOUTQ, against a baseline taken at the join) reach the program's
+//!   byte count; for a TCP source (and an AF_VSOCK target) the source's receive memory
+//!   (SO_MEMINFO) is back to 0: a redirected skb stays charged to the TCP socket it came from
+//!   until the workqueue has sent and freed it. AF_VSOCK → AF_VSOCK has neither (vsock skbs
+//!   are not charged to the socket, vsock exposes no byte count): there a raw tracepoint
+//!   program on `virtio_transport_alloc_pkt` counts the data bytes each vsock target sent
+//!   (loopback, virtio and vhost allocate every packet there); without it that pair is not
+//!   joined.
+//! - Data that arrived before the join is not seen by the program until the socket's next
+//!   data_ready. For TCP, SO_RCVLOWAT runs data_ready at once (tcp_set_rcvlowat); held at its
+//!   maximum during the join it also keeps the program from running while only one leg is in
+//!   the map. AF_VSOCK has no such kick: what a vsock leg holds at the join is forwarded in
+//!   user space first (written before the join: it stays ahead); packets that slip in between
+//!   lag (each later packet redirects the oldest: order holds), and a leg that stays readable
+//!   while its skb count stands still hands its direction over to user space. So does a leg
+//!   the program tainted during the join (a tainted socket is never redirected again, so what
+//!   it kept cannot be overtaken).
+//! - The process ending (SIGTERM, SIGKILL) closes both legs: a closed socket leaves the map by
+//!   itself (sock_map_close), and the program and maps go with the last descriptor.
+
+use std::io;
+use std::os::fd::BorrowedFd;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use aya::maps::{HashMap as BpfHashMap, MapData, SockHash};
+use aya::programs::{RawTracePoint, SkSkb};
+use aya::{Ebpf, EbpfLoader};
+use nix::errno::Errno;
+use nix::sys::epoll::{Epoll, EpollCreateFlags, EpollEvent, EpollFlags, EpollTimeout};
+use nsfast_sys::report::error_chain;
+use nsfast_sys::sockinfo;
+use std::os::fd::AsRawFd;
+
+use crate::conn::Conn;
+
+/// Names in `bpf/relay.bpf.c`.
+const PROG: &str = "nsr_verdict";
+const MAP_SOCKHASH: &str = "nsr_sockhash";
+const MAP_PEERS: &str = "nsr_peers";
+const MAP_COUNTERS: &str = "nsr_counters";
+const MAP_VSOCK_SENT: &str = "nsr_vsock_sent";
+const PROG_VSOCK: &str = "nsr_vsock_alloc";
+const TP_VSOCK: &str = "virtio_transport_alloc_pkt";
+
+/// `struct nsr_counters` (bpf/lib/relay_maps.h) as seven u64: bytes, skbs, fails, passed,
+/// begin, end, flags (low 32 bits).
+type RawCounters = [u64; 7];
+/// NSR_TAINTED in the flags word.
+const TAINTED: u64 = 1;
+
+/// A leg the kernel path can take.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Leg {
+    Tcp,
+    Vsock,
+}
+
+impl Leg {
+    /// The kind of a connected socket, or why it cannot be joined.
+    pub fn of(c: &Conn) -> Result<Leg, String> {
+        if !c.is_socket() {
+            return Err(format!("{} is not a socket", c.label));
+        }
+        match sockinfo::domain(c.reader()) {
+            Ok(libc::AF_INET) | Ok(libc::AF_INET6) => Ok(Leg::Tcp),
+            Ok(libc::AF_VSOCK) => Ok(Leg::Vsock),
+            Ok(libc::AF_UNIX) => Err(format!(
+                "{} is a UNIX socket (sockmap redirects only TCP and AF_VSOCK stream legs here)",
+                c.label
+            )),
+            Ok(f) => Err(format!("{} has address family {f}", c.label)),
+            Err(e) => Err(format!("{}: SO_DOMAIN: {e}", c.label)),
+        }
+    }
+}
+
+/// Whether a pair of legs can be joined (not AF_VSOCK ↔ AF_VSOCK: see the module doc).
+pub fn pair_supported(a: Leg, b: Leg) -> Result<(), String> {
+    if a == Leg::Vsock && b == Leg::Vsock {
+        return Err(
+            "AF_VSOCK to AF_VSOCK: no exact measure of what the kernel still has \
+                    queued for the target, so half-close could lose bytes"
+                .into(),
+        );
+    }
+    Ok(())
+}
+
+/// Loading the program failed.
+#[derive(Debug, thiserror::Error)]
+pub enum KernelError {
+    #[error("loading the relay's BPF program (needs CAP_BPF and CAP_NET_ADMIN, or root)")]
+    Load(#[source] Box<dyn std::error::Error + Send + Sync>),
+    #[error("{0} missing from the relay's BPF object")]
+    Missing(&'static str),
+}
+
+/// `struct nsr_vsock_key`: the vsock socket's own port, its peer's CID and port, padding.
+type VsockKey = [u32; 4];
+
+struct Maps {
+    sockhash: SockHash<MapData, u64>,
+    peers: BpfHashMap<MapData, u64, u64>,
+    counters: BpfHashMap<MapData, u64, RawCounters>,
+    vsock_sent: BpfHashMap<MapData, VsockKey, u64>,
+}
+
+/// The loaded program and its maps: one per relay process, shared by every connection.
+pub struct KernelPath {
+    maps: Mutex<Maps>,
+    /// Why AF_VSOCK -> AF_VSOCK cannot be joined (the vsock byte counter did not attach).
+    vsock_pair: Result<(), String>,
+    _ebpf: Ebpf,
+}
+
+impl std::fmt::Debug for KernelPath {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("KernelPath")
+    }
+}
+
+/// Bytes that went through this process's own read/write calls (the kernel path's remainder
+/// and hand-overs), for the whole process. Tests read it through `--json` (`user_bytes`).
+pub static USER_BYTES: AtomicU64 = AtomicU64::new(0);
+
+/// What one joined connection moved.
+#[derive(Debug, Default, Clone)]
+pub struct Joined {
+    /// Bytes each way, kernel and user space together.
+    pub a_to_b: u64,
+    pub b_to_a: u64,
+    /// Of those, bytes this process read and wrote itself.
+    pub user_a_to_b: u64,
+    pub user_b_to_a: u64,
+    pub error: Option<String>,
+}
+
+impl KernelPath {
+    /// Loads `bpf/relay.bpf.o` and attaches the verdict program to its SOCKHASH.
+    pub fn load() -> Result<Self, KernelError> {
+        let mut ebpf = EbpfLoader::new()
+            .load(nsfast_bpf::RELAY)
+            .map_err(|e| KernelError::Load(Box::new(e)))?;
+        let take = |ebpf: &mut Ebpf, name: &'static str| {
+            ebpf.take_map(name).ok_or(KernelError::Missing(name))
+        };
+        let sockhash: SockHash<MapData, u64> = take(&mut ebpf, MAP_SOCKHASH)?
+            .try_into()
+            .map_err(|e: aya::maps::MapError| KernelError::Load(Box::new(e)))?;
+        let peers: BpfHashMap<MapData, u64, u64> = take(&mut ebpf, MAP_PEERS)?
+            .try_into()
+            .map_err(|e: aya::maps::MapError| KernelError::Load(Box::new(e)))?;
+        let counters: BpfHashMap<MapData, u64, RawCounters> = take(&mut ebpf, MAP_COUNTERS)?
+            .try_into()
+            .map_err(|e: aya::maps::MapError| KernelError::Load(Box::new(e)))?;
+        let prog: &mut SkSkb = ebpf
+            .program_mut(PROG)
+            .ok_or(KernelError::Missing(PROG))?
+            .try_into()
+            .map_err(|e: aya::programs::ProgramError| KernelError::Load(Box::new(e)))?;
+        prog.load().map_err(|e| KernelError::Load(Box::new(e)))?;
+        prog.attach(sockhash.fd())
+            .map_err(|e| KernelError::Load(Box::new(e)))?;
+        let vsock_sent: BpfHashMap<MapData, VsockKey, u64> = take(&mut ebpf, MAP_VSOCK_SENT)?
+            .try_into()
+            .map_err(|e: aya::maps::MapError| KernelError::Load(Box::new(e)))?;
+        // The vsock byte counter: only AF_VSOCK -> AF_VSOCK needs it, so failing to attach it
+        // (no virtio vsock transport loaded, no tracepoint) only rules that pair out.
+        let vsock_pair = (|| -> Result<(), String> {
+            let p: &mut RawTracePoint = ebpf
+                .program_mut(PROG_VSOCK)
+                .ok_or("no vsock counter program")?
+                .try_into()
+                .map_err(|e: aya::programs::ProgramError| e.to_string())?;
+            p.load().map_err(|e| error_chain(&e))?;
+            p.attach(TP_VSOCK).map_err(|e| error_chain(&e))?;
+            Ok(())
+        })()
+        .map_err(|e| {
+            format!(
+                "AF_VSOCK to AF_VSOCK needs the vsock byte counter on tracepoint {TP_VSOCK}, \
+                 which did not attach: {e}"
+            )
+        });
+        Ok(Self {
+            maps: Mutex::new(Maps {
+                sockhash,
+                peers,
+                counters,
+                vsock_sent,
+            }),
+            vsock_pair,
+            _ebpf: ebpf,
+        })
+    }
+
+    /// Whether a pair of legs can be joined: any pair with a TCP leg; AF_VSOCK ↔ AF_VSOCK
+    /// when the vsock byte counter is attached.
+    pub fn pair_supported(&self, a: Leg, b: Leg) -> Result<(), String> {
+        if a == Leg::Vsock && b == Leg::Vsock {
+            return self.vsock_pair.clone();
+        }
+        Ok(())
+    }
+
+    fn vsock_sent(&self, key: &VsockKey) -> u64 {
+        self.maps().vsock_sent.get(key, 0).unwrap_or_default()
+    }
+
+    fn maps(&self) -> std::sync::MutexGuard<'_, Maps> {
+        self.maps.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Sockets in the map now (0 when no connection is joined).
+    pub fn sockets(&self) -> usize {
+        self.maps().sockhash.keys().filter(|k| k.is_ok()).count()
+    }
+
+    fn counters(&self, cookie: u64) -> RawCounters {
+        self.maps().counters.get(&cookie, 0).unwrap_or_default()
+    }
+
+    /// Joins `a` and `b` and serves the connection to its end. `Err` when the join was
+    /// refused before any byte moved: the caller relays in user space.
+    pub fn run(&self, a: &Conn, b: &Conn) -> Result<Joined, Refusal> {
+        let (la, lb) = (
+            Leg::of(a).map_err(Refusal::unsupported)?,
+            Leg::of(b).map_err(Refusal::unsupported)?,
+        );
+        self.pair_supported(la, lb).map_err(Refusal::unsupported)?;
+        let leg = |c: &Conn, l: Leg| -> Result<LegState, String> {
+            let fd = c.reader();
+            let cookie =
+                sockinfo::cookie(fd).map_err(|e| format!("{}: SO_COOKIE: {e}", c.label))?;
+            let (base, vkey) = match l {
+                Leg::Tcp => (
+                    sockinfo::tcp_written(fd).map_err(|e| format!("{}: TCP_INFO: {e}", c.label))?,
+                    None,
+                ),
+                Leg::Vsock => {
+                    use nix::sys::socket::{getpeername, getsockname, VsockAddr};
+                    let me: VsockAddr = getsockname(fd.as_raw_fd())
+                        .map_err(|e| format!("{}: getsockname: {e}", c.label))?;
+                    let peer: VsockAddr = getpeername(fd.as_raw_fd())
+                        .map_err(|e| format!("{}: getpeername: {e}", c.label))?;
+                    (0, Some([me.port(), peer.cid(), peer.port(), 0]))
+                }
+            };
+            Ok(LegState {
+                leg: l,
+                cookie,
+                base,
+                vkey,
+            })
+        };
+        let (sa, sb) = (
+            leg(a, la).map_err(Refusal::unsupported)?,
+            leg(b, lb).map_err(Refusal::unsupported)?,
+        );
+        // TCP runs data_ready (and so the program) only once SO_RCVLOWAT bytes are queued:
+        // held high while the two sockets go into the map one after the other, no verdict
+        // runs in between (it would find the other leg missing and taint). Then SO_RCVLOWAT 1
+        // runs data_ready at once, for what arrived before and during the join.
+        let tcp_legs = [(a, &sa), (b, &sb)]
+            .into_iter()
+            .filter(|(_, s)| s.leg == Leg::Tcp);
+        for (c, _) in tcp_legs.clone() {
+            let _ = sockinfo::set_rcvlowat(c.reader(), i32::MAX);
+        }
+        // AF_VSOCK has no data_ready kick: what a vsock leg already holds is forwarded here
+        // first (written in full before the join, so it stays ahead of every redirected byte).
+        let mut pre = [0u64; 2];
+        for (i, (src, ss, dst)) in [(a, &sa, b), (b, &sb, a)].into_iter().enumerate() {
+            if ss.leg == Leg::Vsock {
+                pre[i] = forward_queued(src.reader(), dst.writer(), 1 << 20)
+                    .map_err(|e| Refusal::unsupported(format!("{}: {e}", src.label)))?;
+            }
+        }
+        USER_BYTES.fetch_add(pre[0] + pre[1], Ordering::Relaxed);
+        let joined = self.insert(a, &sa, b, &sb).map_err(|mut r| {
+            r.pre = pre;
+            r
+        });
+        for (c, _) in tcp_legs {
+            let _ = sockinfo::set_rcvlowat(c.reader(), 1);
+        }
+        joined?;
+        let abort = AtomicBool::new(false);
+        let (ab, ba) = std::thread::scope(|sc| {
+            let h = sc.spawn(|| self.direction(a, &sa, b, &sb, &abort));
+            let ba = self.direction(b, &sb, a, &sa, &abort);
+            let ab = h
+                .join()
+                .unwrap_or_else(|_| Err(io::Error::other("relay thread panicked")));
+            (ab, ba)
+        });
+        let ca = self.counters(sa.cookie);
+        let cb = self.counters(sb.cookie);
+        self.remove(&sa, &sb);
+        // The direction that failed first, not the one that stopped because of it.
+        let echo = |r: &io::Result<u64>| r.as_ref().is_err_and(|e| e.to_string().contains(ABORTED));
+        let error = match (&ab, &ba) {
+            (Err(e), _) if !echo(&ab) || ba.is_ok() => {
+                Some(format!("{} -> {}: {e}", a.label, b.label))
+            }
+            (_, Err(e)) => Some(format!("{} -> {}: {e}", b.label, a.label)),
+            (Err(e), _) => Some(format!("{} -> {}: {e}", a.label, b.label)),
+            _ => None,
+        };
+        let ua = *ab.as_ref().unwrap_or(&0) + pre[0];
+        let ub = *ba.as_ref().unwrap_or(&0) + pre[1];
+        Ok(Joined {
+            a_to_b: ca[0] + ua,
+            b_to_a: cb[0] + ub,
+            user_a_to_b: ua,
+            user_b_to_a: ub,
+            error,
+        })
+    }
+
+    /// Counters and peer entries first, then the sockets (the AF_VSOCK one first: on a kernel without vsock
+    /// sockmap support that insert fails before anything else is in the map).
+    fn insert(&self, a: &Conn, sa: &LegState, b: &Conn, sb: &LegState) -> Result<(), Refusal> {
+        let mut m = self.maps();
+        let zero: RawCounters = [0; 7];
+        let r = (|| -> Result<(), Refusal> {
+            let map_err = |what: &str| {
+                let what = what.to_string();
+                move |e: aya::maps::MapError| Refusal::unsupported(format!("{what}: {e}"))
+            };
+            m.counters
+                .insert(sa.cookie, zero, 0)
+                .map_err(map_err("counters"))?;
+            m.counters
+                .insert(sb.cookie, zero, 0)
+                .map_err(map_err("counters"))?;
+            for k in [sa.vkey, sb.vkey].into_iter().flatten() {
+                m.vsock_sent
+                    .insert(k, 0, 0)
+                    .map_err(map_err("vsock counter"))?;
+            }
+            // Peers before sockets: a verdict that runs between the two socket inserts finds
+            // its peer entry, fails to redirect to the missing socket and taints (its data
+            // stays, the direction is handed over to user space).
+            m.peers
+                .insert(sa.cookie, sb.cookie, 0)
+                .map_err(map_err("peers"))?;
+            m.peers
+                .insert(sb.cookie, sa.cookie, 0)
+                .map_err(map_err("peers"))?;
+            let mut order = [(a, sa), (b, sb)];
+            if sa.leg != Leg::Vsock {
+                order.swap(0, 1);
+            }
+            for (i, (c, s)) in order.iter().enumerate() {
+                if let Err(e) = m.sockhash.insert(s.cookie, c.reader(), 0) {
+                    let notsup = matches!(&e, aya::maps::MapError::SyscallError(se)
+                        if se.io_error.raw_os_error() == Some(libc::EOPNOTSUPP));
+                    let why = match (notsup, s.leg) {
+                        // Only ESTABLISHED TCP sockets join a sockmap: this one's peer already
+                        // sent its FIN (a short exchange that ended before the join).
+                        (true, Leg::Tcp) => Refusal {
+                            reason: format!(
+                                "{} is no longer established (its peer already half-closed)",
+                                c.label
+                            ),
+                            fallback_ok: true,
+                            pre: [0; 2],
+                        },
+                        (true, Leg::Vsock) => Refusal::unsupported(format!(
+                            "the kernel cannot put {} into a sockmap (EOPNOTSUPP; AF_VSOCK \
+                             needs Linux 6.4+ and a transport with read_skb)",
+                            c.label
+                        )),
+                        _ => {
+                            Refusal::unsupported(format!("adding {} to the sockmap: {e}", c.label))
+                        }
+                    };
+                    if i == 1 {
+                        let first = order[0].1;
+                        let passed = m.counters.get(&first.cookie, 0).unwrap_or_default()[3];
+                        let _ = m.sockhash.remove(&first.cookie);
+                        if passed > 0 {
+                            // Data kept on that socket's psock went with it.
+                            return Err(Refusal {
+                                reason: format!("{}; bytes already received are lost", why.reason),
+                                fallback_ok: false,
+                                pre: [0; 2],
+                            });
+                        }
+                    }
+                    return Err(why);
+                }
+            }
+            Ok(())
+        })();
+        if r.is_err() {
+            for c in [sa.cookie, sb.cookie] {
+                let _ = m.peers.remove(&c);
+                let _ = m.counters.remove(&c);
+            }
+            for k in [sa.vkey, sb.vkey].into_iter().flatten() {
+                let _ = m.vsock_sent.remove(&k);
+            }
+        }
+        r
+    }
+
+    fn remove(&self, sa: &LegState, sb: &LegState) {
+        let mut m = self.maps();
+        for c in [sa.cookie, sb.cookie] {
+            let _ = m.peers.remove(&c);
+            let _ = m.sockhash.remove(&c);
+            let _ = m.counters.remove(&c);
+        }
+        for k in [sa.vkey, sb.vkey].into_iter().flatten() {
+            let _ = m.vsock_sent.remove(&k);
+        }
+    }
+
+    /// One direction, src → dst: kernel until src's EOF (or a hand-over), then the remainder
+    /// in user space, then dst's half-close. Returns the bytes moved in user space.
+    fn direction(
+        &self,
+        src: &Conn,
+        ss: &LegState,
+        dst: &Conn,
+        ds: &LegState,
+        abort: &AtomicBool,
+    ) -> io::Result<u64> {
+        let r = self.direction_inner(src, ss, dst, ds, abort);
+        if r.is_err() && !abort.swap(true, Ordering::SeqCst) {
+            src.abort();
+            dst.abort();
+        }
+        r
+    }
+
+    fn direction_inner(
+        &self,
+        src: &Conn,
+        ss: &LegState,
+        dst: &Conn,
+        ds: &LegState,
+        abort: &AtomicBool,
+    ) -> io::Result<u64> {
+        // Data the program kept on src during the join (tainted: see insert), or a vsock leg
+        // with data queued before the join (the program sees it only at the next packet):
+        // this direction goes to user space now. Decided once no verdict run is in flight.
+        let begin = self.counters(ss.cookie)[4];
+        wait_until("no verdict in flight", abort, dst.reader(), || {
+            Ok(self.counters(ss.cookie)[5] >= begin)
+        })?;
+        let mut stuck = self.counters(ss.cookie)[6] & TAINTED != 0;
+        if !stuck {
+            // A vsock leg's packets that arrived after the forward above and before the join
+            // wait in its queue: each later packet's data_ready redirects the oldest one, so
+            // order holds and bulk flows, but with no later packet (a request waiting for its
+            // answer) they would wait forever. Readable while the program's skb count stands
+            // still for a tick: hand over to user space.
+            let stalled =
+                || -> io::Result<bool> { Ok(ss.leg == Leg::Vsock && readable(src.reader())?) };
+            stuck = wait_eof(src.reader(), dst.reader(), abort, stalled, || {
+                self.counters(ss.cookie)[1]
+            })
+            .map_err(ctx("waiting for EOF"))?;
+        }
+        check_abort(abort)?;
+        // (1) no more redirects from src; (2) none in flight.
+        let _ = self.maps().peers.remove(&ss.cookie);
+        let begin = self.counters(ss.cookie)[4];
+        wait_until("no verdict in flight", abort, dst.reader(), || {
+            Ok(self.counters(ss.cookie)[5] >= begin)
+        })?;
+        let redirected = self.counters(ss.cookie)[0];
+        // (3) everything redirected is in dst's send path.
+        let mut held = Vec::new();
+        if redirected > 0 {
+            if ds.leg == Leg::Tcp {
+                wait_until(
+                    "the target took every redirected byte",
+                    abort,
+                    dst.reader(),
+                    || {
+                        Ok(sockinfo::tcp_written(dst.reader())?.saturating_sub(ds.base)
+                            >= redirected)
+                    },
+                )?;
+            } else if let (Some(k), true) = (ds.vkey, self.vsock_pair.is_ok()) {
+                // A vsock target: its data packets, counted by the tracepoint (needed for
+                // vsock -> vsock, and for a hand-over before EOF, where the TCP source's
+                // rule below would wait for EOF).
+                wait_until(
+                    "the vsock target sent every redirected byte",
+                    abort,
+                    dst.reader(),
+                    || Ok(self.vsock_sent(&k) >= redirected),
+                )?;
+            } else {
+                // TCP source: its remainder is charged to it as well, so read that first
+                // (held, not yet written: it must follow what the kernel still sends).
+                read_to_end(src.reader(), &mut held)?;
+                wait_until(
+                    "the source's redirected skbs freed",
+                    abort,
+                    dst.reader(),
+                    || Ok(sockinfo::rmem_alloc(src.reader())? == 0),
+                )?;
+            }
+        }
+        // (4) the remainder, in user space.
+        let mut user = 0u64;
+        write_all(dst.writer(), &held).map_err(ctx("writing the remainder"))?;
+        user += held.len() as u64;
+        user += copy(src.reader(), dst.writer(), abort)?;
+        USER_BYTES.fetch_add(user, Ordering::Relaxed);
+        tracing::debug!(
+            "{} -> {}: {redirected} bytes through the kernel, {user} in user space{}",
+            src.label,
+            dst.label,
+            if stuck {
+                " (data was queued before the join)"
+            } else {
+                ""
+            }
+        );
+        // (5)
+        dst.shutdown_write().map_err(ctx("half-close"))?;
+        Ok(user)
+    }
+}
+
+/// Why a connection was not joined.
+#[derive(Debug, Clone)]
+pub struct Refusal {
+    pub reason: String,
+    /// The connection can still be relayed in user space, also under `--path kernel` (a leg
+    /// that half-closed before the join); false: the kernel path is not available for it.
+    pub fallback_ok: bool,
+    /// Bytes already forwarded in user space before the join was refused (a → b, b → a).
+    pub pre: [u64; 2],
+}
+
+impl Refusal {
+    fn unsupported(reason: String) -> Self {
+        Self {
+            reason,
+            fallback_ok: false,
+            pre: [0; 2],
+        }
+    }
+}
+
+impl std::fmt::Display for Refusal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.reason)
+    }
+}
+
+struct LegState {
+    leg: Leg,
+    cookie: u64,
+    /// TCP: bytes written into its send queue before the join (see sockinfo::tcp_written).
+    base: u64,
+    /// AF_VSOCK: its key in nsr_vsock_sent (own port, peer CID, peer port).
+    vkey: Option<VsockKey>,
+}
+
+fn ctx(what: &'static str) -> impl FnOnce(io::Error) -> io::Error {
+    move |e| io::Error::new(e.kind(), format!("{what}: {e}"))
+}
+
+const ABORTED: &str = "the other direction failed";
+
+fn check_abort(abort: &AtomicBool) -> io::Result<()> {
+    if abort.load(Ordering::SeqCst) {
+        return Err(io::Error::new(io::ErrorKind::ConnectionAborted, ABORTED));
+    }
+    Ok(())
+}
+
+/// A pending socket error on `fd` (SO_ERROR, which clears it) as an io::Error.
+fn sock_error(fd: BorrowedFd<'_>) -> io::Result<()> {
+    match nix::sys::socket::getsockopt(&fd, nix::sys::socket::sockopt::SocketError) {
+        Ok(0) => Ok(()),
+        Ok(e) => Err(io::Error::from_raw_os_error(e)),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Waits up to `ms` for events on `fds` (each with its interest; EPOLLERR and EPOLLHUP are
+/// always reported) and returns what each reported. epoll, not poll: nix's poll drops
+/// revents that carry POLLRDHUP, which it does not name.
+fn wait_events(fds: &[(BorrowedFd<'_>, EpollFlags)], ms: u16) -> io::Result<Vec<EpollFlags>> {
+    let ep = Epoll::new(EpollCreateFlags::EPOLL_CLOEXEC)?;
+    for (i, (fd, flags)) in fds.iter().enumerate() {
+        ep.add(fd, EpollEvent::new(*flags, i as u64))?;
+    }
+    let mut evs = vec![EpollEvent::empty(); fds.len()];
+    let n = match ep.wait(&mut evs, EpollTimeout::from(ms)) {
+        Ok(n) => n,
+        Err(Errno::EINTR) => 0,
+        Err(e) => return Err(e.into()),
+    };
+    let mut out = vec![EpollFlags::empty(); fds.len()];
+    for e in &evs[..n] {
+        if let Some(o) = out.get_mut(e.data() as usize) {
+            *o = e.events();
+        }
+    }
+    Ok(out)
+}
+
+fn readable(fd: BorrowedFd<'_>) -> io::Result<bool> {
+    Ok(wait_events(&[(fd, EpollFlags::EPOLLIN)], 0)?[0].contains(EpollFlags::EPOLLIN))
+}
+
+/// Waits for src's end of data (RDHUP/HUP), while watching both legs for errors. Returns true
+/// instead when `stalled` held on two ticks in a row (10 ms apart for the first second, then
+/// 200 ms) with `progress` unchanged in between.
+fn wait_eof(
+    src: BorrowedFd<'_>,
+    dst: BorrowedFd<'_>,
+    abort: &AtomicBool,
+    stalled: impl Fn() -> io::Result<bool>,
+    progress: impl Fn() -> u64,
+) -> io::Result<bool> {
+    let mut watch_dst = true;
+    let start = Instant::now();
+    let mut last: Option<u64> = None;
+    loop {
+        check_abort(abort)?;
+        let mut fds = vec![(src, EpollFlags::EPOLLRDHUP)];
+        if watch_dst {
+            fds.push((dst, EpollFlags::empty()));
+        }
+        let tick = if start.elapsed() < Duration::from_secs(1) {
+            10
+        } else {
+            200
+        };
+        let r = wait_events(&fds, tick)?;
+        let rs = r[0];
+        let rd = r.get(1).copied().unwrap_or(EpollFlags::empty());
+        if rs.contains(EpollFlags::EPOLLERR) {
+            sock_error(src)?;
+        }
+        if rd.contains(EpollFlags::EPOLLERR) {
+            sock_error(dst)?;
+        }
+        if rd.contains(EpollFlags::EPOLLHUP) {
+            sock_error(dst)?;
+            // Shut both ways without an error: nothing more to watch there.
+            watch_dst = false;
+        }
+        if rs.intersects(EpollFlags::EPOLLRDHUP | EpollFlags::EPOLLHUP) {
+            sock_error(src)?;
+            return Ok(false);
+        }
+        if stalled()? {
+            let now = progress();
+            if last == Some(now) {
+                return Ok(true);
+            }
+            last = Some(now);
+        } else {
+            last = None;
+        }
+    }
+}
+
+/// Forwards what `src` holds now (MSG_DONTWAIT reads until EAGAIN, at most `max` bytes),
+/// each chunk written in full to `dst`. Returns the bytes forwarded.
+fn forward_queued(src: BorrowedFd<'_>, dst: BorrowedFd<'_>, max: usize) -> io::Result<u64> {
+    use nix::sys::socket::{recv, MsgFlags};
+    let mut buf = vec![0u8; 64 << 10];
+    let mut total = 0usize;
+    while total < max {
+        match recv(src.as_raw_fd(), &mut buf, MsgFlags::MSG_DONTWAIT) {
+            Ok(0) => break,
+            Ok(n) => {
+                write_all(dst, &buf[..n])?;
+                total += n;
+            }
+            Err(Errno::EINTR) => {}
+            Err(Errno::EAGAIN) => break,
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(total as u64)
+}
+
+/// Polls `ok` (1 ms, growing to 20 ms) until it holds; fails on an abort or an error on
+/// `dst` (the kernel's workqueue reports a failed send there).
+fn wait_until(
+    what: &str,
+    abort: &AtomicBool,
+    dst: BorrowedFd<'_>,
+    mut ok: impl FnMut() -> io::Result<bool>,
+) -> io::Result<()> {
+    let mut pause = Duration::from_micros(200);
+    let start = Instant::now();
+    let mut next_log = Duration::from_secs(2);
+    loop {
+        if ok()? {
+            return Ok(());
+        }
+        if start.elapsed() > next_log {
+            tracing::debug!("still waiting after {:?}: {what}", start.elapsed());
+            next_log *= 2;
+        }
+        check_abort(abort)?;
+        if start.elapsed() > Duration::from_millis(50) {
+            pause = (pause * 2).min(Duration::from_millis(20));
+        }
+        // Sleeps `pause` (whole ms in epoll; below 1 ms a plain sleep), woken by an error.
+        let ms = pause.as_millis() as u16;
+        if ms == 0 {
+            std::thread::sleep(pause);
+        }
+        if wait_events(&[(dst, EpollFlags::empty())], ms)?[0].contains(EpollFlags::EPOLLERR) {
+            sock_error(dst)?;
+        }
+    }
+}
+
+/// One read from a socket that may be in the sockmap. A blocking recvmsg there can return
+/// EAGAIN when data lands in the receive queue while it waits for the psock's queue
+/// (tcp_bpf_recvmsg_parser): wait until readable and read again.
+fn read_some(src: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<usize> {
+    loop {
+        match nix::unistd::read(src, buf) {
+            Ok(n) => return Ok(n),
+            Err(Errno::EINTR) => {}
+            Err(Errno::EAGAIN) => {
+                wait_events(&[(src, EpollFlags::EPOLLIN | EpollFlags::EPOLLRDHUP)], 200)?;
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+}
+
+/// Reads what src still holds, to its end (called after src's EOF).
+fn read_to_end(src: BorrowedFd<'_>, out: &mut Vec<u8>) -> io::Result<()> {
+    let mut buf = vec![0u8; 64 << 10];
+    loop {
+        match read_some(src, &mut buf)? {
+            0 => return Ok(()),
+            n => out.extend_from_slice(&buf[..n]),
+        }
+    }
+}
+
+fn write_all(dst: BorrowedFd<'_>, mut b: &[u8]) -> io::Result<()> {
+    while !b.is_empty() {
+        match nix::unistd::write(dst, b) {
+            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+            Ok(n) => b = &b[n..],
+            Err(Errno::EINTR) => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(())
+}
+
+/// read/write (not splice: a TCP socket in a sockmap keeps data its program passed in the
+/// psock, which only recvmsg reads) until src's EOF.
+fn copy(src: BorrowedFd<'_>, dst: BorrowedFd<'_>, abort: &AtomicBool) -> io::Result<u64> {
+    let mut buf = vec![0u8; 256 << 10];
+    let mut total = 0u64;
+    loop {
+        check_abort(abort)?;
+        match read_some(src, &mut buf).map_err(ctx("read"))? {
+            0 => return Ok(total),
+            n => {
+                write_all(dst, &buf[..n]).map_err(ctx("write"))?;
+                total += n as u64;
+            }
+        }
+    }
+}
