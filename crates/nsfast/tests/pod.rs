@@ -3,9 +3,10 @@
 //! or by the `nsfast` binary, TCP and UDP between them, counters proving the BPF path, and
 //! cleanup. Nothing touches the initial network namespace. Run as root (`make test`).
 
+mod common;
+use common::{nsfast, nsfast_bin};
 use std::io::{Read, Write};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, TcpStream, UdpSocket};
-use std::path::PathBuf;
 use std::process::{Command, Output};
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -21,20 +22,6 @@ use nsfast_sys::netns::{self, NetNs};
 
 const TIMEOUT: Duration = Duration::from_secs(5);
 const ROUNDS: usize = 20;
-
-fn nsfast_bin() -> PathBuf {
-    std::env::var_os("NSFAST_BIN")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_nsfast")))
-}
-
-fn nsfast(args: &[&str]) -> Output {
-    Command::new(nsfast_bin())
-        .args(args)
-        .env("RUST_LOG", "warn")
-        .output()
-        .expect("run nsfast")
-}
 
 fn prefix() -> String {
     unique("p")

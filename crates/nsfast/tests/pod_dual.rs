@@ -7,11 +7,12 @@
 //! are removed when a test ends, passed or failed. The datapath is veth here; the VM matrix
 //! sets NSFAST_TEST_POD_MODE=netkit or netkit-l2 to run the same tests on netkit.
 
+mod common;
+use common::{nsfast, nsfast_bin, nsfast_ok};
 use std::io::{Read, Write};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream, UdpSocket};
-use std::path::PathBuf;
-use std::process::{Command, Output};
-use std::time::{Duration, Instant};
+use std::process::Command;
+use std::time::Duration;
 
 use nsfast_lab::require_root;
 use nsfast_lab::world::unique;
@@ -22,33 +23,9 @@ const TIMEOUT: Duration = Duration::from_secs(5);
 const ROUNDS: usize = 10;
 const WIRE_IF: &str = "wire0";
 
-fn nsfast_bin() -> PathBuf {
-    std::env::var_os("NSFAST_BIN")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_nsfast")))
-}
-
-fn nsfast(args: &[&str]) -> Output {
-    Command::new(nsfast_bin())
-        .args(args)
-        .env("RUST_LOG", "warn")
-        .output()
-        .expect("run nsfast")
-}
-
-fn nsfast_ok(args: &[&str]) -> String {
-    let out = nsfast(args);
-    assert!(
-        out.status.success(),
-        "nsfast {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).unwrap()
-}
-
 /// `NSFAST_TEST_POD_MODE` (veth, netkit, netkit-l2), veth by default.
 fn mode() -> String {
-    std::env::var("NSFAST_TEST_POD_MODE").unwrap_or_else(|_| "veth".into())
+    common::pod_mode_str()
 }
 
 fn wire4(h: usize) -> Ipv4Addr {
@@ -237,12 +214,8 @@ fn exchange(from: &NetNs, srv: &NetNs, ip: IpAddr, port: u16) {
 }
 
 /// Polls `cond` until it holds; panics naming `what` after [`TIMEOUT`].
-fn wait_for(what: &str, mut cond: impl FnMut() -> bool) {
-    let deadline = Instant::now() + TIMEOUT;
-    while !cond() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(5));
-    }
+fn wait_for(what: &str, cond: impl FnMut() -> bool) {
+    common::wait_for(what, TIMEOUT, cond)
 }
 
 #[test]

@@ -4,6 +4,8 @@
 //! peers (`nsfast-testpeer`, separate processes) run in. Counters come from `nsfast -j pod
 //! shortcut status`. `NSFAST_BIN` runs another build.
 
+mod common;
+use common::{nsfast_env, nsfast_ok, text};
 use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -25,38 +27,6 @@ fn bulk_bytes() -> u64 {
         .and_then(|v| v.parse::<u64>().ok())
         .map(|m| m << 20)
         .unwrap_or(GIB)
-}
-
-fn nsfast_bin() -> PathBuf {
-    std::env::var_os("NSFAST_BIN")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_nsfast")))
-}
-
-fn nsfast_env(args: &[&str], env: &[(&str, &str)]) -> Output {
-    let mut c = Command::new(nsfast_bin());
-    c.args(args)
-        .env("RUST_LOG", "warn")
-        .env_remove(nsfast_pod::pod::CRASH_ENV);
-    for (k, v) in env {
-        c.env(k, v);
-    }
-    c.output().expect("run nsfast")
-}
-
-fn ok(args: &[&str]) -> String {
-    let o = nsfast_env(args, &[]);
-    assert!(o.status.success(), "nsfast {args:?}: {}", text(&o));
-    String::from_utf8_lossy(&o.stdout).into_owned()
-}
-
-fn text(o: &Output) -> String {
-    format!(
-        "status {:?}; stdout: {}; stderr: {}",
-        o.status,
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
 }
 
 fn mode() -> ModeRequest {
@@ -101,7 +71,7 @@ impl World {
 
     fn enable(&self, h: usize) -> String {
         let cg = self.cg.path().to_string_lossy().into_owned();
-        ok(&[
+        nsfast_ok(&[
             "pod",
             "shortcut",
             "enable",
@@ -126,7 +96,7 @@ impl World {
 
     /// `nsfast -j pod shortcut status --host` of host `h`.
     fn status(&self, h: usize) -> Value {
-        let out = ok(&["-j", "pod", "shortcut", "status", "--host", self.host(h)]);
+        let out = nsfast_ok(&["-j", "pod", "shortcut", "status", "--host", self.host(h)]);
         serde_json::from_str(&out).unwrap_or_else(|e| panic!("status JSON {out:?}: {e}"))
     }
 
@@ -141,7 +111,7 @@ impl World {
             .push((name.to_string(), self.host(h).to_string()));
         let mut a = vec!["pod", "add", name, "--ip", ip, "--host", self.host(h)];
         a.extend_from_slice(extra);
-        ok(&a);
+        nsfast_ok(&a);
         NetNs::open(name).expect("open the new pod's netns")
     }
 }
@@ -266,10 +236,11 @@ fn two_pods_move_a_gib_each_way_all_of_it_redirected() {
     }
     assert_eq!(st["redirected_bytes"], 2 * bytes, "{st}");
     // `pod list` shows the same counters.
-    let l: Value = serde_json::from_str(&ok(&["-j", "pod", "list", "--host", w.host(0)])).unwrap();
+    let l: Value =
+        serde_json::from_str(&nsfast_ok(&["-j", "pod", "list", "--host", w.host(0)])).unwrap();
     assert_eq!(l["shortcut_enabled"], true, "{l}");
     assert_eq!(l["shortcut"][a0.as_str()]["redirected_bytes"], bytes, "{l}");
-    let text = ok(&["pod", "list", "--host", w.host(0)]);
+    let text = nsfast_ok(&["pod", "list", "--host", w.host(0)]);
     assert!(
         text.contains("BYTES-REDIRECTED") && text.contains(&bytes.to_string()),
         "{text}"
@@ -348,7 +319,7 @@ fn a_no_shortcut_pod_is_not_redirected() {
     );
     assert_eq!(st["pods"][a0.as_str()]["redirected_bytes"], 0, "{st}");
     assert_eq!(st["pairs"], 0, "{st}");
-    let list = ok(&["pod", "list", "--host", w.host(0)]);
+    let list = nsfast_ok(&["pod", "list", "--host", w.host(0)]);
     assert!(list.contains("opted-out"), "{list}");
 }
 
@@ -362,7 +333,7 @@ fn identical_pods_on_two_hosts_never_receive_each_others_bytes() {
     let w2 = World::new(&[]);
     // w2's host A on w1's cgroup: two pod-mode instances see every socket there.
     let cg_path = w1.cg.path().to_string_lossy().into_owned();
-    ok(&[
+    nsfast_ok(&[
         "pod",
         "shortcut",
         "enable",
@@ -482,7 +453,7 @@ fn disable_mid_transfer_loses_nothing() {
         );
         std::thread::sleep(Duration::from_millis(10));
     };
-    let out = ok(&["pod", "shortcut", "disable", "--host", w.host(0)]);
+    let out = nsfast_ok(&["pod", "shortcut", "disable", "--host", w.host(0)]);
     assert!(out.contains("disabled"), "{out}");
     assert!(at < total, "the transfer was over before disable");
     let cr: BidirReport = peer::finish(c, "client");
@@ -514,7 +485,7 @@ fn pod_del_all_and_bench_cleanup_remove_the_shortcut() {
     let mut w = World::new(&[0, 1]);
     wait_sockops(w.cg.path(), 2, "both hosts enabled");
     let host_a = w.host(0).to_string();
-    let out = ok(&["pod", "del", "--all", "--host", &host_a]);
+    let out = nsfast_ok(&["pod", "del", "--all", "--host", &host_a]);
     assert!(out.contains("2 pod(s) deleted"), "{out}");
     wait_sockops(w.cg.path(), 1, "host A's pods deleted");
     assert_eq!(w.status(0)["enabled"], false);
@@ -536,7 +507,7 @@ fn pod_del_all_and_bench_cleanup_remove_the_shortcut() {
         "the dead host's shortcut is not left for the cleanup"
     );
     wait_sockops(w.cg.path(), 1, "host B gone, before the cleanup");
-    let out = ok(&["bench", "--cleanup"]);
+    let out = nsfast_ok(&["bench", "--cleanup"]);
     assert!(out.contains(&pins.display().to_string()), "{out}");
     assert!(!pins.exists(), "{} left", pins.display());
     assert!(!state.exists(), "{} left", state.display());
@@ -614,7 +585,7 @@ fn sigkill_at_each_step_leaves_a_retry_that_works() {
         );
         w.enable(0);
         wait_sockops(w.cg.path(), 1, &format!("after a kill at {step}"));
-        ok(&["pod", "shortcut", "disable", "--host", &host]);
+        nsfast_ok(&["pod", "shortcut", "disable", "--host", &host]);
         wait_sockops(w.cg.path(), 0, &format!("after disable ({step})"));
     }
     w.enable(0);
@@ -654,7 +625,7 @@ fn sigkill_at_each_step_leaves_a_retry_that_works() {
             "pod added after a kill at {step} did not take the shortcut: {}",
             w.status(0)
         );
-        ok(&["pod", "del", &name, "--host", &host]);
+        nsfast_ok(&["pod", "del", &name, "--host", &host]);
         w.extra.pop();
     }
     wait_sockops(w.cg.path(), 1, "after the pod add kills");
@@ -795,7 +766,7 @@ fn cni_shortcut_key_enables_it_and_the_arg_opts_out() {
     drop(bad_ns);
 
     let hostname = host.name().to_string();
-    let st: Value = serde_json::from_str(&ok(&[
+    let st: Value = serde_json::from_str(&nsfast_ok(&[
         "-j", "pod", "shortcut", "status", "--host", &hostname,
     ]))
     .unwrap();
@@ -808,7 +779,7 @@ fn cni_shortcut_key_enables_it_and_the_arg_opts_out() {
     let a = |i: usize, port| SocketAddr::new(IpAddr::V4(ips[i]), port);
     transfer(&ctrs.0[1].1, &ctrs.0[0].1, &own, a(0, 5601), bytes);
     transfer(&ctrs.0[2].1, &ctrs.0[0].1, &own, a(0, 5602), bytes);
-    let st: Value = serde_json::from_str(&ok(&[
+    let st: Value = serde_json::from_str(&nsfast_ok(&[
         "-j", "pod", "shortcut", "status", "--host", &hostname,
     ]))
     .unwrap();
@@ -1040,8 +1011,10 @@ fn podman_containers_talk_http_over_the_shortcut_and_rm_leaves_nothing() {
     };
     assert_eq!(body, page);
     let node = w.node.as_ref().unwrap().name().to_string();
-    let st: Value =
-        serde_json::from_str(&ok(&["-j", "pod", "shortcut", "status", "--host", &node])).unwrap();
+    let st: Value = serde_json::from_str(&nsfast_ok(&[
+        "-j", "pod", "shortcut", "status", "--host", &node,
+    ]))
+    .unwrap();
     assert_eq!(st["enabled"], true, "{st}");
     assert!(
         st["pairs"].as_u64().unwrap() >= 1,
@@ -1165,7 +1138,7 @@ fn cni_add_killed_at_each_shortcut_step_then_del_and_add_work() {
         let addr = SocketAddr::new(IpAddr::V4(ip_of(&oa)), 5700 + n as u16);
         let _ = ip_of(&ob);
         transfer(&b, &a, &own, addr, 1 << 20);
-        let st: Value = serde_json::from_str(&ok(&[
+        let st: Value = serde_json::from_str(&nsfast_ok(&[
             "-j", "pod", "shortcut", "status", "--host", &hostname,
         ]))
         .unwrap();
@@ -1226,7 +1199,7 @@ fn bad_input_is_refused_and_changes_nothing() {
     }
     let o = nsfast_env(&["pod", "shortcut", "status", "--host", "/etc/passwd"], &[]);
     assert!(!o.status.success(), "{}", text(&o));
-    let out = ok(&["pod", "shortcut", "disable", "--host", host.name()]);
+    let out = nsfast_ok(&["pod", "shortcut", "disable", "--host", host.name()]);
     assert!(out.contains("was not enabled"), "{out}");
     assert!(!h.state_dir().exists() && !h.pin_dir().exists());
 }

@@ -6,9 +6,10 @@
 //! namespace. The datapath is veth here; the VM matrix sets NSFAST_TEST_POD_MODE=netkit or
 //! netkit-l2 to run the same tests on netkit.
 
+mod common;
+use common::{nsfast, nsfast_ok, pod_mode_str};
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, UdpSocket};
-use std::path::PathBuf;
-use std::process::{Command, Output};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use nsfast_lab::pods::{self as topology, PodsSpec, Topology};
@@ -22,37 +23,8 @@ use socket2::{Domain, Protocol, SockAddr, Socket, Type};
 const TIMEOUT: Duration = Duration::from_secs(5);
 const GATEWAY: Ipv4Addr = Ipv4Addr::new(169, 254, 1, 1);
 
-fn nsfast_bin() -> PathBuf {
-    std::env::var_os("NSFAST_BIN")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_nsfast")))
-}
-
-fn nsfast(args: &[&str]) -> Output {
-    Command::new(nsfast_bin())
-        .args(args)
-        .env("RUST_LOG", "warn")
-        .output()
-        .expect("run nsfast")
-}
-
-fn nsfast_ok(args: &[&str]) -> String {
-    let out = nsfast(args);
-    assert!(
-        out.status.success(),
-        "nsfast {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).unwrap()
-}
-
-/// `NSFAST_TEST_POD_MODE` (veth, netkit, netkit-l2), veth by default.
-fn mode_str() -> String {
-    std::env::var("NSFAST_TEST_POD_MODE").unwrap_or_else(|_| "veth".into())
-}
-
 fn mode() -> ModeRequest {
-    mode_str()
+    pod_mode_str()
         .parse()
         .expect("NSFAST_TEST_POD_MODE: veth, netkit or netkit-l2")
 }
@@ -67,12 +39,8 @@ fn counter(host: &str, name: &str) -> u64 {
 }
 
 /// Polls `cond` until it holds; panics naming `what` after [`TIMEOUT`].
-fn wait_for(what: &str, mut cond: impl FnMut() -> bool) {
-    let deadline = Instant::now() + TIMEOUT;
-    while !cond() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(5));
-    }
+fn wait_for(what: &str, cond: impl FnMut() -> bool) {
+    common::wait_for(what, TIMEOUT, cond)
 }
 
 /// An IPv4 + UDP datagram from `src`:`sport` to `dst`:`dport` (UDP checksum 0 = none; the
@@ -327,7 +295,7 @@ impl FwHost {
     fn add(&self, name: &str, ip: Ipv4Addr, host_firewall: bool) -> serde_json::Value {
         let host = self.name();
         let cidr = format!("{ip}/24");
-        let mode = mode_str();
+        let mode = pod_mode_str();
         let mut args = vec![
             "pod", "add", name, "--ip", &cidr, "--host", &host, "--mode", &mode, "--json",
         ];

@@ -4,44 +4,15 @@
 //! cleanup never touches the new namespace's devices). Run as root. `NSFAST_BIN` runs another
 //! build (e.g. an older one, to see these fail).
 
+mod common;
+use common::{nsfast, nsfast_env, text};
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
 
 use nsfast_lab::require_root;
 use nsfast_lab::world::{link_names as links, unique};
 use nsfast_pod::state::{bpffs_root, PIN_SUBDIR, STATE_ROOT};
 use nsfast_sys::netns::{self, NetNs};
-
-fn nsfast_bin() -> PathBuf {
-    std::env::var_os("NSFAST_BIN")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_nsfast")))
-}
-
-fn nsfast_env(args: &[&str], env: &[(&str, &str)]) -> Output {
-    let mut c = Command::new(nsfast_bin());
-    c.args(args)
-        .env("RUST_LOG", "warn")
-        .env_remove(nsfast_pod::pod::CRASH_ENV);
-    for (k, v) in env {
-        c.env(k, v);
-    }
-    c.output().expect("run nsfast")
-}
-
-fn nsfast(args: &[&str]) -> Output {
-    nsfast_env(args, &[])
-}
-
-fn text(o: &Output) -> String {
-    format!(
-        "status {:?}; stdout: {}; stderr: {}",
-        o.status,
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
-}
 
 /// Pod state directories (under /run/nsfast/pod) holding a record of pod `pod`.
 fn state_dirs_with(pod: &str) -> Vec<PathBuf> {
