@@ -32,8 +32,8 @@ impl Netlink {
         })
     }
 
-    /// The IPv4 addresses (with prefix length) on link `name`.
-    pub fn link_ipv4_addresses(&self, name: &str) -> Result<Vec<(Ipv4Addr, u8)>, NetError> {
+    /// Every address (with prefix length) on link `name`, both families.
+    pub fn link_addresses(&self, name: &str) -> Result<Vec<(IpAddr, u8)>, NetError> {
         use netlink_packet_route::address::AddressAttribute;
         self.run(|h| async move {
             let idx = index_of(h, name).await?;
@@ -45,8 +45,8 @@ impl Netlink {
                 .map_err(nl(format!("list addresses of {name}")))?
             {
                 for a in &msg.attributes {
-                    if let AddressAttribute::Address(IpAddr::V4(v4)) = a {
-                        out.push((*v4, msg.header.prefix_len));
+                    if let AddressAttribute::Address(ip) = a {
+                        out.push((*ip, msg.header.prefix_len));
                     }
                 }
             }
@@ -54,26 +54,28 @@ impl Netlink {
         })
     }
 
+    /// The IPv4 addresses (with prefix length) on link `name`.
+    pub fn link_ipv4_addresses(&self, name: &str) -> Result<Vec<(Ipv4Addr, u8)>, NetError> {
+        Ok(self
+            .link_addresses(name)?
+            .into_iter()
+            .filter_map(|(ip, p)| match ip {
+                IpAddr::V4(v4) => Some((v4, p)),
+                IpAddr::V6(_) => None,
+            })
+            .collect())
+    }
+
     /// The IPv6 addresses (with prefix length) on link `name`.
     pub fn link_ipv6_addresses(&self, name: &str) -> Result<Vec<(Ipv6Addr, u8)>, NetError> {
-        use netlink_packet_route::address::AddressAttribute;
-        self.run(|h| async move {
-            let idx = index_of(h, name).await?;
-            let mut out = Vec::new();
-            let mut addrs = h.address().get().set_link_index_filter(idx).execute();
-            while let Some(msg) = addrs
-                .try_next()
-                .await
-                .map_err(nl(format!("list addresses of {name}")))?
-            {
-                for a in &msg.attributes {
-                    if let AddressAttribute::Address(IpAddr::V6(v6)) = a {
-                        out.push((*v6, msg.header.prefix_len));
-                    }
-                }
-            }
-            Ok(out)
-        })
+        Ok(self
+            .link_addresses(name)?
+            .into_iter()
+            .filter_map(|(ip, p)| match ip {
+                IpAddr::V6(v6) => Some((v6, p)),
+                IpAddr::V4(_) => None,
+            })
+            .collect())
     }
 
     /// Adds a route to `dst/prefix`, via `gateway` and/or out of `dev`.

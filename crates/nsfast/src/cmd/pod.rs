@@ -177,12 +177,7 @@ fn run_inner(cmd: PodCmd) -> Result<()> {
                 return Ok(());
             }
             for r in &gone {
-                nsfast_sys::outln!(
-                    "deleted pod {} ({}) on host {}",
-                    r.name,
-                    r.cidrs().join(", "),
-                    r.host
-                )?;
+                print_deleted(r)?;
             }
             nsfast_sys::outln!("{} pod(s) deleted", gone.len())?;
             Ok(())
@@ -196,15 +191,7 @@ fn run_inner(cmd: PodCmd) -> Result<()> {
                         .print(&serde_json::json!({ "deleted": [r] }))?;
                     Ok(())
                 }
-                Some(r) => {
-                    nsfast_sys::outln!(
-                        "deleted pod {} ({}) on host {}",
-                        r.name,
-                        r.cidrs().join(", "),
-                        r.host
-                    )?;
-                    Ok(())
-                }
+                Some(r) => print_deleted(&r),
                 None => anyhow::bail!(
                     "no pod {name:?} on host {} (see `nsfast pod list`)",
                     host.as_deref().unwrap_or("current")
@@ -358,5 +345,16 @@ fn shortcut(c: ShortcutCmd) -> Result<()> {
             print_shortcut_pods(&s.pods)?;
         }
     }
+    Ok(())
+}
+
+/// The text line for a deleted pod.
+fn print_deleted(r: &nsfast_pod::state::PodRecord) -> Result<()> {
+    nsfast_sys::outln!(
+        "deleted pod {} ({}) on host {}",
+        r.name,
+        r.cidrs().join(", "),
+        r.host
+    )?;
     Ok(())
 }
