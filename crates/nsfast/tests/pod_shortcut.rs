@@ -323,6 +323,28 @@ fn a_no_shortcut_pod_is_not_redirected() {
     assert!(list.contains("opted-out"), "{list}");
 }
 
+/// Dual-stack pods pair over IPv6 too: an IPv6 connection between two pods of one host is
+/// redirected byte for byte, as an IPv4 one is.
+#[test]
+fn ipv6_pod_connections_take_the_shortcut() {
+    require_root();
+    let mut w = World::new(&[0]);
+    let cg = w.cg.procs();
+    let bytes = 16 << 20;
+    let (n1, n2) = (unique("sc-6a"), unique("sc-6b"));
+    let p1 = w.add_pod(0, &n1, "10.251.1.31/24,fd51:1::31/64", &["--mode", "veth"]);
+    let p2 = w.add_pod(0, &n2, "10.251.1.32/24,fd51:1::32/64", &["--mode", "veth"]);
+    let to: SocketAddr = "[fd51:1::31]:5301".parse().unwrap();
+    transfer(&p2, &p1, &cg, to, bytes);
+    let st = w.status(0);
+    for n in [&n1, &n2] {
+        let c = &st["pods"][n.as_str()];
+        assert_eq!(c["redirected_bytes"], bytes, "pod {n}: {st}");
+        assert_eq!(c["paired"], 1, "pod {n}: {st}");
+        assert_eq!(c["passed_bytes"], 0, "pod {n}: {st}");
+    }
+}
+
 /// Two worlds with identical pod addresses, each host A with its own shortcut on the same
 /// cgroup: 200 connections each from one fixed source port to its own world's tag server, and
 /// bulk transfers at the same time; nobody reads the other world's bytes.
