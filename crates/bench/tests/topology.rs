@@ -172,11 +172,18 @@ fn expected_skips() -> BTreeMap<&'static str, String> {
         } else {
             "not a VM guest (NSFAST_VM_GUEST unset)"
         };
-        for t in ["vsock", "vsock-relay", "vsock-socat"] {
+        for t in ["vsock", "vsock-relay", "vsock-relay-kernel", "vsock-socat"] {
             skip.insert(t, why.to_string());
         }
-    } else if !std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default())
-        .any(|d| d.join("socat").is_file())
+    } else if std::env::var(nsfast_bench::vsock_hook::EXPERIMENTAL_ENV).as_deref() != Ok("1") {
+        skip.insert(
+            "vsock-relay-kernel",
+            "experimental (NSFAST_BENCH_EXPERIMENTAL unset)".to_string(),
+        );
+    }
+    if vsock
+        && !std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default())
+            .any(|d| d.join("socat").is_file())
     {
         skip.insert("vsock-socat", "no socat on PATH".to_string());
     }
