@@ -104,13 +104,18 @@ pub fn run(env: &Env, stdin: &[u8]) -> Result<Option<String>, CniError> {
 }
 
 /// Every check [`run`] makes on its input before ADD, DEL, CHECK, STATUS or GC changes
-/// anything ([`parse`]), plus the decoding of a `prevResult`'s address. Touches nothing. For
+/// anything ([`parse`]), plus the decoding of a `prevResult`'s address and ADD's shortcut
+/// opt-out. Touches nothing. For
 /// the fuzzers.
 #[doc(hidden)]
 pub fn check_input(env: &Env, stdin: &[u8]) -> Result<(), CniError> {
     let req = parse(env, stdin)?;
-    if let Some(prev) = req.conf.as_ref().and_then(|(c, _)| c.prev_result.as_ref()) {
-        let _ = ipam_addrs(prev);
+    if let Some((conf, _)) = req.conf.as_ref() {
+        if let Some(prev) = conf.prev_result.as_ref() {
+            let _ = ipam_addrs(prev);
+        }
+        // ADD's opt-out: CNI_ARGS `NSFAST_SHORTCUT=` and runtimeConfig (runtime-controlled).
+        let _ = crate::spec::shortcut_opt_out(env.args.as_deref(), conf);
     }
     Ok(())
 }
