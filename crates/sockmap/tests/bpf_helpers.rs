@@ -288,7 +288,11 @@ fn the_two_ends_pair_through_cookies_and_the_pending_entry_is_consumed() {
     assert_eq!(h.claimed(), 0, "a pending end has no peer yet");
     assert_eq!(h.pending(&k).map(|p| p.cookie), Some(11));
     assert_eq!(h.established(&k, 12, abi::ROLE_PASSIVE), PAIRED);
-    assert_eq!(h.claimed(), 11, "the claimer is handed the first end's cookie");
+    assert_eq!(
+        h.claimed(),
+        11,
+        "the claimer is handed the first end's cookie"
+    );
     assert_eq!(h.peer_of(11), Some(12));
     assert_eq!(h.peer_of(12), None, "the claimer owns no nsf_peers entry");
     assert_eq!(h.pending(&k), None, "claimed entries are removed");
@@ -300,7 +304,10 @@ fn the_two_ends_pair_through_cookies_and_the_pending_entry_is_consumed() {
     assert_eq!(h.peer_of(21), Some(22));
     // The first end's close removes the connection's only entry.
     h.closed(&k2, 21);
-    assert_eq!((h.peer_of(21), h.peer_of(22), h.pending(&k2)), (None, None, None));
+    assert_eq!(
+        (h.peer_of(21), h.peer_of(22), h.pending(&k2)),
+        (None, None, None)
+    );
 }
 
 #[test]
