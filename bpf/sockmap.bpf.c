@@ -54,7 +54,8 @@ NSF_INLINE void on_established(struct bpf_sock_ops *skops, __u32 active)
 	__u32 role = active ? NSF_ROLE_ACTIVE : NSF_ROLE_PASSIVE;
 	__u32 zero = 0, tag = 0, other_tag = 0;
 	struct nsf_config *cfg;
-	__u64 cookie;
+	__u64 cookie, other_cookie = 0;
+	int r;
 
 	cfg = bpf_map_lookup_elem(&nsf_config, &zero);
 	if (cfg && (cfg->port_mode & NSF_MODE_PODS)) {
@@ -103,13 +104,22 @@ NSF_INLINE void on_established(struct bpf_sock_ops *skops, __u32 active)
 		return;
 	}
 	nsf_count(NSF_STAT_SOCK_ADDED, 1);
-	bpf_sock_ops_cb_flags_set(skops, skops->bpf_sock_ops_cb_flags | BPF_SOCK_OPS_STATE_CB_FLAG);
 
-	if (nsf_pair_tagged(&key, cookie, role, tag, &other_tag) == NSF_PAIRED) {
-		st->flags |= NSF_SK_PAIRED;
+	r = nsf_pair_tagged(&key, cookie, role, tag, &other_tag, &other_cookie);
+	if (r == NSF_PAIRED) {
+		/* The claimer knows its peer now (no nsf_peers entry, no lookup at its first
+		 * send) and owns no map entry, so it needs no close callback: the SOCKHASH drops
+		 * it by itself at close. */
+		st->peer = other_cookie;
+		st->flags |= NSF_SK_PAIRED | NSF_SK_PEER_CACHED;
 		/* Both ends of the connection count as paired, each in its own pod. */
 		nsf_pod_count(tag, NSF_POD_PAIRED, 1);
 		nsf_pod_count(other_tag, NSF_POD_PAIRED, 1);
+	} else if (r == NSF_PENDING) {
+		/* Owns its pending entry and, once claimed, its nsf_peers entry: removed at
+		 * close. (An ambiguous end owns nothing either.) */
+		bpf_sock_ops_cb_flags_set(skops,
+					  skops->bpf_sock_ops_cb_flags | BPF_SOCK_OPS_STATE_CB_FLAG);
 	}
 }
 
@@ -121,8 +131,8 @@ NSF_INLINE void on_close(struct bpf_sock_ops *skops)
 	if (!sk)
 		return;
 	st = bpf_sk_storage_get(&nsf_skstate, sk, 0, 0);
-	if (!st)
-		return;
+	if (!st || (st->flags & NSF_SK_PAIRED))
+		return; /* a claimer (which enabled no close callback) owns no map entry */
 	nsf_unpair(&st->key, st->cookie);
 	nsf_count(NSF_STAT_CLOSED, 1);
 }

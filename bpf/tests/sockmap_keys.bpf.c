@@ -46,17 +46,32 @@ struct nsf_test_pair_in {
 	__u32 op; /* 0: established, 1: close */
 };
 
-/* Runs nsf_pair (op 0; returns NSF_AMBIGUOUS/PENDING/PAIRED) or nsf_unpair (op 1; returns
- * 3) on the input, or 255 when the input cannot be read. */
+/* The peer cookie nsf_pair handed the last claimer (0 unless it returned NSF_PAIRED). */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, __u64);
+} nsf_test_claimed SEC(".maps");
+
+/* Runs nsf_pair (op 0; returns NSF_AMBIGUOUS/PENDING/PAIRED, the claimer's peer cookie into
+ * nsf_test_claimed) or nsf_unpair (op 1; returns 3) on the input, or 255 when the input
+ * cannot be read. */
 SEC("classifier")
 int nsf_test_pair(struct __sk_buff *skb)
 {
 	struct nsf_test_pair_in in = {};
+	__u64 other = 0;
+	__u32 zero = 0;
+	int r;
 
 	if (bpf_skb_load_bytes(skb, 14, &in, sizeof(in)) != 0)
 		return 255;
-	if (in.op == 0)
-		return nsf_pair(&in.key, in.cookie, in.role);
+	if (in.op == 0) {
+		r = nsf_pair(&in.key, in.cookie, in.role, &other);
+		bpf_map_update_elem(&nsf_test_claimed, &zero, &other, BPF_ANY);
+		return r;
+	}
 	nsf_unpair(&in.key, in.cookie);
 	return 3;
 }

@@ -31,7 +31,8 @@ pub struct Stats {
     pub redirect_failed: u64,
     /// Connections skipped by the port filter.
     pub skipped_port: u64,
-    /// Tracked sockets that closed.
+    /// Tracked sockets that closed and owned map entries (the first end of each pair, or one
+    /// left unpaired; the claiming end owns none and takes no close callback).
     pub closed: u64,
 }
 

@@ -238,6 +238,14 @@ impl Harness {
         self.pair_op(key, cookie, role, 0)
     }
 
+    /// The peer cookie the last `established` handed its socket to cache (0: none). The
+    /// claimer's peer lives only there, never in nsf_peers.
+    fn claimed(&self) -> u64 {
+        let out: Array<&MapData, u64> =
+            Array::try_from(self.ebpf.map("nsf_test_claimed").unwrap()).unwrap();
+        out.get(&0, 0).unwrap()
+    }
+
     fn closed(&self, key: &PairKey, cookie: u64) {
         assert_eq!(self.pair_op(key, cookie, 0, 1), 3);
     }
@@ -277,16 +285,29 @@ fn the_two_ends_pair_through_cookies_and_the_pending_entry_is_consumed() {
     let h = pair_harness();
     let k = key(100, 200);
     assert_eq!(h.established(&k, 11, abi::ROLE_ACTIVE), PENDING);
+    assert_eq!(h.claimed(), 0, "a pending end has no peer yet");
     assert_eq!(h.pending(&k).map(|p| p.cookie), Some(11));
     assert_eq!(h.established(&k, 12, abi::ROLE_PASSIVE), PAIRED);
+    assert_eq!(
+        h.claimed(),
+        11,
+        "the claimer is handed the first end's cookie"
+    );
     assert_eq!(h.peer_of(11), Some(12));
-    assert_eq!(h.peer_of(12), Some(11));
+    assert_eq!(h.peer_of(12), None, "the claimer owns no nsf_peers entry");
     assert_eq!(h.pending(&k), None, "claimed entries are removed");
     // Whichever end establishes first, the result is the same.
     let k2 = key(101, 201);
     assert_eq!(h.established(&k2, 21, abi::ROLE_PASSIVE), PENDING);
     assert_eq!(h.established(&k2, 22, abi::ROLE_ACTIVE), PAIRED);
-    assert_eq!(h.peer_of(22), Some(21));
+    assert_eq!(h.claimed(), 21);
+    assert_eq!(h.peer_of(21), Some(22));
+    // The first end's close removes the connection's only entry.
+    h.closed(&k2, 21);
+    assert_eq!(
+        (h.peer_of(21), h.peer_of(22), h.pending(&k2)),
+        (None, None, None)
+    );
 }
 
 #[test]
@@ -297,9 +318,11 @@ fn two_connections_with_one_pair_key_are_never_paired() {
     // Two clients (in two namespaces) with the same 4-tuple and ISNs: ambiguous.
     assert_eq!(h.established(&k, 31, abi::ROLE_ACTIVE), PENDING);
     assert_eq!(h.established(&k, 32, abi::ROLE_ACTIVE), AMBIGUOUS);
+    assert_eq!(h.claimed(), 0);
     assert_eq!(h.pending(&k).map(|p| p.cookie), Some(abi::POISON));
     // Their servers then find the poisoned key: nobody is paired, everyone uses TCP.
     assert_eq!(h.established(&k, 33, abi::ROLE_PASSIVE), AMBIGUOUS);
+    assert_eq!(h.claimed(), 0);
     assert_eq!(h.established(&k, 34, abi::ROLE_PASSIVE), AMBIGUOUS);
     for c in 31..=34 {
         assert_eq!(h.peer_of(c), None, "cookie {c} must not be paired");
@@ -321,17 +344,19 @@ fn equal_four_tuples_in_two_namespaces_pair_with_their_own_ends_only() {
     assert_eq!(h.established(&kx, 41, abi::ROLE_ACTIVE), PENDING);
     assert_eq!(h.established(&ky, 51, abi::ROLE_ACTIVE), PENDING);
     assert_eq!(h.established(&ky, 52, abi::ROLE_PASSIVE), PAIRED);
+    assert_eq!(h.claimed(), 51);
     assert_eq!(h.established(&kx, 42, abi::ROLE_PASSIVE), PAIRED);
-    assert_eq!((h.peer_of(41), h.peer_of(42)), (Some(42), Some(41)));
-    assert_eq!((h.peer_of(51), h.peer_of(52)), (Some(52), Some(51)));
-    // Y goes away while X stays: X's entries are untouched, Y's are gone.
+    assert_eq!(h.claimed(), 41);
+    assert_eq!((h.peer_of(41), h.peer_of(51)), (Some(42), Some(52)));
+    // Y goes away while X stays: X's entry is untouched, Y's is gone.
     h.closed(&ky, 51);
-    assert_eq!((h.peer_of(51), h.peer_of(52)), (None, None));
-    assert_eq!((h.peer_of(41), h.peer_of(42)), (Some(42), Some(41)));
+    assert_eq!(h.peer_of(51), None);
+    assert_eq!(h.peer_of(41), Some(42));
     // A new connection Y' on the same 4-tuple pairs with its own server, never with X.
     let ky2 = key(502, 602);
     assert_eq!(h.established(&ky2, 53, abi::ROLE_ACTIVE), PENDING);
     assert_eq!(h.established(&ky2, 54, abi::ROLE_PASSIVE), PAIRED);
+    assert_eq!(h.claimed(), 53);
     assert_eq!(h.peer_of(53), Some(54));
     assert_eq!(h.peer_of(41), Some(42));
 }
@@ -345,6 +370,7 @@ fn a_socket_that_closes_before_its_peer_arrives_leaves_nothing_to_claim() {
     h.closed(&k, 61);
     assert_eq!(h.pending(&k), None);
     assert_eq!(h.established(&k, 62, abi::ROLE_PASSIVE), PENDING);
+    assert_eq!(h.claimed(), 0, "must not pair with a closed socket");
     assert_eq!(h.peer_of(62), None, "must not pair with a closed socket");
     // Closing someone else's cookie does not remove the pending entry.
     h.closed(&k, 99);
