@@ -27,6 +27,7 @@ use std::time::{Duration, Instant};
 
 use nix::errno::Errno;
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+use nix::sys::socket::{getsockopt, sockopt};
 use nix::unistd::read;
 use nsfast_sys::kernel::KernelVersion;
 use nsfast_sys::zerocopy as zc;
@@ -207,6 +208,8 @@ struct Sender<'a> {
     allocated: usize,
     t: Tracker,
     scratch: Vec<zc::Completion>,
+    /// The last [`Sender::reap`] read a completion.
+    reaped_any: bool,
 }
 
 /// poll() on one descriptor; returns revents (empty on timeout).
@@ -230,13 +233,16 @@ impl<'a> Sender<'a> {
             allocated: 0,
             t: Tracker::default(),
             scratch: Vec::new(),
+            reaped_any: false,
         }
     }
 
-    /// Reads the error queue and recycles the buffers whose sends are complete.
+    /// Reads the error queue and recycles the buffers whose sends are complete; whether a
+    /// buffer was freed.
     fn reap(&mut self) -> io::Result<bool> {
         self.scratch.clear();
         zc::read_completions(self.fd, &mut self.scratch)?;
+        self.reaped_any = !self.scratch.is_empty();
         for c in &self.scratch {
             self.t
                 .complete(c.lo, c.hi, c.copied)
@@ -274,7 +280,12 @@ impl<'a> Sender<'a> {
                 if let Some(a) = act {
                     a.check()?;
                 }
-            } else if ev.contains(PollFlags::POLLHUP) && !ev.contains(PollFlags::POLLERR) {
+            } else if ev.contains(PollFlags::POLLERR) {
+                if !self.reap()? && !self.reaped_any {
+                    // POLLERR without a completion: the socket's own error (a reset).
+                    self.socket_error()?;
+                }
+            } else if ev.contains(PollFlags::POLLHUP) {
                 return Err(io::Error::from(io::ErrorKind::BrokenPipe));
             }
         }
@@ -317,7 +328,14 @@ impl<'a> Sender<'a> {
                         Err(e) => break Err(e),
                     };
                     if ev.contains(PollFlags::POLLERR) {
-                        if let Err(e) = self.reap() {
+                        let r = self.reap().and_then(|_| {
+                            if self.reaped_any {
+                                Ok(())
+                            } else {
+                                self.socket_error()
+                            }
+                        });
+                        if let Err(e) = r {
                             break Err(e);
                         }
                     } else if ev.is_empty() {
@@ -335,6 +353,15 @@ impl<'a> Sender<'a> {
             None => self.free.push(buf),
         }
         r
+    }
+
+    /// Takes the socket's pending error (SO_ERROR, which clears it), as an Err; Ok if none.
+    fn socket_error(&self) -> io::Result<()> {
+        match getsockopt(&self.fd, sockopt::SocketError) {
+            Ok(0) => Ok(()),
+            Ok(e) => Err(io::Error::from_raw_os_error(e)),
+            Err(e) => Err(e.into()),
+        }
     }
 
     /// Waits for the outstanding completions (bounded: [`DRAIN_LIMIT`] without progress), then
@@ -357,9 +384,22 @@ impl<'a> Sender<'a> {
                 break;
             }
             let left = DRAIN_LIMIT.saturating_sub(progress.elapsed());
-            if poll_one(self.fd, PollFlags::empty(), left.min(Duration::from_millis(100))).is_err()
-            {
-                break;
+            match poll_one(self.fd, PollFlags::empty(), left.min(Duration::from_millis(100))) {
+                Err(_) => break,
+                Ok(ev) if ev.contains(PollFlags::POLLERR) => {
+                    // A completion (read next turn) or the socket's error: take the error, so
+                    // poll does not report it again.
+                    let _ = self.reap();
+                    if !self.reaped_any {
+                        let _ = self.socket_error();
+                    }
+                }
+                // A peer that has gone makes poll return at once: completions come when its
+                // socket is freed; look again in a moment instead of spinning.
+                Ok(ev) if ev.contains(PollFlags::POLLHUP) => {
+                    std::thread::sleep(Duration::from_millis(5))
+                }
+                Ok(_) => {}
             }
         }
         if !self.flight.is_empty() {
