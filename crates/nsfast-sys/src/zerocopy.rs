@@ -174,8 +174,14 @@ mod tests {
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
         let covered = |d: &Vec<Completion>| d.iter().map(|c| c.hi - c.lo + 1).sum::<u32>();
         while covered(&done) < sends {
-            assert!(std::time::Instant::now() < deadline, "completions: {done:?}");
-            let mut p = [nix::poll::PollFd::new(tx.as_fd(), nix::poll::PollFlags::empty())];
+            assert!(
+                std::time::Instant::now() < deadline,
+                "completions: {done:?}"
+            );
+            let mut p = [nix::poll::PollFd::new(
+                tx.as_fd(),
+                nix::poll::PollFlags::empty(),
+            )];
             let _ = nix::poll::poll(&mut p, nix::poll::PollTimeout::from(100u16));
             read_completions(tx.as_fd(), &mut done).unwrap();
         }

@@ -100,11 +100,21 @@ fn zerocopy_on_is_refused_before_linux_6_7_and_nothing_is_opened() {
         assert!(!front.exists(), "opened {} anyway", front.display());
     }
     let bad = Command::new(nsfast_bin())
-        .args(["vsock", "relay", "--zerocopy", "yes", "stdio", "unix:/nonexistent"])
+        .args([
+            "vsock",
+            "relay",
+            "--zerocopy",
+            "yes",
+            "stdio",
+            "unix:/nonexistent",
+        ])
         .output()
         .unwrap();
     let err = String::from_utf8_lossy(&bad.stderr);
-    assert!(!bad.status.success() && err.contains("auto, on or off"), "{err}");
+    assert!(
+        !bad.status.success() && err.contains("auto, on or off"),
+        "{err}"
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -184,7 +194,12 @@ fn guest_zerocopy_relay_is_byte_exact_both_ways_and_says_so_in_json() {
     let bytes = guest_bulk();
     // vsock <-> vsock: both directions are zero-copy sends.
     let accepted = vsock_accept(1301, 1);
-    let (_relay, json) = relay_json(&["vsock-listen:1300", "vsock-connect:1:1301", "--zerocopy", "on"]);
+    let (_relay, json) = relay_json(&[
+        "vsock-listen:1300",
+        "vsock-connect:1:1301",
+        "--zerocopy",
+        "on",
+    ]);
     let client = std::thread::spawn(move || bidir(vsock_connect(1300), bytes, 11));
     let s = bidir(accepted.recv().unwrap(), bytes, 12);
     check_pair(&client.join().unwrap(), &s, bytes);
@@ -194,7 +209,10 @@ fn guest_zerocopy_relay_is_byte_exact_both_ways_and_says_so_in_json() {
     assert_eq!(j["bytes_b_to_a"], bytes, "{j}");
     let (sends, copied) = zc_fields(&j);
     eprintln!("vsock <-> vsock, {} MiB each way: {j}", bytes / MIB);
-    assert!(sends >= 2 * bytes / (64 << 10), "at most 64 KiB per send: {j}");
+    assert!(
+        sends >= 2 * bytes / (64 << 10),
+        "at most 64 KiB per send: {j}"
+    );
     assert!(copied <= sends);
 
     // vsock-listen -> unix: only the sends back to the vsock client are zero-copy.
@@ -219,7 +237,12 @@ fn guest_zerocopy_relay_is_byte_exact_both_ways_and_says_so_in_json() {
 
     // --zerocopy off: the same relay reports copies and no zero-copy counts.
     let accepted = vsock_accept(1304, 1);
-    let (_relay3, json3) = relay_json(&["vsock-listen:1303", "vsock-connect:1:1304", "--zerocopy", "off"]);
+    let (_relay3, json3) = relay_json(&[
+        "vsock-listen:1303",
+        "vsock-connect:1:1304",
+        "--zerocopy",
+        "off",
+    ]);
     let client = std::thread::spawn(move || bidir(vsock_connect(1303), MIB, 15));
     let s = bidir(accepted.recv().unwrap(), MIB, 16);
     check_pair(&client.join().unwrap(), &s, MIB);
@@ -229,7 +252,9 @@ fn guest_zerocopy_relay_is_byte_exact_both_ways_and_says_so_in_json() {
 }
 
 fn open_fds(pid: u32) -> usize {
-    std::fs::read_dir(format!("/proc/{pid}/fd")).unwrap().count()
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .count()
 }
 
 // The receiving peer reads 1 MiB and closes with the relay's later zero-copy sends unread in
@@ -287,7 +312,8 @@ fn guest_zerocopy_completions_after_the_peer_closed_end_the_connection_cleanly()
         let mut b = [0u8; 1];
         let r = c.read(&mut b);
         assert!(
-            matches!(r, Ok(0)) || matches!(&r, Err(e) if e.kind() != std::io::ErrorKind::WouldBlock),
+            matches!(r, Ok(0))
+                || matches!(&r, Err(e) if e.kind() != std::io::ErrorKind::WouldBlock),
             "round {round}: the client's connection did not end: {r:?}"
         );
         drop(c);

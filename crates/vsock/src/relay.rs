@@ -420,7 +420,11 @@ pub fn relay_zc(
         spliced: s1 || s2,
         path: if s1 || s2 { "splice" } else { "copy" },
         user_bytes: ab + ba,
-        send: if zc_stats.is_some() { "zerocopy" } else { "copy" },
+        send: if zc_stats.is_some() {
+            "zerocopy"
+        } else {
+            "copy"
+        },
         zerocopy: zc_stats,
         error,
     }
@@ -543,9 +547,12 @@ impl Relay {
             }
         }
         // Before anything is opened: `--zerocopy on` on an old kernel changes nothing.
-        let (zc, why) = zerocopy::decide(opts.zerocopy, nsfast_sys::kernel::KernelVersion::current())
-            .map_err(RelayError::ZeroCopy)?;
-        if let Some(why) = why.filter(|_| kernel_leg(a) == Some(Leg::Vsock) || kernel_leg(b) == Some(Leg::Vsock)) {
+        let (zc, why) =
+            zerocopy::decide(opts.zerocopy, nsfast_sys::kernel::KernelVersion::current())
+                .map_err(RelayError::ZeroCopy)?;
+        if let Some(why) =
+            why.filter(|_| kernel_leg(a) == Some(Leg::Vsock) || kernel_leg(b) == Some(Leg::Vsock))
+        {
             info!("zero-copy sends not used: {why}");
         }
         let listener = if a.is_listen() {

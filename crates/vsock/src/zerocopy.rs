@@ -216,7 +216,10 @@ struct Sender<'a> {
 fn poll_one(fd: BorrowedFd<'_>, events: PollFlags, timeout: Duration) -> io::Result<PollFlags> {
     let mut p = [PollFd::new(fd, events)];
     let ms = timeout.as_millis().min(i32::MAX as u128) as i32;
-    match poll(&mut p, PollTimeout::try_from(ms).unwrap_or(PollTimeout::MAX)) {
+    match poll(
+        &mut p,
+        PollTimeout::try_from(ms).unwrap_or(PollTimeout::MAX),
+    ) {
         Ok(0) => Ok(PollFlags::empty()),
         Ok(_) => Ok(p[0].revents().unwrap_or(PollFlags::empty())),
         Err(Errno::EINTR) => Ok(PollFlags::empty()),
@@ -384,7 +387,11 @@ impl<'a> Sender<'a> {
                 break;
             }
             let left = DRAIN_LIMIT.saturating_sub(progress.elapsed());
-            match poll_one(self.fd, PollFlags::empty(), left.min(Duration::from_millis(100))) {
+            match poll_one(
+                self.fd,
+                PollFlags::empty(),
+                left.min(Duration::from_millis(100)),
+            ) {
                 Err(_) => break,
                 Ok(ev) if ev.contains(PollFlags::POLLERR) => {
                     // A completion (read next turn) or the socket's error: take the error, so
@@ -428,12 +435,8 @@ pub(crate) fn pump(
     act: Option<&Activity>,
     tick: Duration,
 ) -> io::Result<()> {
-    zc::enable(dst.writer()).map_err(|e| {
-        io::Error::new(
-            e.kind(),
-            format!("SO_ZEROCOPY on {}: {e}", dst.label),
-        )
-    })?;
+    zc::enable(dst.writer())
+        .map_err(|e| io::Error::new(e.kind(), format!("SO_ZEROCOPY on {}: {e}", dst.label)))?;
     let mut s = Sender::new(dst.writer());
     let r = (|| -> io::Result<()> {
         loop {
@@ -507,7 +510,10 @@ mod tests {
         let mut t = Tracker::default();
         sent(&mut t, 6);
         t.complete(3, 4, false).unwrap();
-        assert!(!t.is_done(0) && !t.is_done(3), "3..=4 early: nothing free yet");
+        assert!(
+            !t.is_done(0) && !t.is_done(3),
+            "3..=4 early: nothing free yet"
+        );
         t.complete(1, 2, false).unwrap();
         assert!(!t.is_done(1));
         t.complete(0, 0, false).unwrap();
@@ -567,13 +573,19 @@ mod tests {
         let new = KernelVersion::new(7, 2, 0);
         let e = decide(ZeroCopy::On, old).unwrap_err();
         assert!(e.contains("6.7") && e.contains("6.1.0"), "{e}");
-        assert_eq!(decide(ZeroCopy::On, KernelVersion::new(6, 7, 0)), Ok((true, None)));
+        assert_eq!(
+            decide(ZeroCopy::On, KernelVersion::new(6, 7, 0)),
+            Ok((true, None))
+        );
         let (use_it, why) = decide(ZeroCopy::Auto, old).unwrap();
         assert!(!use_it && why.unwrap().contains("6.1.0"));
         assert_eq!(decide(ZeroCopy::Off, new), Ok((false, None)));
         assert_eq!(decide(ZeroCopy::Off, old), Ok((false, None)));
         assert!(decide(ZeroCopy::Auto, new).unwrap().1.is_some());
         assert_eq!("on".parse::<ZeroCopy>(), Ok(ZeroCopy::On));
-        assert!("yes".parse::<ZeroCopy>().unwrap_err().contains("auto, on or off"));
+        assert!("yes"
+            .parse::<ZeroCopy>()
+            .unwrap_err()
+            .contains("auto, on or off"));
     }
 }
