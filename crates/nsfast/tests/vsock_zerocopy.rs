@@ -321,9 +321,10 @@ fn guest_zerocopy_completions_after_the_peer_closed_end_the_connection_cleanly()
         let j = next_line(&json);
         eprintln!("round {round}: client wrote {sent} bytes; {j}");
         let (sends, _) = zc_fields(&j);
-        let through = j["bytes_a_to_b"].as_u64().unwrap();
+        // (A connection that ends in an error reports no byte counts; the sends say it: at
+        // most 64 KiB each, more of them than the 1 MiB the peer read needs.)
         assert!(
-            through > MIB,
+            sends > MIB / (64 << 10),
             "round {round}: more went out than the peer read (so completions came after it closed): {j}"
         );
         assert!(sends > 0);
