@@ -23,6 +23,7 @@
 //! - [`out`]     — stdout output that returns errors instead of panicking (closed stdout).
 //! - [`pidfd`]   — `pidfd_open(2)`: a handle on a process that a reused PID cannot redirect.
 //! - [`userns`]  — join a rootless user/mount/network namespace set (RootlessKit child) before exec.
+//! - [`zerocopy`] — `MSG_ZEROCOPY` sends (SO_ZEROCOPY) and their error-queue completions.
 //!
 //! All `unsafe` in nsfast's plumbing lives in this crate, each block with a `// SAFETY:` note.
 
@@ -48,3 +49,4 @@ pub mod systemd;
 pub mod udp;
 pub mod userns;
 pub mod vsock;
+pub mod zerocopy;

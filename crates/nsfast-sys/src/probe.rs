@@ -114,7 +114,7 @@ pub const USES: &[(&str, &str, &str)] = &[
     ),
     (
         "vsock_zerocopy",
-        "MSG_ZEROCOPY on AF_VSOCK sends (SO_ZEROCOPY, Linux 6.7+; informational: the relay does not use it yet)",
+        "MSG_ZEROCOPY on AF_VSOCK sends (SO_ZEROCOPY, Linux 6.7+; `nsfast vsock relay --zerocopy on`)",
         "vsock sends copy",
     ),
 ];

@@ -93,6 +93,14 @@ impl Conn {
         matches!(self.out, Output::Socket)
     }
 
+    /// Whether this is an AF_VSOCK socket.
+    pub fn is_vsock(&self) -> bool {
+        self.is_socket()
+            && SockRef::from(&self.read)
+                .local_addr()
+                .is_ok_and(|a| a.family() == libc::AF_VSOCK as libc::sa_family_t)
+    }
+
     /// The descriptor data is read from, borrowed from this Conn.
     pub fn reader(&self) -> BorrowedFd<'_> {
         self.read.as_fd()

@@ -11,6 +11,8 @@
 //! - [`kernel`] — the relay's kernel path: both legs in a SOCKHASH, an sk_skb verdict program
 //!   redirecting each leg's data to the other's egress; EOF and errors handled here.
 //! - [`relay`]  — moving bytes both ways with half-close, splice where the kernel allows it.
+//! - [`zerocopy`] — MSG_ZEROCOPY on the relay's AF_VSOCK sends: buffer pool, error-queue
+//!   completions (`--zerocopy`, Linux 6.7+).
 //! - [`unixsock`] — UNIX listeners: stale socket files replaced, live ones refused, removal
 //!   on exit (relay and bridge).
 
@@ -25,5 +27,6 @@ pub mod kernel;
 pub mod nsmode;
 pub mod relay;
 pub mod unixsock;
+pub mod zerocopy;
 
 pub use addr::{Address, AddressError};

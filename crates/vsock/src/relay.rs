@@ -20,6 +20,7 @@ use tracing::{debug, info, warn};
 use crate::addr::Address;
 use crate::conn::{self, Conn, ConnError, Listener, SockOpts};
 use crate::kernel::{KernelPath, Leg};
+use crate::zerocopy::{self, ZcStats, ZeroCopy};
 
 /// Which data path a relayed connection takes (`--path`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -59,6 +60,8 @@ pub struct Options {
     pub buffer: usize,
     /// Socket-level options.
     pub sock: SockOpts,
+    /// MSG_ZEROCOPY on the user-space path's AF_VSOCK sends (`--zerocopy`).
+    pub zerocopy: ZeroCopy,
 }
 
 impl Default for Options {
@@ -69,6 +72,7 @@ impl Default for Options {
             max_children: 64,
             buffer: 256 << 10,
             sock: SockOpts::default(),
+            zerocopy: ZeroCopy::Auto,
         }
     }
 }
@@ -88,6 +92,12 @@ pub struct ConnStats {
     /// Bytes this process moved with its own read/write/splice calls (both ways); 0 for a
     /// connection the kernel path carried to its end.
     pub user_bytes: u64,
+    /// How the user-space path sent to AF_VSOCK legs: `zerocopy` (MSG_ZEROCOPY, either way)
+    /// or `copy` (everything else, the kernel path included).
+    pub send: &'static str,
+    /// The zero-copy sends' counts (both ways), with `send` = `zerocopy`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub zerocopy: Option<ZcStats>,
     pub error: Option<String>,
 }
 
@@ -102,6 +112,8 @@ pub enum RelayError {
     ForkSecondListens(String),
     #[error("--max-children must be at least 1")]
     ZeroChildren,
+    #[error("{0}")]
+    ZeroCopy(String),
     #[error("--path kernel: {0}")]
     KernelPath(String),
     #[error("accept on {addr}")]
@@ -131,25 +143,25 @@ fn pipe(size: usize) -> io::Result<(OwnedFd, OwnedFd)> {
 /// pipe — request/response traffic stalled; see docs/vsock.md.) A source that refuses splice
 /// (EINVAL/ENOSYS before any byte) is copied with read/write instead.
 pub fn pump(src: &Conn, dst: &Conn, buffer: usize) -> io::Result<(u64, bool)> {
-    pump_with(src, dst, buffer, None)
+    pump_with(src, dst, buffer, None, None)
 }
 
 /// When a relayed connection last moved a byte, either way, for the idle timeout.
-struct Activity {
+pub(crate) struct Activity {
     start: Instant,
     last_ms: AtomicU64,
     idle: Duration,
 }
 
 impl Activity {
-    fn touch(&self) {
+    pub(crate) fn touch(&self) {
         self.last_ms
             .store(self.start.elapsed().as_millis() as u64, Ordering::Relaxed);
     }
 
     /// Called when a read or write timed out (SO_RCVTIMEO / SO_SNDTIMEO, a fraction of the
     /// idle timeout): an error once nothing moved either way for the whole idle timeout.
-    fn check(&self) -> io::Result<()> {
+    pub(crate) fn check(&self) -> io::Result<()> {
         let last = Duration::from_millis(self.last_ms.load(Ordering::Relaxed));
         if self.start.elapsed().saturating_sub(last) >= self.idle {
             return Err(io::Error::new(
@@ -166,7 +178,7 @@ impl Activity {
 
 /// An EAGAIN from a socket read or write: only the idle timeout's SO_RCVTIMEO / SO_SNDTIMEO
 /// produce it on these blocking sockets.
-fn timed_out(e: Errno, act: Option<&Activity>) -> io::Result<()> {
+pub(crate) fn timed_out(e: Errno, act: Option<&Activity>) -> io::Result<()> {
     match act {
         Some(a) if e == Errno::EAGAIN => a.check(),
         _ => Err(e.into()),
@@ -178,9 +190,17 @@ fn pump_with(
     dst: &Conn,
     buffer: usize,
     act: Option<&Activity>,
+    zc: Option<&mut Option<ZcStats>>,
 ) -> io::Result<(u64, bool)> {
     let mut total = 0u64;
     let mut spliced = false;
+    if let Some(out) = zc.filter(|_| dst.is_vsock()) {
+        let tick = act.map_or(Duration::from_secs(1), |a| idle_tick(a.idle));
+        let mut st = ZcStats::default();
+        let r = zerocopy::pump(src, dst, &mut total, &mut st, act, tick);
+        *out = Some(st);
+        return r.map(|()| (total, false));
+    }
     if src.is_socket() && dst.is_socket() {
         match splice_loop(src.reader(), dst.writer(), buffer, &mut total, act) {
             Ok(()) => spliced = true,
@@ -325,6 +345,18 @@ fn idle_tick(idle: Duration) -> Duration {
 /// [`relay`], and with `idle` set, the connection is torn down (an error in the stats) once no
 /// byte moved either way for that long. Enforced on sockets (SO_RCVTIMEO / SO_SNDTIMEO).
 pub fn relay_with(id: u64, a: Conn, b: Conn, buffer: usize, idle: Option<Duration>) -> ConnStats {
+    relay_zc(id, a, b, buffer, idle, false)
+}
+
+/// [`relay_with`], with `zc` MSG_ZEROCOPY on the sends to AF_VSOCK legs ([`zerocopy`]).
+pub fn relay_zc(
+    id: u64,
+    a: Conn,
+    b: Conn,
+    buffer: usize,
+    idle: Option<Duration>,
+    zc: bool,
+) -> ConnStats {
     let start = Instant::now();
     let act = idle.filter(|d| !d.is_zero()).map(|idle| Activity {
         start,
@@ -342,16 +374,18 @@ pub fn relay_with(id: u64, a: Conn, b: Conn, buffer: usize, idle: Option<Duratio
         }
     }
     let act = act.as_ref();
+    let (mut zc_ab, mut zc_ba) = (None, None);
     let (r_ab, r_ba) = std::thread::scope(|s| {
+        let zab = zc.then_some(&mut zc_ab);
         let h = s.spawn(|| {
-            let r = pump_with(&a, &b, buffer, act);
+            let r = pump_with(&a, &b, buffer, act, zab);
             if r.is_err() {
                 a.abort();
                 b.abort();
             }
             r
         });
-        let r_ba = pump_with(&b, &a, buffer, act);
+        let r_ba = pump_with(&b, &a, buffer, act, zc.then_some(&mut zc_ba));
         if r_ba.is_err() {
             a.abort();
             b.abort();
@@ -361,6 +395,14 @@ pub fn relay_with(id: u64, a: Conn, b: Conn, buffer: usize, idle: Option<Duratio
             .unwrap_or_else(|_| Err(io::Error::other("relay thread panicked")));
         (r_ab, r_ba)
     });
+    let zc_stats = match (zc_ab, zc_ba) {
+        (None, None) => None,
+        (x, y) => {
+            let mut t: ZcStats = x.unwrap_or_default();
+            t.add(&y.unwrap_or_default());
+            Some(t)
+        }
+    };
     let error = match (&r_ab, &r_ba) {
         (Err(e), _) => Some(format!("{} -> {}: {e}", a.label, b.label)),
         (_, Err(e)) => Some(format!("{} -> {}: {e}", b.label, a.label)),
@@ -378,6 +420,12 @@ pub fn relay_with(id: u64, a: Conn, b: Conn, buffer: usize, idle: Option<Duratio
         spliced: s1 || s2,
         path: if s1 || s2 { "splice" } else { "copy" },
         user_bytes: ab + ba,
+        send: if zc_stats.is_some() {
+            "zerocopy"
+        } else {
+            "copy"
+        },
+        zerocopy: zc_stats,
         error,
     }
 }
@@ -432,6 +480,8 @@ pub struct Relay {
     kernel: Option<KernelPath>,
     /// Set once the fallback reason of a connection was logged.
     fallback_logged: AtomicBool,
+    /// MSG_ZEROCOPY on the user-space path's AF_VSOCK sends (`--zerocopy`, decided at open).
+    zc: bool,
 }
 
 /// Whether an address's connections are stream sockets the kernel path can take.
@@ -496,6 +546,15 @@ impl Relay {
                 return Err(RelayError::ZeroChildren);
             }
         }
+        // Before anything is opened: `--zerocopy on` on an old kernel changes nothing.
+        let (zc, why) =
+            zerocopy::decide(opts.zerocopy, nsfast_sys::kernel::KernelVersion::current())
+                .map_err(RelayError::ZeroCopy)?;
+        if let Some(why) =
+            why.filter(|_| kernel_leg(a) == Some(Leg::Vsock) || kernel_leg(b) == Some(Leg::Vsock))
+        {
+            info!("zero-copy sends not used: {why}");
+        }
         let listener = if a.is_listen() {
             let l = Listener::open(a, opts.sock)?;
             info!("listening on {a}, relaying to {b}");
@@ -514,6 +573,7 @@ impl Relay {
             listener,
             kernel,
             fallback_logged: AtomicBool::new(false),
+            zc,
         })
     }
 
@@ -525,7 +585,7 @@ impl Relay {
     /// Relays one connection: the kernel path if loaded and it takes the pair, else splice.
     fn relay_conn(&self, id: u64, a: Conn, b: Conn) -> ConnStats {
         let Some(k) = &self.kernel else {
-            return relay(id, a, b, self.opts.buffer);
+            return relay_zc(id, a, b, self.opts.buffer, None, self.zc);
         };
         let start = Instant::now();
         match k.run(&a, &b) {
@@ -539,6 +599,8 @@ impl Relay {
                 spliced: false,
                 path: "kernel",
                 user_bytes: j.user_a_to_b + j.user_b_to_a,
+                send: "copy",
+                zerocopy: None,
                 error: j.error,
             },
             Err(why) if self.opts.path == DataPath::Kernel && !why.fallback_ok => {
@@ -554,6 +616,8 @@ impl Relay {
                     spliced: false,
                     path: "kernel",
                     user_bytes: why.pre[0] + why.pre[1],
+                    send: "copy",
+                    zerocopy: None,
                     error: Some(format!("--path kernel: {why}")),
                 }
             }
@@ -565,7 +629,7 @@ impl Relay {
                 } else {
                     debug!("connection {id}: kernel path not used ({why})");
                 }
-                let mut st = relay(id, a, b, self.opts.buffer);
+                let mut st = relay_zc(id, a, b, self.opts.buffer, None, self.zc);
                 // What the join attempt forwarded before it was refused.
                 st.bytes_a_to_b += why.pre[0];
                 st.bytes_b_to_a += why.pre[1];
@@ -649,6 +713,8 @@ impl Relay {
                                 spliced: false,
                                 path: "copy",
                                 user_bytes: 0,
+                                send: "copy",
+                                zerocopy: None,
                                 error: Some(error_chain(&e)),
                             });
                         }

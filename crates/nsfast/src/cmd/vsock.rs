@@ -64,6 +64,11 @@ pub enum VsockCmd {
         /// splice, saying why once).
         #[arg(long, value_name = "auto|kernel|splice", default_value = "auto")]
         path: relay::DataPath,
+        /// MSG_ZEROCOPY on the user-space path's sends to AF_VSOCK legs (Linux 6.7+): on
+        /// (refused on older kernels), off, or auto (off: not faster where measured, see
+        /// docs/vsock.md "Zero-copy sends"). --json reports "send": "zerocopy"|"copy".
+        #[arg(long, value_name = "auto|on|off", default_value = "auto")]
+        zerocopy: nsfast_vsock::zerocopy::ZeroCopy,
     },
     /// Host-side bridge so sibling VMs of one group reach each other over vsock.
     ///
@@ -200,6 +205,7 @@ pub fn run(cmd: VsockCmd) -> anyhow::Result<()> {
             vsock_buffer,
             connect_timeout,
             path,
+            zerocopy,
         } => {
             // -j: one JSON object per finished connection on stdout.
             let json = json_lines();
@@ -223,6 +229,7 @@ pub fn run(cmd: VsockCmd) -> anyhow::Result<()> {
                     vsock_buffer,
                     connect_timeout: Some(connect_timeout),
                 },
+                zerocopy,
             };
             let report = move |s: &ConnStats| {
                 if let Some(e) = &s.error {
