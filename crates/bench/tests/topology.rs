@@ -175,10 +175,10 @@ fn expected_skips() -> BTreeMap<&'static str, String> {
         for t in ["vsock", "vsock-relay", "vsock-relay-kernel", "vsock-socat"] {
             skip.insert(t, why.to_string());
         }
-    } else if std::env::var(nsfast_bench::vsock_hook::EXPERIMENTAL_ENV).as_deref() != Ok("1") {
+    } else if !nsfast_sys::kernel::KernelVersion::current().at_least(6, 4) {
         skip.insert(
             "vsock-relay-kernel",
-            "experimental (NSFAST_BENCH_EXPERIMENTAL unset)".to_string(),
+            "kernel < 6.4: AF_VSOCK cannot join a sockmap".to_string(),
         );
     }
     if vsock

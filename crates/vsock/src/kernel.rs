@@ -688,18 +688,27 @@ fn wait_eof(
     }
 }
 
-/// Forwards what `src` holds now (MSG_DONTWAIT reads until EAGAIN, at most `max` bytes),
-/// each chunk written in full to `dst`. Returns the bytes forwarded.
+/// Forwards what `src` holds now (MSG_DONTWAIT reads until EAGAIN, or once past `max` bytes
+/// until a short read), each chunk written in full to `dst`. Returns the bytes forwarded.
+///
+/// Never leaves a vsock skb partly read: virtio_transport_read_skb hands the psock the whole
+/// skb (its read offset ignored: the bytes already read would be sent again) and subtracts
+/// the whole length from rx_bytes a second time. A read shorter than the buffer emptied the
+/// receive queue (the dequeue stops only at an empty queue or a full buffer), so stopping
+/// only at EAGAIN or after a short read leaves whole skbs, or none.
 fn forward_queued(src: BorrowedFd<'_>, dst: BorrowedFd<'_>, max: usize) -> io::Result<u64> {
     use nix::sys::socket::{recv, MsgFlags};
     let mut buf = vec![0u8; 64 << 10];
     let mut total = 0usize;
-    while total < max {
+    loop {
         match recv(src.as_raw_fd(), &mut buf, MsgFlags::MSG_DONTWAIT) {
             Ok(0) => break,
             Ok(n) => {
                 write_all(dst, &buf[..n])?;
                 total += n;
+                if total >= max && n < buf.len() {
+                    break;
+                }
             }
             Err(Errno::EINTR) => {}
             Err(Errno::EAGAIN) => break,
@@ -743,12 +752,21 @@ fn wait_until(
     }
 }
 
-/// One read from a socket that may be in the sockmap. A blocking recvmsg there can return
-/// EAGAIN when data lands in the receive queue while it waits for the psock's queue
-/// (tcp_bpf_recvmsg_parser): wait until readable and read again.
+/// One read from a socket that may be in the sockmap, never a blocking one: MSG_DONTWAIT,
+/// and on EAGAIN wait in epoll (which takes no socket lock) and read again. Two reasons:
+/// - AF_VSOCK: a blocking recvmsg on a vsock socket in a sockmap (vsock_bpf_recvmsg) that
+///   finds nothing queued sleeps in vsock_msg_wait_data while HOLDING the socket lock
+///   (lock_sock; unix_bpf's original drops its iolock there). The transport delivers every
+///   packet for that socket under lock_sock, so the next packet blocks vsock_loopback's (or
+///   vhost's) single worker, and with it every vsock connection of the machine, while the
+///   data that would wake the reader never arrives: a deadlock until the read times out.
+///   Seen in the 6.12 and 7.2 guests (docs/vsock.md, "The kernel path").
+/// - TCP: a blocking recvmsg there can return EAGAIN when data lands in the receive queue
+///   while it waits for the psock's queue (tcp_bpf_recvmsg_parser).
 fn read_some(src: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<usize> {
+    use nix::sys::socket::{recv, MsgFlags};
     loop {
-        match nix::unistd::read(src, buf) {
+        match recv(src.as_raw_fd(), buf, MsgFlags::MSG_DONTWAIT) {
             Ok(n) => return Ok(n),
             Err(Errno::EINTR) => {}
             Err(Errno::EAGAIN) => {
