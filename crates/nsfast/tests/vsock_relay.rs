@@ -1080,7 +1080,11 @@ fn guest_kernel_path_vsock_fork_reset_and_kill() {
     }
     assert_eq!(relay_sockhash_len(relay.id()), Some(0));
     let out = signal_and_wait(relay, nix::sys::signal::Signal::SIGTERM);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     for l in &lines {
         assert_eq!(l["path"], "kernel", "{l}");
         assert_eq!(l["user_bytes"], 0, "{l}");
@@ -1187,7 +1191,11 @@ fn guest_kernel_path_vsock_fork_reset_and_kill() {
         });
         let out = signal_and_wait(relay, sig);
         if sig == nix::sys::signal::Signal::SIGTERM {
-            assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+            assert!(
+                out.status.success(),
+                "{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
         }
         let how = ended
             .recv_timeout(Duration::from_secs(30))
