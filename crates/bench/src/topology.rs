@@ -144,7 +144,7 @@ pub fn registry() -> Vec<TopologyDef> {
         },
         TopologyDef {
             name: "vsock-relay-kernel",
-            about: "vsock loopback through nsfast's vsock relay --path kernel (BPF sockmap redirect between the legs); VM guests only, Linux 6.4+",
+            about: "vsock loopback through nsfast's vsock relay --path kernel (BPF sockmap redirect between the legs); VM guests only, experimental (NSFAST_BENCH_EXPERIMENTAL=1)",
             probe: crate::vsock_hook::probe_relay_kernel,
             build: crate::vsock_hook::build_relay_kernel,
         },

@@ -58,17 +58,22 @@ pub fn probe() -> Result<(), String> {
     round_trip(port(15)).map_err(|e| format!("vsock loopback (CID 1) round trip failed: {e}"))
 }
 
-/// `probe`, and a kernel whose vsock sockets can join a sockmap (Linux 6.4+): the topology
-/// runs the relay with `--path kernel`, which refuses AF_VSOCK legs before that.
+/// Opt-in for the `vsock-relay-kernel` topology (see [`probe_relay_kernel`]).
+pub const EXPERIMENTAL_ENV: &str = "NSFAST_BENCH_EXPERIMENTAL";
+
+/// `probe`, and the opt-in `NSFAST_BENCH_EXPERIMENTAL=1`: the relay's kernel path with
+/// AF_VSOCK legs is experimental (in the 7.2 guest it stalled and vsock loopback stopped
+/// delivering for every later connection, docs/vsock.md), so a bench never runs it unasked.
 pub fn probe_relay_kernel() -> Result<(), String> {
-    probe()?;
-    let kv = nsfast_sys::kernel::KernelVersion::current();
-    if !kv.at_least(6, 4) {
+    if std::env::var(GUEST_ENV).as_deref() != Ok("1") {
+        return probe();
+    }
+    if std::env::var(EXPERIMENTAL_ENV).as_deref() != Ok("1") {
         return Err(format!(
-            "kernel {kv} < 6.4: AF_VSOCK sockets cannot join a sockmap (the relay's kernel path)"
+            "experimental: the relay's kernel path with AF_VSOCK legs stalled vsock loopback in the 7.2 guest; set {EXPERIMENTAL_ENV}=1 to run it"
         ));
     }
-    Ok(())
+    probe()
 }
 
 /// `probe`, and a `socat` on PATH.

@@ -175,10 +175,10 @@ fn expected_skips() -> BTreeMap<&'static str, String> {
         for t in ["vsock", "vsock-relay", "vsock-relay-kernel", "vsock-socat"] {
             skip.insert(t, why.to_string());
         }
-    } else if !nsfast_sys::kernel::KernelVersion::current().at_least(6, 4) {
+    } else if std::env::var(nsfast_bench::vsock_hook::EXPERIMENTAL_ENV).as_deref() != Ok("1") {
         skip.insert(
             "vsock-relay-kernel",
-            "kernel < 6.4: AF_VSOCK cannot join a sockmap".to_string(),
+            "experimental (NSFAST_BENCH_EXPERIMENTAL unset)".to_string(),
         );
     }
     if vsock

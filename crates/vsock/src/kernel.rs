@@ -2,8 +2,7 @@
 //! stream-verdict program (`bpf/relay.bpf.c`) redirects what each leg receives to the egress of
 //! the other, so no data byte passes through this process. What the kernel does, and how the
 //! relay keeps every byte in order around it (TCP <-> TCP checked on Linux 6.18; AF_VSOCK legs
-//! stalled vsock loopback in the 7.2 guest, not understood yet: `auto` does not join them,
-//! docs/vsock.md):
+//! are experimental: they still lose data / stall in the 6.12 guest, docs/vsock.md):
 //!
 //! - A redirect to egress is asynchronous: the skb is queued on the target's psock and a
 //!   workqueue item writes it into the target socket later. A `shutdown(SHUT_WR)` right after
@@ -32,6 +31,10 @@
 //!   while its skb count stands still hands its direction over to user space. So does a leg
 //!   the program tainted during the join (a tainted socket is never redirected again, so what
 //!   it kept cannot be overtaken).
+//! - A joined leg is never read with a blocking recvmsg ([`read_some`]): on a vsock socket in
+//!   a sockmap that sleeps holding the socket lock and stalls the vsock transport's worker
+//!   (every vsock connection of the machine). Nor is a vsock skb left partly read at the join
+//!   ([`forward_queued`]): read_skb would send its already-read bytes again.
 //! - The process ending (SIGTERM, SIGKILL) closes both legs: a closed socket leaves the map by
 //!   itself (sock_map_close), and the program and maps go with the last descriptor.
 

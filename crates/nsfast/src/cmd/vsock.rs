@@ -112,11 +112,11 @@ pub enum VsockCmd {
         /// kernel's vsock connect timeout, 2 s by default.
         #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = duration::arg("--connect-timeout", HOUR, false))]
         connect_timeout: Duration,
-        /// Data path for connections between two AF_VSOCK members: kernel (a BPF sockmap
-        /// redirects each leg's data to the other leg's egress; Linux 6.4+, CAP_BPF +
-        /// CAP_NET_ADMIN; --idle-timeout does not apply to such a connection), splice, or
-        /// auto (kernel where possible, else splice, saying why once).
-        #[arg(long, value_name = "auto|kernel|splice", default_value = "auto")]
+        /// Data path for connections between two AF_VSOCK members: kernel (experimental: a
+        /// BPF sockmap redirects each leg's data to the other leg's egress; Linux 6.4+,
+        /// CAP_BPF + CAP_NET_ADMIN; --idle-timeout does not apply to such a connection), or
+        /// splice (the default; auto is the same: it never joins AF_VSOCK legs).
+        #[arg(long, value_name = "auto|kernel|splice", default_value = "splice")]
         path: relay::DataPath,
     },
     /// Linux 7.0 vsock namespace modes (ns_mode / child_ns_mode).

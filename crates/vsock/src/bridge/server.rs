@@ -39,10 +39,10 @@ pub struct Options {
     /// Limit for a hybrid target: its VMM's socket and the `OK` reply (AF_VSOCK targets use the
     /// kernel's vsock connect timeout).
     pub connect_timeout: Duration,
-    /// `auto`/`kernel`: a connection whose two legs are AF_VSOCK (guest A's and guest B's) is
-    /// joined in the kernel (sockmap redirect, crates/vsock/src/kernel.rs), where the kernel
-    /// allows it; `splice`: always in user space. The idle timeout is not applied to a joined
-    /// connection (its bytes never pass through this process).
+    /// `kernel` (experimental, like the relay's AF_VSOCK legs: docs/vsock.md): a connection
+    /// whose two legs are AF_VSOCK (guest A's and guest B's) is joined in the kernel (sockmap
+    /// redirect, crates/vsock/src/kernel.rs); the idle timeout is not applied to it. `splice`
+    /// (the default) and `auto`: user space (`auto` never joins AF_VSOCK legs).
     pub path: DataPath,
 }
 
@@ -56,7 +56,7 @@ impl Default for Options {
             buffer: 256 << 10,
             sock: SockOpts::default(),
             connect_timeout: Duration::from_secs(10),
-            path: DataPath::Auto,
+            path: DataPath::Splice,
         }
     }
 }
@@ -169,7 +169,8 @@ impl Bridge {
             .filter(|t| matches!(t, Transport::Vsock))
             .count();
         let kernel = match opts.path {
-            DataPath::Splice => None,
+            // AF_VSOCK legs in the kernel path are experimental (docs/vsock.md): only on request.
+            DataPath::Splice | DataPath::Auto => None,
             _ if vsock_members < 2 => {
                 if opts.path == DataPath::Kernel {
                     return Err(BridgeError::KernelPath(
