@@ -1014,6 +1014,221 @@ fn guest_kernel_path_vsock_tcp_both_ways_and_vsock_to_vsock() {
     }
 }
 
+/// The kernel path with an AF_VSOCK leg, the rest of the checks: sequential
+/// connections with `--fork` (NSFAST_TEST_CONNS, default 1000) each carried by the kernel
+/// alone and leaving the map empty; a TCP peer's reset closes the vsock leg and is reported;
+/// SIGTERM and SIGKILL mid-transfer close both legs, and the next start works.
+#[test]
+#[ignore = "runs inside the VM harness guests (AF_VSOCK)"]
+fn guest_kernel_path_vsock_fork_reset_and_kill() {
+    require_guest();
+    if !guest_vsock_sockmap() {
+        eprintln!("no vsock sockmap on this kernel: the fallback is checked by guest_kernel_path_vsock_tcp_both_ways_and_vsock_to_vsock");
+        return;
+    }
+    let w = World::new();
+    let conns: u32 = std::env::var("NSFAST_TEST_CONNS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1000);
+
+    // --fork: sequential connections, each joined, the map back to 0.
+    tcp_greeting_echo_server(&w, 7120);
+    let mut relay = w.relay(&[
+        "vsock-listen:1120",
+        "tcp:127.0.0.1:7120",
+        "--path",
+        "kernel",
+        "--fork",
+        "--json",
+    ]);
+    let stdout = relay.child_mut().stdout.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel::<String>();
+    std::thread::spawn(move || {
+        use std::io::BufRead;
+        for l in std::io::BufReader::new(stdout)
+            .lines()
+            .map_while(Result::ok)
+        {
+            if tx.send(l).is_err() {
+                break;
+            }
+        }
+    });
+    let start = Instant::now();
+    for i in 0..conns {
+        let mut s = vsock_connect(1120);
+        s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+        let mut hi = [0u8; 3];
+        s.read_exact(&mut hi)
+            .unwrap_or_else(|e| panic!("connection {i}: greeting: {e}"));
+        let msg = format!("ping {i}");
+        let back = echo_round_trip(
+            s,
+            |s| s.shutdown(std::net::Shutdown::Write).unwrap(),
+            msg.as_bytes(),
+        );
+        assert_eq!(back, msg.as_bytes(), "connection {i}");
+    }
+    eprintln!("{conns} vsock -> tcp connections in {:?}", start.elapsed());
+    let mut lines: Vec<serde_json::Value> = Vec::new();
+    while lines.len() < conns as usize {
+        let l = rx
+            .recv_timeout(Duration::from_secs(30))
+            .unwrap_or_else(|_| panic!("only {} reports", lines.len()));
+        lines.push(serde_json::from_str(&l).unwrap());
+    }
+    assert_eq!(relay_sockhash_len(relay.id()), Some(0));
+    let out = signal_and_wait(relay, nix::sys::signal::Signal::SIGTERM);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for l in &lines {
+        assert_eq!(l["path"], "kernel", "{l}");
+        assert_eq!(l["user_bytes"], 0, "{l}");
+        assert_eq!(
+            l["bytes_b_to_a"],
+            l["bytes_a_to_b"].as_u64().unwrap() + 3,
+            "{l}"
+        );
+        assert!(l["error"].is_null(), "{l}");
+    }
+
+    // The TCP peer resets: the vsock leg ends instead of hanging, and the error is reported.
+    let l = w.tcp_listener(7121);
+    let server = std::thread::spawn(move || {
+        let (mut s, _) = l.accept().unwrap();
+        s.write_all(b"hi\n").unwrap();
+        let mut b = [0u8; 4];
+        s.read_exact(&mut b).unwrap();
+        socket2::SockRef::from(&s)
+            .set_linger(Some(Duration::ZERO))
+            .unwrap();
+        drop(s);
+    });
+    let relay = w.relay(&[
+        "vsock-listen:1121",
+        "tcp:127.0.0.1:7121",
+        "--path",
+        "kernel",
+        "--json",
+    ]);
+    let mut c = vsock_connect(1121);
+    let mut hi = [0u8; 3];
+    c.read_exact(&mut hi).unwrap();
+    c.write_all(b"ping").unwrap();
+    server.join().unwrap();
+    let start = Instant::now();
+    let mut buf = [0u8; 64];
+    loop {
+        match c.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(_) => {}
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "vsock leg still open"
+        );
+    }
+    let stats = json_of(&relay.take().wait_with_output().unwrap());
+    assert_eq!(stats["path"], "kernel", "{stats}");
+    let err = stats["error"].as_str().unwrap_or_default();
+    assert!(
+        err.contains("reset") || err.contains("Broken pipe") || err.contains("aborted"),
+        "{stats}"
+    );
+
+    // SIGTERM and SIGKILL while the vsock client streams: both legs end, the next start works.
+    let l = w.tcp_listener(7122);
+    let (tx, ended) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for s in l.incoming() {
+            let Ok(mut s) = s else { break };
+            let tx = tx.clone();
+            std::thread::spawn(move || {
+                s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+                let mut buf = vec![0u8; 1 << 16];
+                let r = loop {
+                    match s.read(&mut buf) {
+                        Ok(0) => break "eof".to_string(),
+                        Ok(_) => {}
+                        Err(e) => break e.to_string(),
+                    }
+                };
+                let _ = tx.send(r);
+            });
+        }
+    });
+    let args = [
+        "vsock-listen:1122",
+        "tcp:127.0.0.1:7122",
+        "--path",
+        "kernel",
+        "--fork",
+    ];
+    for sig in [
+        nix::sys::signal::Signal::SIGTERM,
+        nix::sys::signal::Signal::SIGKILL,
+    ] {
+        let relay = w.relay(&args);
+        let mut c = vsock_connect(1122);
+        let r = c.try_clone().unwrap();
+        let writer = std::thread::spawn(move || {
+            let buf = vec![7u8; 1 << 16];
+            let mut sent = 0u64;
+            while sent < 1 << 30 {
+                match c.write(&buf) {
+                    Ok(n) => sent += n as u64,
+                    Err(_) => return sent,
+                }
+            }
+            sent
+        });
+        wait_for("the connection joined", || {
+            relay_sockhash_len(relay.id()) == Some(2)
+        });
+        let out = signal_and_wait(relay, sig);
+        if sig == nix::sys::signal::Signal::SIGTERM {
+            assert!(
+                out.status.success(),
+                "{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        let how = ended
+            .recv_timeout(Duration::from_secs(30))
+            .expect("the server's leg was left open");
+        eprintln!("{sig}: server leg ended with {how}");
+        let sent = writer.join().unwrap();
+        assert!(sent < 1 << 30, "{sig}: the client's writes never failed");
+        let mut r = r;
+        let mut b = [0u8; 16];
+        match r.read(&mut b) {
+            Ok(0) | Err(_) => {}
+            Ok(n) => panic!("{sig}: {n} bytes on a leg the relay never wrote to"),
+        }
+    }
+    tcp_echo_server(&w, 7123);
+    let relay = w.relay(&[
+        "vsock-listen:1122",
+        "tcp:127.0.0.1:7123",
+        "--path",
+        "kernel",
+        "--json",
+    ]);
+    let back = echo_round_trip(
+        vsock_connect(1122),
+        |s| s.shutdown(std::net::Shutdown::Write).unwrap(),
+        b"again",
+    );
+    assert_eq!(back, b"again");
+    // (The client may half-close before the join: any path is right here.)
+    let stats = json_of(&relay.take().wait_with_output().unwrap());
+    assert!(stats["error"].is_null(), "{stats}");
+}
+
 /// `stdio` as one end: when the socket side's data ends, the relay ends its stdout (the reader
 /// sees EOF) while the other direction, stdin to the socket, still flows.
 #[test]

@@ -2,8 +2,7 @@
 //! stream-verdict program (`bpf/relay.bpf.c`) redirects what each leg receives to the egress of
 //! the other, so no data byte passes through this process. What the kernel does, and how the
 //! relay keeps every byte in order around it (TCP <-> TCP checked on Linux 6.18; AF_VSOCK legs
-//! stalled vsock loopback in the 7.2 guest, not understood yet: `auto` does not join them,
-//! docs/vsock.md):
+//! are experimental: they still lose data / stall in the 6.12 guest, docs/vsock.md):
 //!
 //! - A redirect to egress is asynchronous: the skb is queued on the target's psock and a
 //!   workqueue item writes it into the target socket later. A `shutdown(SHUT_WR)` right after
@@ -32,6 +31,8 @@
 //!   while its skb count stands still hands its direction over to user space. So does a leg
 //!   the program tainted during the join (a tainted socket is never redirected again, so what
 //!   it kept cannot be overtaken).
+//! - A vsock skb is never left partly read at the join ([`forward_queued`]): read_skb would
+//!   send its already-read bytes again.
 //! - The process ending (SIGTERM, SIGKILL) closes both legs: a closed socket leaves the map by
 //!   itself (sock_map_close), and the program and maps go with the last descriptor.
 
@@ -688,18 +689,27 @@ fn wait_eof(
     }
 }
 
-/// Forwards what `src` holds now (MSG_DONTWAIT reads until EAGAIN, at most `max` bytes),
-/// each chunk written in full to `dst`. Returns the bytes forwarded.
+/// Forwards what `src` holds now (MSG_DONTWAIT reads until EAGAIN, or once past `max` bytes
+/// until a short read), each chunk written in full to `dst`. Returns the bytes forwarded.
+///
+/// Never leaves a vsock skb partly read: virtio_transport_read_skb hands the psock the whole
+/// skb (its read offset ignored: the bytes already read would be sent again) and subtracts
+/// the whole length from rx_bytes a second time. A read shorter than the buffer emptied the
+/// receive queue (the dequeue stops only at an empty queue or a full buffer), so stopping
+/// only at EAGAIN or after a short read leaves whole skbs, or none.
 fn forward_queued(src: BorrowedFd<'_>, dst: BorrowedFd<'_>, max: usize) -> io::Result<u64> {
     use nix::sys::socket::{recv, MsgFlags};
     let mut buf = vec![0u8; 64 << 10];
     let mut total = 0usize;
-    while total < max {
+    loop {
         match recv(src.as_raw_fd(), &mut buf, MsgFlags::MSG_DONTWAIT) {
             Ok(0) => break,
             Ok(n) => {
                 write_all(dst, &buf[..n])?;
                 total += n;
+                if total >= max && n < buf.len() {
+                    break;
+                }
             }
             Err(Errno::EINTR) => {}
             Err(Errno::EAGAIN) => break,
@@ -745,7 +755,11 @@ fn wait_until(
 
 /// One read from a socket that may be in the sockmap. A blocking recvmsg there can return
 /// EAGAIN when data lands in the receive queue while it waits for the psock's queue
-/// (tcp_bpf_recvmsg_parser): wait until readable and read again.
+/// (tcp_bpf_recvmsg_parser): wait until readable and read again. (AF_VSOCK: a blocking read
+/// here can stall the vsock transport, docs/vsock.md; a MSG_DONTWAIT + epoll version was
+/// tried in the VM runs of 2026-12-01 but is not in: the host's TCP <-> TCP test then once
+/// got duplicate bytes, not yet told apart from a flake. The vsock kernel path is
+/// experimental.)
 fn read_some(src: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<usize> {
     loop {
         match nix::unistd::read(src, buf) {

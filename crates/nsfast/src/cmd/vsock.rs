@@ -117,6 +117,12 @@ pub enum VsockCmd {
         /// kernel's vsock connect timeout, 2 s by default.
         #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = duration::arg("--connect-timeout", HOUR, false))]
         connect_timeout: Duration,
+        /// Data path for connections between two AF_VSOCK members: kernel (experimental: a
+        /// BPF sockmap redirects each leg's data to the other leg's egress; Linux 6.4+,
+        /// CAP_BPF + CAP_NET_ADMIN; --idle-timeout does not apply to such a connection), or
+        /// splice (the default; auto is the same: it never joins AF_VSOCK legs).
+        #[arg(long, value_name = "auto|kernel|splice", default_value = "splice")]
+        path: relay::DataPath,
     },
     /// Linux 7.0 vsock namespace modes (ns_mode / child_ns_mode).
     #[command(subcommand)]
@@ -259,6 +265,7 @@ pub fn run(cmd: VsockCmd) -> anyhow::Result<()> {
             buffer,
             vsock_buffer,
             connect_timeout,
+            path,
         } => run_bridge(
             groups,
             vms,
@@ -274,6 +281,7 @@ pub fn run(cmd: VsockCmd) -> anyhow::Result<()> {
                     connect_timeout: None,
                 },
                 connect_timeout,
+                path,
             },
             json_lines(),
         ),

@@ -40,6 +40,9 @@ pub enum Event {
         bytes_dst_to_src: u64,
         millis: u64,
         spliced: bool,
+        /// `kernel` (both AF_VSOCK legs joined by the sockmap redirect, crates/vsock/src/kernel.rs),
+        /// `splice` or `copy`.
+        path: &'static str,
         error: Option<String>,
     },
 }
@@ -82,12 +85,17 @@ impl std::fmt::Display for Event {
                 bytes_dst_to_src,
                 millis,
                 spliced,
+                path,
                 error,
             } => {
                 write!(
                     f,
                     "closed {src}:{port} -> {dst}:{port} (conn {id}): {bytes_src_to_dst} bytes ->, {bytes_dst_to_src} bytes <-, {millis} ms{}",
-                    if *spliced { ", spliced" } else { "" }
+                    match (*path, *spliced) {
+                        ("kernel", _) => ", kernel path",
+                        (_, true) => ", spliced",
+                        _ => "",
+                    }
                 )?;
                 if let Some(e) = error {
                     write!(f, ", error: {e}")?;

@@ -17,7 +17,8 @@ use super::events::Event;
 use super::policy::{list, Config};
 use crate::conn::{self, Conn, SockOpts};
 use crate::hybrid;
-use crate::relay::{self, error_chain};
+use crate::kernel::{KernelPath, Leg};
+use crate::relay::{self, error_chain, DataPath};
 use crate::unixsock::{BindError, BoundSocket};
 
 /// Bridge options.
@@ -38,6 +39,11 @@ pub struct Options {
     /// Limit for a hybrid target: its VMM's socket and the `OK` reply (AF_VSOCK targets use the
     /// kernel's vsock connect timeout).
     pub connect_timeout: Duration,
+    /// `kernel` (experimental, like the relay's AF_VSOCK legs: docs/vsock.md): a connection
+    /// whose two legs are AF_VSOCK (guest A's and guest B's) is joined in the kernel (sockmap
+    /// redirect, crates/vsock/src/kernel.rs); the idle timeout is not applied to it. `splice`
+    /// (the default) and `auto`: user space (`auto` never joins AF_VSOCK legs).
+    pub path: DataPath,
 }
 
 impl Default for Options {
@@ -50,6 +56,7 @@ impl Default for Options {
             buffer: 256 << 10,
             sock: SockOpts::default(),
             connect_timeout: Duration::from_secs(10),
+            path: DataPath::Splice,
         }
     }
 }
@@ -76,6 +83,8 @@ pub enum BridgeError {
     ZeroPerGroup,
     #[error("--max-conns-per-cid must be at least 1")]
     ZeroPerCid,
+    #[error("--path kernel: {0}")]
+    KernelPath(String),
 }
 
 enum Source {
@@ -125,6 +134,8 @@ pub struct Bridge {
     sources: Vec<Source>,
     next_id: AtomicU64,
     counts: Mutex<Counts>,
+    /// The kernel path, loaded once when `path` allows it and two members are AF_VSOCK.
+    kernel: Option<KernelPath>,
 }
 
 /// The listening path for guest-initiated connections to `port` on a hybrid member.
@@ -152,12 +163,45 @@ impl Bridge {
             per_group: vec![0; cfg.groups().len()],
             ..Counts::default()
         };
+        let vsock_members = cfg
+            .members()
+            .values()
+            .filter(|t| matches!(t, Transport::Vsock))
+            .count();
+        let kernel = match opts.path {
+            // AF_VSOCK legs in the kernel path are experimental (docs/vsock.md): only on request.
+            DataPath::Splice | DataPath::Auto => None,
+            _ if vsock_members < 2 => {
+                if opts.path == DataPath::Kernel {
+                    return Err(BridgeError::KernelPath(
+                        "the kernel path joins AF_VSOCK members only, and fewer than two are AF_VSOCK"
+                            .into(),
+                    ));
+                }
+                None
+            }
+            path => match KernelPath::load()
+                .map_err(|e| error_chain(&e))
+                .and_then(|k| k.pair_supported(Leg::Vsock, Leg::Vsock).map(|()| k))
+            {
+                Ok(k) => {
+                    tracing::info!("kernel path loaded: AF_VSOCK <-> AF_VSOCK connections are joined with a sockmap redirect");
+                    Some(k)
+                }
+                Err(why) if path == DataPath::Kernel => return Err(BridgeError::KernelPath(why)),
+                Err(why) => {
+                    tracing::info!("kernel path not used ({why}): bridging with splice");
+                    None
+                }
+            },
+        };
         let mut b = Self {
             cfg,
             opts,
             sources: Vec::new(),
             next_id: AtomicU64::new(0),
             counts: Mutex::new(counts),
+            kernel,
         };
         let hybrids: Vec<(u32, PathBuf)> = b
             .cfg
@@ -387,7 +431,50 @@ impl Bridge {
         let a = Conn::from_socket(fd, format!("{src}:{port}"));
         let b = Conn::from_socket(target, format!("{dst}:{port}"));
         let idle = Some(self.opts.idle_timeout).filter(|d| !d.is_zero());
-        let s = relay::relay_with(id, a, b, self.opts.buffer, idle);
+        let start = std::time::Instant::now();
+        let joined = self
+            .kernel
+            .as_ref()
+            .filter(|_| Leg::of(&a) == Ok(Leg::Vsock) && Leg::of(&b) == Ok(Leg::Vsock))
+            .map(|k| k.run(&a, &b));
+        let s = match joined {
+            Some(Ok(j)) => relay::ConnStats {
+                id,
+                a: a.label.clone(),
+                b: b.label.clone(),
+                bytes_a_to_b: j.a_to_b,
+                bytes_b_to_a: j.b_to_a,
+                millis: start.elapsed().as_millis() as u64,
+                spliced: false,
+                path: "kernel",
+                user_bytes: j.user_a_to_b + j.user_b_to_a,
+                error: j.error,
+            },
+            Some(Err(why)) if self.opts.path == DataPath::Kernel && !why.fallback_ok => {
+                a.abort();
+                b.abort();
+                relay::ConnStats {
+                    id,
+                    a: a.label.clone(),
+                    b: b.label.clone(),
+                    bytes_a_to_b: why.pre[0],
+                    bytes_b_to_a: why.pre[1],
+                    millis: start.elapsed().as_millis() as u64,
+                    spliced: false,
+                    path: "kernel",
+                    user_bytes: why.pre[0] + why.pre[1],
+                    error: Some(format!("--path kernel: {why}")),
+                }
+            }
+            Some(Err(why)) => {
+                tracing::debug!("connection {id}: not joined ({why}): bridging with splice");
+                let mut st = relay::relay_with(id, a, b, self.opts.buffer, idle);
+                st.bytes_a_to_b += why.pre[0];
+                st.bytes_b_to_a += why.pre[1];
+                st
+            }
+            None => relay::relay_with(id, a, b, self.opts.buffer, idle),
+        };
         drop(slot);
         report(&Event::Close {
             id,
@@ -398,6 +485,7 @@ impl Bridge {
             bytes_dst_to_src: s.bytes_b_to_a,
             millis: s.millis,
             spliced: s.spliced,
+            path: s.path,
             error: s.error,
         });
     }
