@@ -331,9 +331,8 @@ NSF_INLINE long nsf_ndp_answer(struct __sk_buff *skb, __u32 l2, const struct nsf
 
 /*
  * NDP and router messages in an ICMPv6 packet from pod endpoint `src` (source checked):
- * a verdict, or NSF_CONTINUE for any other ICMPv6 message. Only messages carried directly
- * after the IPv6 header are NDP here; the kernel acts on one behind extension headers only
- * for neighbour entries of the device it came in on, i.e. the pod's own link.
+ * a verdict, or NSF_CONTINUE for any other ICMPv6 message. Messages directly after the
+ * IPv6 header; behind extension headers they are dropped before (nsf_ip6_ext_check).
  */
 NSF_INLINE long nsf_icmp6_from_pod(struct __sk_buff *skb, __u32 l2,
 				   const struct nsf_endpoint *src, long pass)
@@ -384,6 +383,106 @@ NSF_INLINE long nsf_icmp6_from_pod(struct __sk_buff *skb, __u32 l2,
 	return nsf_ndp_answer(skb, l2, src);
 }
 
+/* IPv6 extension headers that can come before the upper-layer header (RFC 8200 4, the IANA
+ * list): hop-by-hop, routing, fragment, destination options, AH, mobility, HIP, shim6 and the
+ * two experimental numbers. ESP (50) ends what can be read. */
+#define NSF_NEXTHDR_FRAGMENT 44
+#define NSF_NEXTHDR_AUTH 51
+NSF_INLINE int nsf_ip6_ext(__u8 nh)
+{
+	return nh == 0 || nh == 43 || nh == NSF_NEXTHDR_FRAGMENT || nh == 60 ||
+	       nh == NSF_NEXTHDR_AUTH || nh == 135 || nh == 139 || nh == 140 || nh == 253 ||
+	       nh == 254;
+}
+
+/* How many extension headers a pod's packet may carry; more is dropped as malformed. */
+#define NSF_IP6_EXT_MAX 8
+
+/*
+ * NDP hidden behind IPv6 extension headers (a packet from pod endpoint `src`, source
+ * checked, whose next header `nh` is one): the chain is walked to its upper-layer header;
+ * ICMPv6 neighbour discovery or router messages there (types 133-137) are dropped as
+ * spoofing (a pod's kernel never sends them behind extension headers, and the host's would
+ * act on some), any other upper layer continues (NSF_CONTINUE). A later fragment (offset not
+ * 0) carries no upper-layer header and continues: NDP's type is in the first fragment, which
+ * this catches. A truncated chain or more than NSF_IP6_EXT_MAX headers: dropped, malformed.
+ */
+NSF_INLINE long nsf_ip6_ext_check(struct __sk_buff *skb, __u32 l2, __u8 nh)
+{
+	__u32 off = l2 + sizeof(struct ipv6hdr);
+	int i;
+
+#pragma unroll
+	for (i = 0; i < NSF_IP6_EXT_MAX; i++) {
+		__u8 h[4];
+
+		if (bpf_skb_load_bytes(skb, off, h, 4) < 0)
+			break;
+		if (nh == NSF_NEXTHDR_ICMPV6) {
+			if (h[0] >= NSF_ND_ROUTER_SOLICIT && h[0] <= NSF_ND_REDIRECT) {
+				nsf_count(NSF_CNT_SPOOFED);
+				return NSF_DROP;
+			}
+			return NSF_CONTINUE;
+		}
+		if (!nsf_ip6_ext(nh))
+			return NSF_CONTINUE;
+		if (nh == NSF_NEXTHDR_FRAGMENT) {
+			if (((__u16)h[2] << 8 | h[3]) & 0xfff8)
+				return NSF_CONTINUE; /* not the first fragment */
+			off += 8;
+		} else if (nh == NSF_NEXTHDR_AUTH) {
+			off += ((__u32)h[1] + 2) * 4;
+		} else {
+			off += ((__u32)h[1] + 1) * 8;
+		}
+		nh = h[0];
+	}
+	nsf_count(NSF_CNT_NOT_IPV4);
+	return NSF_DROP;
+}
+
+/*
+ * A packet from a pod's link-local source at `l2` (see nsf_from_pod6). `add` gives each pod
+ * one link-local address of its own and an endpoint entry for it (the same value as its
+ * global address'): from it a pod may only do neighbour discovery (the kernel sends its
+ * neighbour probes from it), answered or checked as from its global address. Another pod's
+ * link-local address is spoofing; one nsfast did not give (the kernel-made address of a pod
+ * from before, MLD/RS chatter) is dropped as before (`pod_not_ipv4`).
+ */
+NSF_INLINE long nsf_from_pod6_ll(struct __sk_buff *skb, __u32 l2, long pass)
+{
+	void *data = (void *)(long)skb->data;
+	void *data_end = (void *)(long)skb->data_end;
+	struct ipv6hdr *ip6 = data + l2;
+	struct nsf_endpoint *src;
+	long rc;
+
+	if ((void *)(ip6 + 1) > data_end)
+		return NSF_DROP;
+	src = nsf_endpoint6(&ip6->saddr);
+	if (!src) {
+		nsf_count(NSF_CNT_NOT_IPV4);
+		return NSF_DROP;
+	}
+	if (src->ifindex != skb->ifindex) {
+		nsf_count(NSF_CNT_SPOOFED);
+		return NSF_DROP;
+	}
+	if (ip6->nexthdr != NSF_NEXTHDR_ICMPV6) {
+		if (nsf_ip6_ext(ip6->nexthdr) &&
+		    nsf_ip6_ext_check(skb, l2, ip6->nexthdr) == NSF_DROP)
+			return NSF_DROP;
+		nsf_count(NSF_CNT_NOT_IPV4);
+		return NSF_DROP;
+	}
+	rc = nsf_icmp6_from_pod(skb, l2, src, pass);
+	if (rc != NSF_CONTINUE)
+		return rc;
+	nsf_count(NSF_CNT_NOT_IPV4);
+	return NSF_DROP;
+}
+
 /* An IPv6 packet a pod sent, at `l2` (see nsf_from_pod). */
 NSF_INLINE long nsf_from_pod6(struct __sk_buff *skb, __u32 l2, int netkit, long pass)
 {
@@ -403,14 +502,21 @@ NSF_INLINE long nsf_from_pod6(struct __sk_buff *skb, __u32 l2, int netkit, long 
 		nsf_count(NSF_CNT_SPOOFED);
 		return NSF_DROP;
 	}
-	if (nsf_ip6_unspecified(&ip6->saddr) || nsf_ip6_link_local(ip6->saddr.in6_u.u6_addr8)) {
+	if (nsf_ip6_unspecified(&ip6->saddr)) {
 		nsf_count(NSF_CNT_NOT_IPV4);
 		return NSF_DROP;
 	}
+	if (nsf_ip6_link_local(ip6->saddr.in6_u.u6_addr8))
+		return nsf_from_pod6_ll(skb, l2, pass);
 	src = nsf_endpoint6(&ip6->saddr);
 	if (!src || src->ifindex != skb->ifindex) {
 		nsf_count(NSF_CNT_SPOOFED);
 		return NSF_DROP;
+	}
+	if (nsf_ip6_ext(ip6->nexthdr)) {
+		rc = nsf_ip6_ext_check(skb, l2, ip6->nexthdr);
+		if (rc != NSF_CONTINUE)
+			return rc;
 	}
 	if (ip6->nexthdr == NSF_NEXTHDR_ICMPV6) {
 		rc = nsf_icmp6_from_pod(skb, l2, src, pass);
@@ -489,7 +595,9 @@ NSF_INLINE long nsf_from_wire6(struct __sk_buff *skb)
 
 	if ((void *)(ip6 + 1) > data_end)
 		return TC_ACT_OK;
-	ep = nsf_endpoint6(&ip6->daddr);
+	/* Pods' link-local addresses have endpoint entries too (their own link's NDP): never a
+	 * destination from the wire. */
+	ep = nsf_ip6_link_local(ip6->daddr.in6_u.u6_addr8) ? NULL : nsf_endpoint6(&ip6->daddr);
 	if (!ep || (ep->flags & NSF_EP_HOST_FW)) {
 		nsf_count(NSF_CNT_WIRE_TO_STACK);
 		return TC_ACT_OK;

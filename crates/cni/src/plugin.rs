@@ -301,9 +301,12 @@ fn add(env: &Env, conf: &NetConf, raw: &Value) -> Result<String, CniError> {
     pod::crash_point("intent");
     // Undoes a failed ADD: what was made is gone already; the lease goes, then the intent
     // (kept if the lease could not be released: the next ADD or DEL retries).
+    // A failed ADD leaves the shortcut as it found it: disabled again if this ADD enabled it
+    // (the host's state goes with its last pod), enabled if it was on before.
+    let shortcut_was_on = nsfast_pod::shortcut::is_enabled(host);
     let fail = |e: CniError| -> CniError {
         if release("undo a failed ADD").is_ok() {
-            if let Err(f) = pod::forget(host, &name) {
+            if let Err(f) = pod::forget_failed_add(host, &name, shortcut_was_on) {
                 tracing::warn!("undo a failed ADD: {f}");
             }
         }

@@ -254,6 +254,17 @@ fn pod_list_add_and_del_json() {
     assert_eq!(d.len(), 1, "{gone}");
     assert_eq!(d[0]["name"], w.pod.as_str(), "{gone}");
     assert_eq!(d[0]["ip"], "10.251.7.2", "{gone}");
+    assert_eq!(d[0]["ips"], serde_json::json!(["10.251.7.2/24"]), "{gone}");
+    assert_eq!(
+        added["record"]["ips"],
+        serde_json::json!(["10.251.7.2/24"]),
+        "{added}"
+    );
+    assert_eq!(
+        listed["pods"][0]["ips"],
+        serde_json::json!(["10.251.7.2/24"]),
+        "{listed}"
+    );
     let all = json_of(
         "pod del --all -p",
         nsfast(&["-p", "pod", "del", "--all", "--host", &w.host]),

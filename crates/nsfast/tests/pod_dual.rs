@@ -236,6 +236,11 @@ fn dual_stack_pods_talk_ipv6_and_ipv4_locally_across_the_wire_and_from_the_wire(
     assert_eq!(p["ip6"], pod6(0, 0).to_string(), "{p}");
     assert_eq!(p["prefix6"], 64, "{p}");
     assert_eq!(p["gateway6"], "fe80::1", "{p}");
+    assert_eq!(
+        p["ips"],
+        serde_json::json!([format!("{}/24", pod4(0, 0)), format!("{}/64", pod6(0, 0))]),
+        "{p}"
+    );
     let text = nsfast_ok(&["pod", "list", "--host", &d.host(0)]);
     assert!(
         text.contains(&format!("{}/24,{}/64", pod4(0, 0), pod6(0, 0))),
@@ -454,6 +459,16 @@ fn bad_ip_lists_are_one_clear_error_and_change_nothing() {
     ]))
     .unwrap();
     assert_eq!(l["pods"][0]["ip6"], "fd52::5", "{l}");
+    // An IPv6-only pod has no IPv4 address in the JSON (no `"ip": "0.0.0.0"`), `ips` lists
+    // what it has.
+    assert_eq!(
+        l["pods"][0]["ips"],
+        serde_json::json!(["fd52::5/64"]),
+        "{l}"
+    );
+    for k in ["ip", "prefix", "gateway"] {
+        assert!(l["pods"][0].get(k).is_none(), "{k} in {l}");
+    }
     // Its IPv6 address is taken: a second pod with it is refused, nothing made.
     let other = unique("dx");
     let out = nsfast(&[
@@ -529,4 +544,106 @@ fn dual_stack_add_killed_after_the_endpoints_is_undone_by_add_or_del() {
         assert!(NetNs::open(&name).is_err(), "{then}: pod namespace left");
     }
     assert!(present(pod6(0, 0).into()), "the other pod's entry kept");
+}
+
+/// `ip -6 neigh show fe80::1 dev eth0` in pod namespace `name`.
+fn gateway_neigh(name: &str) -> String {
+    let o = Command::new("ip")
+        .args(["-n", name, "-6", "neigh", "show", "fe80::1", "dev", "eth0"])
+        .output()
+        .expect("run ip");
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+/// A raw ICMPv6 neighbour solicitation for fe80::1 from link-local `src` on eth0 (hop limit
+/// 255), to the gateway's solicited-node group.
+fn send_ns_from_link_local(ns: &NetNs, src: Ipv6Addr) {
+    let mut msg = vec![135, 0, 0, 0, 0, 0, 0, 0];
+    msg.extend_from_slice(&GW6.octets());
+    ns.run(|| -> std::io::Result<()> {
+        let idx = nix::net::if_::if_nametoindex("eth0").map_err(std::io::Error::from)?;
+        let s = Socket::new(Domain::IPV6, Type::RAW, Some(Protocol::ICMPV6))?;
+        s.bind(&SockAddr::from(std::net::SocketAddrV6::new(src, 0, 0, idx)))?;
+        s.set_multicast_hops_v6(255)?;
+        let to = std::net::SocketAddrV6::new("ff02::1:ff00:1".parse().unwrap(), 0, 0, idx);
+        match s.send_to(&msg, &SockAddr::from(to)) {
+            Err(e)
+                if e.raw_os_error() == Some(nix::libc::ENOBUFS) && mode().starts_with("netkit") =>
+            {
+                Ok(())
+            }
+            r => r.map(|_| ()),
+        }
+    })
+    .unwrap()
+    .unwrap_or_else(|e| panic!("send NS from {src}: {e}"));
+}
+
+const GW6: Ipv6Addr = Ipv6Addr::new(0xfe80, 0, 0, 0, 0, 0, 0, 1);
+
+/// The pod's own kernel resolves the gateway from its link-local address (as it does for a
+/// neighbour probe): `add` gives the pod one link-local address the datapath knows, and the
+/// solicitation from it is answered (the entry becomes reachable at the host-side MAC). Another
+/// pod's link-local address used as source is spoofing. (netkit L3 has no NDP.)
+#[test]
+fn the_pods_link_local_solicitations_are_answered_and_anothers_link_local_is_spoofed() {
+    if mode() == "netkit" {
+        eprintln!("netkit L3 pods have no neighbour discovery: nothing to test");
+        return;
+    }
+    let d = Dual::new([2, 0]);
+    let (name, a0) = (&d.pods[0][0].0, d.pod(0, 0));
+    let ll = nsfast_pod::pod::pod_link_local(pod6(0, 0));
+    let other_ll = nsfast_pod::pod::pod_link_local(pod6(0, 1));
+    let addrs = a0.netlink().unwrap().link_ipv6_addresses("eth0").unwrap();
+    let lls: Vec<_> = addrs
+        .iter()
+        .filter(|(a, _)| a.segments()[0] & 0xffc0 == 0xfe80)
+        .collect();
+    assert_eq!(
+        lls,
+        vec![&(ll, 64)],
+        "the pod's link-local addresses: {addrs:?}"
+    );
+    let l = d.list(0);
+    let host_mac = l["pods"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["name"] == name.as_str())
+        .unwrap()["host_mac"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    // A datagram from the link-local address to fe80::1: the kernel solicits fe80::1 from
+    // the datagram's source, the link-local address.
+    Command::new("ip")
+        .args(["-n", name, "-6", "neigh", "flush", "dev", "eth0"])
+        .status()
+        .unwrap();
+    let replies = d.counter(0, "ndp_reply");
+    a0.run(|| {
+        let idx = nix::net::if_::if_nametoindex("eth0").unwrap();
+        let s = UdpSocket::bind(std::net::SocketAddrV6::new(ll, 0, 0, idx)).unwrap();
+        let _ = s.send_to(b"probe", std::net::SocketAddrV6::new(GW6, 9, 0, idx));
+    })
+    .unwrap();
+    wait_for("the gateway's neighbour entry at the host-side MAC", || {
+        let n = gateway_neigh(name);
+        n.contains(&host_mac) && !n.contains("FAILED") && !n.contains("INCOMPLETE")
+    });
+    assert!(d.counter(0, "ndp_reply") > replies);
+    // Pod a0 takes pod a1's link-local address and solicits from it: dropped, spoofed.
+    a0.netlink()
+        .unwrap()
+        .add_address("eth0", other_ll.into(), 64)
+        .unwrap();
+    let (spoofed, replies) = (d.counter(0, "spoofed"), d.counter(0, "ndp_reply"));
+    send_ns_from_link_local(a0, other_ll);
+    wait_for("spoofed + 1", || d.counter(0, "spoofed") > spoofed);
+    assert_eq!(
+        d.counter(0, "ndp_reply"),
+        replies,
+        "answered a forged solicitation"
+    );
 }

@@ -1225,3 +1225,125 @@ fn bad_input_is_refused_and_changes_nothing() {
     assert!(out.contains("was not enabled"), "{out}");
     assert!(!h.state_dir().exists() && !h.pin_dir().exists());
 }
+
+/// A failed first `pod add` on a host whose shortcut is on but has no pods leaves the shortcut
+/// enabled (it used to take the host's state, and the shortcut with it, like a last `del`).
+#[test]
+fn a_failed_first_pod_add_leaves_the_shortcut_enabled() {
+    require_root();
+    let host = NetNs::create(&unique("sc-fail")).expect("host netns");
+    let cg = TestCgroup::new();
+    let cgs = cg.path().to_string_lossy().into_owned();
+    let h = nsfast_pod::Host::open(Some(host.name())).unwrap();
+    let status = || -> Value {
+        serde_json::from_str(&nsfast_ok(&[
+            "-j",
+            "pod",
+            "shortcut",
+            "status",
+            "--host",
+            host.name(),
+        ]))
+        .unwrap()
+    };
+    nsfast_ok(&[
+        "pod",
+        "shortcut",
+        "enable",
+        "--host",
+        host.name(),
+        "--cgroup",
+        &cgs,
+    ]);
+    assert_eq!(status()["enabled"], true);
+    // A pod whose namespace name is taken: refused before anything is made.
+    let taken = NetNs::create(&unique("sc-taken")).expect("netns");
+    let o = nsfast_env(
+        &[
+            "pod",
+            "add",
+            taken.name(),
+            "--ip",
+            "10.251.9.2/24",
+            "--host",
+            host.name(),
+        ],
+        &[],
+    );
+    assert!(!o.status.success(), "{}", text(&o));
+    let st = status();
+    assert_eq!(
+        st["enabled"], true,
+        "the failed add disabled the shortcut: {st}"
+    );
+    assert_eq!(sockops_on(cg.path()), 1, "the sockops link is gone");
+    // The shortcut still works for the next pod, and the last pod's del then removes it.
+    let name = unique("sc-ok");
+    nsfast_ok(&[
+        "pod",
+        "add",
+        &name,
+        "--ip",
+        "10.251.9.4/24",
+        "--host",
+        host.name(),
+    ]);
+    assert!(status()["pods"][name.as_str()]["shortcut"] == true);
+    nsfast_ok(&["pod", "del", &name, "--host", host.name()]);
+    assert_eq!(status()["enabled"], false);
+    assert!(!h.state_dir().exists() && !h.pin_dir().exists());
+}
+
+/// A socket that outlives its pod (the pod deleted while a process in its namespace keeps a
+/// connection) keeps counting into its pod's counter slot: that slot is not given to the next
+/// pod while the old namespace lives, so the new pod's counters stay its own.
+#[test]
+fn a_socket_outliving_its_pod_never_counts_into_the_next_pod() {
+    require_root();
+    let mut w = World::new(&[0]);
+    let cg = w.cg.procs();
+    let old = unique("sc-old");
+    let ons = w.add_pod(0, &old, "10.251.1.40/24", &[]);
+    // Never finished: with its device gone the old pod's FIN cannot leave; the peers are
+    // killed on drop.
+    let bytes: u64 = 1 << 30;
+    let addr = w.addr(0, 0, 5601);
+    let _s = bidir_server(&w.pod_ns(0, 0), &cg, addr, bytes, 1);
+    let mut c = bidir_client(&ons, &cg, addr, bytes, 2, &["--rate", "16000000"]);
+    drop(ons);
+    let total = |w: &World| w.status(0)["redirected_bytes"].as_u64().unwrap();
+    let wait_growth = |w: &World, c: &mut KillOnDrop, from: u64, what: &str| {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let now = total(w);
+            if now >= from + (1 << 20) {
+                return now;
+            }
+            let ended = c.child_mut().try_wait().unwrap().is_some();
+            assert!(
+                !ended && Instant::now() < deadline,
+                "{what}: stuck at {now}"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    };
+    wait_growth(&w, &mut c, 0, "before the del");
+    assert!(w.pod_counter(0, &old, "paired") == 1, "{}", w.status(0));
+    // The pod goes; its client keeps the namespace (and the connection) alive.
+    nsfast_ok(&["pod", "del", &old, "--host", w.host(0)]);
+    w.extra.retain(|(n, _)| n != &old);
+    let new = unique("sc-new");
+    let _nns = w.add_pod(0, &new, "10.251.1.41/24", &[]);
+    // The old connection goes on sending by redirect (counted in the host's total).
+    let from = total(&w);
+    wait_growth(&w, &mut c, from, "after the new pod");
+    let st = w.status(0);
+    let n = &st["pods"][new.as_str()];
+    assert_eq!(n["shortcut"], true, "{st}");
+    assert_eq!(
+        n["redirected_bytes"], 0,
+        "the old pod's socket counted into {new}: {st}"
+    );
+    assert_eq!(n["redirected_msgs"], 0, "{st}");
+    assert_eq!(n["paired"], 0, "{st}");
+}

@@ -312,6 +312,7 @@ impl AddOptions {
 /// Result of `add`.
 #[derive(Debug, Clone, Serialize)]
 pub struct Added {
+    #[serde(serialize_with = "crate::state::ser_record")]
     pub record: PodRecord,
     /// How the mode was chosen, e.g. "auto: kernel lacks netkit, using veth + TCX".
     pub mode_note: String,
@@ -361,6 +362,38 @@ pub fn resolve_mode(
         format!("{note}; uplinks: {why}")
     };
     Ok((dp, method, note))
+}
+
+/// The link-local address `add` gives a pod with IPv6 address `ip6` (fe80::/64 with an
+/// interface id hashed from `ip6`, the universal/local bit clear): known from the record
+/// alone, so a killed `add` is undone without asking the pod. It has an endpoint entry like
+/// the pod's own address, so the datapath answers (and source-checks) the neighbour
+/// solicitations the pod's kernel sends from it; nothing else may use it.
+pub fn pod_link_local(ip6: Ipv6Addr) -> Ipv6Addr {
+    // FNV-1a, 64 bits.
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in ip6.octets() {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    let iid = h & !(0x02u64 << 56);
+    let mut o = [0u8; 16];
+    o[0] = 0xfe;
+    o[1] = 0x80;
+    o[8..].copy_from_slice(&iid.to_be_bytes());
+    Ipv6Addr::from(o)
+}
+
+/// The keys of a pod's endpoint entries: its addresses and, with IPv6, its link-local one
+/// ([`pod_link_local`]).
+pub fn endpoint_keys(addrs: &[IpAddr]) -> Vec<IpAddr> {
+    let mut v = addrs.to_vec();
+    for a in addrs {
+        if let IpAddr::V6(a6) = a {
+            v.push(IpAddr::V6(pod_link_local(*a6)));
+        }
+    }
+    v
 }
 
 /// Undo steps of a half-made pod, run in reverse on failure.
@@ -532,6 +565,9 @@ pub fn intent(host: &Host, opts: &AddOptions, dp: Datapath, attach: AttachMethod
 pub fn add_locked(plan: &Plan, _lock: &HostLock, opts: &AddOptions) -> Result<Added, PodError> {
     let host = &plan.host;
     let (dp, attach) = (plan.datapath, plan.attach);
+    // A failed add leaves the shortcut as it found it (`pod add` never enables it; the CNI
+    // plugin, which may, passes what it found to [`forget_failed_add`] itself).
+    let shortcut_was_on = crate::shortcut::is_enabled(host);
     let precheck = || -> Result<(), PodError> {
         if host.record(&opts.name)?.is_some_and(|r| !r.pending) {
             return Err(PodError::Exists {
@@ -568,7 +604,7 @@ pub fn add_locked(plan: &Plan, _lock: &HostLock, opts: &AddOptions) -> Result<Ad
     };
     if let Err(e) = precheck() {
         if opts.cni.is_none() {
-            let _ = gc_host(host);
+            let _ = gc_after_failed_add(host, shortcut_was_on);
         }
         return Err(e);
     }
@@ -581,7 +617,7 @@ pub fn add_locked(plan: &Plan, _lock: &HostLock, opts: &AddOptions) -> Result<Ad
         undo.run(host);
         drop(pod_ns); // deletes a namespace made here
         if opts.cni.is_none() {
-            let _ = forget(host, &opts.name);
+            let _ = forget_failed_add(host, &opts.name, shortcut_was_on);
         }
         e
     };
@@ -638,12 +674,12 @@ pub fn add_locked(plan: &Plan, _lock: &HostLock, opts: &AddOptions) -> Result<Ad
 /// record itself stays: the caller removes it ([`forget`]) once everything else (the CNI
 /// plugin: the IPAM lease) is released. Lock held.
 pub fn undo_pending(host: &Host, r: &PodRecord) -> Result<(), PodError> {
-    for ip in r.addrs() {
+    for ip in endpoint_keys(&r.addrs()) {
         if let Some(ep) = datapath::endpoint_get(host, ip)? {
             let owned_by_other = host.records()?.iter().any(|o| {
                 !o.pending
                     && o.name != r.name
-                    && o.addrs().contains(&ip)
+                    && endpoint_keys(&o.addrs()).contains(&ip)
                     && o.host_ifindex == ep.ifindex
             });
             if !owned_by_other {
@@ -659,6 +695,21 @@ pub fn undo_pending(host: &Host, r: &PodRecord) -> Result<(), PodError> {
 pub fn forget(host: &Host, name: &str) -> Result<(), PodError> {
     host.remove_record(name)?;
     gc_host(host).map(|_| ())
+}
+
+/// [`forget`] for an `add` that failed: the record goes; the host's state too if the add
+/// left no pod, unless the shortcut was on before the add (`shortcut_was_on`) — it stays
+/// enabled, as the add found it. Lock held.
+pub fn forget_failed_add(host: &Host, name: &str, shortcut_was_on: bool) -> Result<(), PodError> {
+    host.remove_record(name)?;
+    gc_after_failed_add(host, shortcut_was_on).map(|_| ())
+}
+
+fn gc_after_failed_add(host: &Host, shortcut_was_on: bool) -> Result<bool, PodError> {
+    if shortcut_was_on && crate::shortcut::is_enabled(host) {
+        return Ok(false);
+    }
+    gc_host(host)
 }
 
 fn mac_str(m: [u8; 6]) -> String {
@@ -785,9 +836,15 @@ fn set_addresses6(
     let hnl = host.netlink()?;
     let pod_ns = Some(pod_ns);
     let conf = |dev: &str, key: &str| format!("net/ipv6/conf/{dev}/{key}");
+    // No kernel-made link-local address (its own interface id): the pod gets the one the
+    // datapath knows ([`pod_link_local`]). Disabling IPv6 once drops any address the kernel
+    // made already (the device may be up).
+    set_proc(pod_ns, &conf(&opts.pod_if, "addr_gen_mode"), "1")?;
+    set_proc(pod_ns, &conf(&opts.pod_if, "disable_ipv6"), "1")?;
     set_proc(pod_ns, &conf(&opts.pod_if, "disable_ipv6"), "0")?;
     set_proc(pod_ns, &conf(&opts.pod_if, "accept_dad"), "0")?;
     set_proc(pod_ns, &conf(&opts.pod_if, "accept_ra"), "0")?;
+    pnl.add_address(&opts.pod_if, IpAddr::V6(pod_link_local(a.ip)), 64)?;
     pnl.add_address(&opts.pod_if, IpAddr::V6(a.ip), a.prefix)?;
     let any = IpAddr::V6(Ipv6Addr::UNSPECIFIED);
     if dp == Datapath::NetkitL3 {
@@ -907,7 +964,7 @@ fn insert_endpoint(
         pod_mac,
         host_mac,
     };
-    for ip in opts.addrs() {
+    for ip in endpoint_keys(&opts.addrs()) {
         datapath::endpoint_insert(host, ip, ep)?;
         undo.endpoints.push((ip, host_ifindex));
     }
@@ -1005,7 +1062,7 @@ fn remove(host: &Host, r: &PodRecord) -> Result<(), PodError> {
         undo_pending(host, r)?;
         return host.remove_record(&r.name);
     }
-    for ip in r.addrs() {
+    for ip in endpoint_keys(&r.addrs()) {
         datapath::endpoint_remove(host, ip, r.host_ifindex)?;
     }
     remove_attachments(host, r)?;
@@ -1033,6 +1090,7 @@ fn remove_attachments(host: &Host, r: &PodRecord) -> Result<(), PodError> {
 #[derive(Debug, Clone, Serialize)]
 pub struct Listing {
     pub host: String,
+    #[serde(serialize_with = "crate::state::ser_records")]
     pub pods: Vec<PodRecord>,
     pub uplinks: Vec<datapath::Uplink>,
     /// Datapath counters of the host (all its pods), by name.
@@ -1234,6 +1292,25 @@ mod tests {
         assert!(valid_ifname("eth0"));
         assert!(!valid_ifname("a/b"));
         assert!(!valid_ifname("sixteen-chars-xx"));
+    }
+
+    #[test]
+    fn pod_link_local_is_a_stable_link_local_address_per_pod_address() {
+        let a: Ipv6Addr = "fd00:10:244::5".parse().unwrap();
+        let b: Ipv6Addr = "fd00:10:245::5".parse().unwrap();
+        let la = pod_link_local(a);
+        assert_eq!(la.segments()[..4], [0xfe80, 0, 0, 0], "{la}");
+        assert_eq!(la.octets()[8] & 0x02, 0, "universal/local bit clear: {la}");
+        assert_eq!(la, pod_link_local(a), "deterministic");
+        assert_ne!(la, pod_link_local(b), "same interface id in another /64");
+        assert_ne!(
+            la,
+            Ipv6Addr::new(0xfe80, 0, 0, 0, 0, 0, 0, 1),
+            "not the gateway"
+        );
+        let keys = endpoint_keys(&[IpAddr::V4(Ipv4Addr::new(10, 0, 0, 5)), IpAddr::V6(a)]);
+        assert_eq!(keys.len(), 3);
+        assert_eq!(keys[2], IpAddr::V6(la));
     }
 
     #[test]

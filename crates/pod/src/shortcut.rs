@@ -394,6 +394,42 @@ fn pod_cookie(r: &PodRecord) -> Option<u64> {
     })
 }
 
+/// The inode of a pod's namespace if it can be opened and is the one of the record's cookie
+/// (0: unknown). Kept in the `nsf_pods` entry's spare word (`pad`, which the BPF programs never
+/// read) so that [`sync_in`] can tell later whether the namespace still exists.
+fn pod_inode(r: &PodRecord, cookie: u64) -> u32 {
+    nsfast_sys::netns::NetNs::open(&r.netns)
+        .ok()
+        .filter(|ns| ns.cookie().is_ok_and(|c| c == cookie))
+        .and_then(|ns| u32::try_from(ns.inode()).ok())
+        .unwrap_or(0)
+}
+
+/// Whether the network namespace with `cookie` and inode `ino` may still exist (so sockets of
+/// it may still count into its slot): its inode is reachable ([`crate::state::live_netns`]) and
+/// the namespace there has that cookie, or cannot be opened to compare. Inode 0 (unknown, an
+/// entry of an older nsfast): gone.
+fn netns_alive(
+    cookie: u64,
+    ino: u32,
+    live: &std::collections::BTreeMap<u64, Vec<PathBuf>>,
+) -> bool {
+    if ino == 0 {
+        return false;
+    }
+    let Some(paths) = live.get(&u64::from(ino)) else {
+        return false;
+    };
+    let ns = paths.iter().find_map(|p| {
+        let ns = nsfast_sys::netns::NetNs::open(&p.display().to_string()).ok()?;
+        (ns.inode() == u64::from(ino)).then_some(ns)
+    });
+    match ns {
+        Some(ns) => ns.cookie().map_or(true, |c| c == cookie),
+        None => true,
+    }
+}
+
 /// Makes `nsf_pods` match the host's complete pod records (lock held); nothing to do when
 /// the shortcut is off. Cleans up what a killed `enable` left.
 pub fn sync(host: &Host, lock: &HostLock) -> Result<(), PodError> {
@@ -425,16 +461,36 @@ fn sync_in(host: &Host, _lock: &HostLock, d: &Path, host_id: u32) -> Result<(), 
     for r in host.records()?.into_iter().filter(|r| !r.pending) {
         match pod_cookie(&r) {
             Some(c) => {
-                want.insert(c, r.no_shortcut);
+                want.insert(c, (r.no_shortcut, pod_inode(&r, c)));
             }
             None => warn!("pod {}: its namespace {} is gone", r.name, r.netns),
         }
     }
     let have: Vec<(u64, PodEntry)> = pods.iter().flatten().collect();
+    // Slots are never reused while sockets of their old pod may live: a socket keeps the
+    // slot it was given at connect (in its socket storage) until it closes, whether or not
+    // its pod is still registered, and would count into the next pod given the slot. Sockets
+    // hold their network namespace, so a deleted pod's entry stays, turned into an opt-out
+    // (new sockets there take the kernel path, counted only into the dead pod's slot), until
+    // its namespace is gone; then the entry and the slot go.
     let mut used = std::collections::BTreeSet::new();
+    let mut live = None;
     for (c, e) in &have {
         if want.contains_key(c) {
             used.insert(e.slot);
+            continue;
+        }
+        let live = live.get_or_insert_with(crate::state::live_netns);
+        if netns_alive(*c, e.pad, live) {
+            used.insert(e.slot);
+            if e.flags & abi::POD_NO_SHORTCUT == 0 {
+                let retired = PodEntry {
+                    flags: e.flags | abi::POD_NO_SHORTCUT,
+                    ..*e
+                };
+                pods.insert(c, retired, 0)
+                    .map_err(PodError::map("retire an nsf_pods entry"))?;
+            }
         } else {
             pods.remove(c)
                 .map_err(PodError::map("remove from nsf_pods"))?;
@@ -444,13 +500,15 @@ fn sync_in(host: &Host, _lock: &HostLock, d: &Path, host_id: u32) -> Result<(), 
         what: "count the possible CPUs".into(),
         source: e,
     })?;
-    for (c, no_shortcut) in want {
+    for (c, (no_shortcut, ino)) in want {
         let flags = if no_shortcut { abi::POD_NO_SHORTCUT } else { 0 };
         if let Some((_, e)) = have.iter().find(|(k, _)| *k == c) {
-            if e.flags != flags || e.host_id != host_id {
+            let ino = if ino == 0 { e.pad } else { ino };
+            if e.flags != flags || e.host_id != host_id || e.pad != ino {
                 let e = PodEntry {
                     flags,
                     host_id,
+                    pad: ino,
                     ..*e
                 };
                 pods.insert(c, e, 0)
@@ -480,7 +538,7 @@ fn sync_in(host: &Host, _lock: &HostLock, d: &Path, host_id: u32) -> Result<(), 
                 host_id,
                 flags,
                 slot,
-                pad: 0,
+                pad: ino,
             },
             0,
         )

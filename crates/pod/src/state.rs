@@ -760,6 +760,23 @@ pub struct PodRecord {
 }
 
 impl PodRecord {
+    /// The record as the CLI's `--json` shows it (`pod add`, `pod list`, `pod del`): the stored
+    /// fields plus `ips` (every address with its prefix, IPv4 first, as in `pod list`'s IP
+    /// column). An IPv6-only pod has no `ip`, `prefix` or `gateway` (the stored record keeps
+    /// `0.0.0.0` there, which is no address of the pod).
+    pub fn output_json(&self) -> serde_json::Value {
+        let mut v = serde_json::to_value(self).expect("a pod record serialises");
+        if let Some(o) = v.as_object_mut() {
+            if self.ip.is_unspecified() {
+                for k in ["ip", "prefix", "gateway"] {
+                    o.remove(k);
+                }
+            }
+            o.insert("ips".into(), serde_json::json!(self.cidrs()));
+        }
+        v
+    }
+
     /// The pod's addresses, IPv4 first: what its endpoint entries are keyed by (none for a CNI
     /// intent written before IPAM answered).
     pub fn addrs(&self) -> Vec<IpAddr> {
@@ -785,6 +802,16 @@ impl PodRecord {
         }
         v
     }
+}
+
+/// `serialize_with` for a record in command output: [`PodRecord::output_json`].
+pub fn ser_record<S: serde::Serializer>(r: &PodRecord, s: S) -> Result<S::Ok, S::Error> {
+    serde::Serialize::serialize(&r.output_json(), s)
+}
+
+/// `serialize_with` for records in command output: [`PodRecord::output_json`] each.
+pub fn ser_records<S: serde::Serializer>(rs: &[PodRecord], s: S) -> Result<S::Ok, S::Error> {
+    s.collect_seq(rs.iter().map(PodRecord::output_json))
 }
 
 /// The CNI identity of a pod made by `nsfast-cni`.

@@ -1103,3 +1103,217 @@ fn ipv6_pod_to_remote_uses_the_fib_then_redirect_neigh_or_mac_rewrite() {
         })
         .unwrap();
 }
+
+/// Pod B's and pod A's link-local addresses (as `add` makes them: endpoint entries like
+/// their global addresses').
+fn ll_b() -> Ipv6Addr {
+    nsfast_pod::pod::pod_link_local(POD_B6)
+}
+fn ll_a() -> Ipv6Addr {
+    nsfast_pod::pod::pod_link_local(POD_A6)
+}
+
+impl Harness {
+    /// [`Harness::with_dual_pods_on`] plus both pods' link-local endpoint entries.
+    fn with_link_locals_on(mut self, src_ifindex: u32) -> Self {
+        self = self.with_dual_pods_on(src_ifindex);
+        for (ip, ifindex, pod_mac, host_mac) in [
+            (ll_a(), 100, POD_MAC, HOST_MAC),
+            (ll_b(), src_ifindex, SRC_POD_MAC, SRC_HOST_MAC),
+        ] {
+            self.endpoint6(
+                ip,
+                Endpoint {
+                    ifindex,
+                    flags: 0,
+                    pod_mac,
+                    host_mac,
+                },
+            );
+        }
+        self
+    }
+}
+
+#[test]
+fn ndp_from_a_pods_own_link_local_address_is_answered_and_anothers_is_spoofed() {
+    in_netns(|| {
+        let h = Harness::new().with_link_locals_on(LO);
+        assert!(ll_b().segments()[0] == 0xfe80 && ll_b() != ll_a());
+        // The pod kernel's solicitation for the gateway from its link-local address
+        // (multicast, and the unicast probe of a stale entry): answered, to that address.
+        let f = ns_frame(ll_b(), GW6, true);
+        let (rc, out) = h.run(abi::PROG_FROM_CONTAINER, &f, None);
+        assert_eq!(rc, TC_ACT_REDIRECT, "{out:02x?}");
+        assert_na(&out, GW6, ll_b(), SRC_POD_MAC, SRC_HOST_MAC);
+        let mut msg = vec![135, 0, 0, 0, 0, 0, 0, 0];
+        msg.extend_from_slice(&GW6.octets());
+        let mut probe = icmp6_frame(ll_b(), GW6, 255, msg);
+        probe[0..6].copy_from_slice(&SRC_HOST_MAC);
+        let (rc, out) = h.run(abi::PROG_FROM_CONTAINER, &probe, None);
+        assert_eq!(rc, TC_ACT_REDIRECT);
+        assert_na(&out, GW6, ll_b(), SRC_POD_MAC, SRC_HOST_MAC);
+        // netkit L2 the same.
+        let (rc, out) = h.run(abi::PROG_NETKIT_PEER_L2, &f, None);
+        assert_eq!(rc, TC_ACT_REDIRECT);
+        assert_na(&out, GW6, ll_b(), SRC_POD_MAC, SRC_HOST_MAC);
+        assert_eq!(h.counter(cnt::NDP_REPLY), 3);
+        // Its own address advertised from its link-local one: to the stack.
+        let na = nd_frame(136, ll_b(), "fe80::b1".parse().unwrap(), POD_B6);
+        assert_eq!(h.run(abi::PROG_FROM_CONTAINER, &na, None), (TC_ACT_OK, na));
+        assert_eq!(h.counter(cnt::SPOOFED), 0);
+        // Pod B using pod A's link-local address, or advertising pod A's / the gateway's
+        // address, or a router advertisement, from its own: spoofed.
+        let mut spoofed = 0;
+        for (f, what) in [
+            (
+                ns_frame(ll_a(), GW6, true),
+                "NS from pod A's link-local address",
+            ),
+            (nd_frame(136, ll_b(), GW6, POD_A6), "NA for pod A"),
+            (nd_frame(136, ll_b(), GW6, GW6), "NA for the gateway"),
+            (nd_frame(134, ll_b(), GW6, POD_B6), "router advertisement"),
+            (
+                udp6_frame(ll_a(), POD_A6, SRC_HOST_MAC),
+                "UDP from pod A's link-local",
+            ),
+        ] {
+            assert_eq!(
+                h.run(abi::PROG_FROM_CONTAINER, &f, None).0,
+                TC_ACT_SHOT,
+                "{what}"
+            );
+            spoofed += 1;
+            assert_eq!(h.counter(cnt::SPOOFED), spoofed, "{what}");
+        }
+        // Anything but NDP from its own link-local address: dropped, not routed.
+        let before = h.counter(cnt::NOT_IPV4);
+        let u = udp6_frame(ll_b(), POD_A6, SRC_HOST_MAC);
+        assert_eq!(h.run(abi::PROG_FROM_CONTAINER, &u, None).0, TC_ACT_SHOT);
+        assert_eq!(h.counter(cnt::NOT_IPV4), before + 1);
+        assert_eq!(h.counter(cnt::POD_TO_POD), 0);
+        assert_eq!(h.counter(cnt::NDP_REPLY), 3);
+        // From the wire, a pod's link-local address is no destination: the stack.
+        let w = udp6_frame("fd51:2::9".parse().unwrap(), ll_a(), HOST_MAC);
+        assert_eq!(h.run(abi::PROG_FROM_WIRE, &w, None), (TC_ACT_OK, w));
+        assert_eq!(h.counter(cnt::WIRE_TO_POD), 0);
+    });
+}
+
+/// `payload` behind the extension headers `exts` (each: its number and its body after the
+/// next-header byte, `None` for a fragment header with `offset`): what `ip6_frame` carries.
+fn behind_exts(exts: &[(u8, u16)], upper: u8, payload: &[u8]) -> (u8, Vec<u8>) {
+    let mut body = Vec::new();
+    for (i, (_, frag_off)) in exts.iter().enumerate() {
+        let next = exts.get(i + 1).map_or(upper, |e| e.0);
+        if exts[i].0 == 44 {
+            body.push(next);
+            body.push(0);
+            body.extend_from_slice(&(frag_off << 3).to_be_bytes());
+            body.extend_from_slice(&[0, 0, 0, 7]);
+        } else {
+            // Hop-by-hop / destination options / routing layout, 8 bytes: PadN.
+            body.extend_from_slice(&[next, 0, 1, 4, 0, 0, 0, 0]);
+        }
+    }
+    body.extend_from_slice(payload);
+    (exts.first().map_or(upper, |e| e.0), body)
+}
+
+#[test]
+fn ndp_hidden_behind_extension_headers_is_dropped_as_spoofed() {
+    in_netns(|| {
+        let h = Harness::new().with_dual_pods_on(LO);
+        let na_for = |target: Ipv6Addr, typ: u8| {
+            let mut m = vec![typ, 0, 0, 0, 0x60, 0, 0, 0];
+            m.extend_from_slice(&target.octets());
+            m
+        };
+        let dst: Ipv6Addr = "fe80::b1".parse().unwrap();
+        let mut spoofed = 0;
+        for (exts, typ, target, what) in [
+            (
+                vec![(0u8, 0u16)],
+                136u8,
+                POD_A6,
+                "NA for pod A behind hop-by-hop",
+            ),
+            (
+                vec![(60, 0)],
+                136,
+                GW6,
+                "NA for the gateway behind destination options",
+            ),
+            (vec![(0, 0), (60, 0)], 134, POD_B6, "RA behind two headers"),
+            (vec![(44, 0)], 136, POD_A6, "NA in a first fragment"),
+            (
+                vec![(43, 0)],
+                137,
+                POD_A6,
+                "redirect behind a routing header",
+            ),
+            (vec![(0, 0)], 136, POD_B6, "even an NA for its own address"),
+            (vec![(0, 0)], 135, GW6, "NS behind hop-by-hop"),
+        ] {
+            let (nh, body) = behind_exts(&exts, 58, &na_for(target, typ));
+            let f = ip6_frame(POD_B6, dst, SRC_HOST_MAC, nh, 255, &body);
+            assert_eq!(
+                h.run(abi::PROG_FROM_CONTAINER, &f, None),
+                (TC_ACT_SHOT, f.clone()),
+                "{what}"
+            );
+            assert_eq!(
+                h.run(abi::PROG_NETKIT_PEER_L2, &f, None).0,
+                NETKIT_DROP,
+                "{what}"
+            );
+            spoofed += 2;
+            assert_eq!(h.counter(cnt::SPOOFED), spoofed, "{what}");
+        }
+        assert_eq!(h.counter(cnt::NDP_REPLY), 0);
+        // Ordinary traffic behind extension headers is routed as before: UDP behind
+        // destination options, an echo request behind hop-by-hop, a later fragment.
+        let udp = [
+            0x0f, 0xa0, 0x13, 0x88, 0, 14, 0, 0, b'n', b's', b'f', b'a', b's', b't',
+        ];
+        let echo = [128, 0, 0, 0, 0, 1, 0, 1];
+        for (exts, upper, payload, what) in [
+            (
+                vec![(60u8, 0u16)],
+                17u8,
+                &udp[..],
+                "UDP behind destination options",
+            ),
+            (
+                vec![(0, 0)],
+                58,
+                &echo[..],
+                "echo request behind hop-by-hop",
+            ),
+            (
+                vec![(44, 3)],
+                58,
+                &na_for(POD_A6, 136)[..],
+                "a later fragment",
+            ),
+        ] {
+            let (nh, body) = behind_exts(&exts, upper, payload);
+            let f = ip6_frame(POD_B6, POD_A6, SRC_HOST_MAC, nh, 64, &body);
+            assert_eq!(
+                h.run(abi::PROG_FROM_CONTAINER, &f, None).0,
+                TC_ACT_REDIRECT,
+                "{what}"
+            );
+        }
+        assert_eq!(h.counter(cnt::SPOOFED), spoofed);
+        // A chain longer than the walk, or cut short: dropped as malformed.
+        let before = h.counter(cnt::NOT_IPV4);
+        let (nh, body) = behind_exts(&[(60, 0); 9], 58, &na_for(POD_A6, 136));
+        let long = ip6_frame(POD_B6, POD_A6, SRC_HOST_MAC, nh, 255, &body);
+        assert_eq!(h.run(abi::PROG_FROM_CONTAINER, &long, None).0, TC_ACT_SHOT);
+        let cut = ip6_frame(POD_B6, POD_A6, SRC_HOST_MAC, 0, 255, &[58, 4, 1, 2]);
+        assert_eq!(h.run(abi::PROG_FROM_CONTAINER, &cut, None).0, TC_ACT_SHOT);
+        assert_eq!(h.counter(cnt::NOT_IPV4), before + 2);
+        assert_eq!(h.counter(cnt::SPOOFED), spoofed);
+    });
+}

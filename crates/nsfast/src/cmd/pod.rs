@@ -173,6 +173,7 @@ fn run_inner(cmd: PodCmd) -> Result<()> {
         } => {
             let gone = nsfast_pod::pod::del_all(host.as_deref())?;
             if let Some(j) = json() {
+                let gone: Vec<_> = gone.iter().map(|r| r.output_json()).collect();
                 j.print(&serde_json::json!({ "deleted": gone }))?;
                 return Ok(());
             }
@@ -188,7 +189,7 @@ fn run_inner(cmd: PodCmd) -> Result<()> {
                 Some(r) if json().is_some() => {
                     json()
                         .unwrap_or_default()
-                        .print(&serde_json::json!({ "deleted": [r] }))?;
+                        .print(&serde_json::json!({ "deleted": [r.output_json()] }))?;
                     Ok(())
                 }
                 Some(r) => print_deleted(&r),
