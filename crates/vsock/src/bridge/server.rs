@@ -448,6 +448,8 @@ impl Bridge {
                 spliced: false,
                 path: "kernel",
                 user_bytes: j.user_a_to_b + j.user_b_to_a,
+                send: "copy",
+                zerocopy: None,
                 error: j.error,
             },
             Some(Err(why)) if self.opts.path == DataPath::Kernel && !why.fallback_ok => {
@@ -463,6 +465,8 @@ impl Bridge {
                     spliced: false,
                     path: "kernel",
                     user_bytes: why.pre[0] + why.pre[1],
+                    send: "copy",
+                    zerocopy: None,
                     error: Some(format!("--path kernel: {why}")),
                 }
             }
