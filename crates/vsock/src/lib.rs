@@ -10,6 +10,7 @@
 //! - [`conn`]   — opening addresses: listeners, connections, stdio, as owned file descriptors.
 //! - [`kernel`] — the relay's kernel path: both legs in a SOCKHASH, an sk_skb verdict program
 //!   redirecting each leg's data to the other's egress; EOF and errors handled here.
+//! - `idle`     — the relay's idle timeout (shared by `relay` and `zerocopy`).
 //! - [`relay`]  — moving bytes both ways with half-close, splice where the kernel allows it.
 //! - [`zerocopy`] — MSG_ZEROCOPY on the relay's AF_VSOCK sends: buffer pool, error-queue
 //!   completions (`--zerocopy`, Linux 6.7+).
@@ -23,6 +24,7 @@ pub mod bench;
 pub mod bridge;
 pub mod conn;
 pub mod hybrid;
+mod idle;
 pub mod kernel;
 pub mod nsmode;
 pub mod relay;

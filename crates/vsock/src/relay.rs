@@ -19,7 +19,8 @@ use tracing::{debug, info, warn};
 
 use crate::addr::Address;
 use crate::conn::{self, Conn, ConnError, Listener, SockOpts};
-use crate::kernel::{KernelPath, Leg};
+use crate::idle::{timed_out, Activity};
+use crate::kernel::{Joined, KernelPath, Leg, Refusal};
 use crate::zerocopy::{self, ZcStats, ZeroCopy};
 
 /// Which data path a relayed connection takes (`--path`).
@@ -101,6 +102,55 @@ pub struct ConnStats {
     pub error: Option<String>,
 }
 
+impl ConnStats {
+    /// A connection the kernel path carried (relay and bridge).
+    pub(crate) fn joined(id: u64, a: &Conn, b: &Conn, start: Instant, j: Joined) -> Self {
+        Self::kernel(
+            id,
+            a,
+            b,
+            start,
+            [j.a_to_b, j.b_to_a],
+            j.user_a_to_b + j.user_b_to_a,
+            j.error,
+        )
+    }
+
+    /// A connection `--path kernel` refused to join and did not relay: both legs are aborted
+    /// (relay and bridge).
+    pub(crate) fn refused(id: u64, a: &Conn, b: &Conn, start: Instant, why: &Refusal) -> Self {
+        a.abort();
+        b.abort();
+        let error = Some(format!("--path kernel: {why}"));
+        Self::kernel(id, a, b, start, why.pre, why.pre[0] + why.pre[1], error)
+    }
+
+    fn kernel(
+        id: u64,
+        a: &Conn,
+        b: &Conn,
+        start: Instant,
+        bytes: [u64; 2],
+        user_bytes: u64,
+        error: Option<String>,
+    ) -> Self {
+        ConnStats {
+            id,
+            a: a.label.clone(),
+            b: b.label.clone(),
+            bytes_a_to_b: bytes[0],
+            bytes_b_to_a: bytes[1],
+            millis: start.elapsed().as_millis() as u64,
+            spliced: false,
+            path: "kernel",
+            user_bytes,
+            send: "copy",
+            zerocopy: None,
+            error,
+        }
+    }
+}
+
 /// Relay errors.
 #[derive(Debug, thiserror::Error)]
 pub enum RelayError {
@@ -144,45 +194,6 @@ fn pipe(size: usize) -> io::Result<(OwnedFd, OwnedFd)> {
 /// (EINVAL/ENOSYS before any byte) is copied with read/write instead.
 pub fn pump(src: &Conn, dst: &Conn, buffer: usize) -> io::Result<(u64, bool)> {
     pump_with(src, dst, buffer, None, None)
-}
-
-/// When a relayed connection last moved a byte, either way, for the idle timeout.
-pub(crate) struct Activity {
-    start: Instant,
-    last_ms: AtomicU64,
-    idle: Duration,
-}
-
-impl Activity {
-    pub(crate) fn touch(&self) {
-        self.last_ms
-            .store(self.start.elapsed().as_millis() as u64, Ordering::Relaxed);
-    }
-
-    /// Called when a read or write timed out (SO_RCVTIMEO / SO_SNDTIMEO, a fraction of the
-    /// idle timeout): an error once nothing moved either way for the whole idle timeout.
-    pub(crate) fn check(&self) -> io::Result<()> {
-        let last = Duration::from_millis(self.last_ms.load(Ordering::Relaxed));
-        if self.start.elapsed().saturating_sub(last) >= self.idle {
-            return Err(io::Error::new(
-                io::ErrorKind::TimedOut,
-                format!(
-                    "idle for {} (--idle-timeout): closed",
-                    nsfast_sys::args::duration::format(self.idle)
-                ),
-            ));
-        }
-        Ok(())
-    }
-}
-
-/// An EAGAIN from a socket read or write: only the idle timeout's SO_RCVTIMEO / SO_SNDTIMEO
-/// produce it on these blocking sockets.
-pub(crate) fn timed_out(e: Errno, act: Option<&Activity>) -> io::Result<()> {
-    match act {
-        Some(a) if e == Errno::EAGAIN => a.check(),
-        _ => Err(e.into()),
-    }
 }
 
 fn pump_with(
@@ -589,37 +600,9 @@ impl Relay {
         };
         let start = Instant::now();
         match k.run(&a, &b) {
-            Ok(j) => ConnStats {
-                id,
-                a: a.label.clone(),
-                b: b.label.clone(),
-                bytes_a_to_b: j.a_to_b,
-                bytes_b_to_a: j.b_to_a,
-                millis: start.elapsed().as_millis() as u64,
-                spliced: false,
-                path: "kernel",
-                user_bytes: j.user_a_to_b + j.user_b_to_a,
-                send: "copy",
-                zerocopy: None,
-                error: j.error,
-            },
+            Ok(j) => ConnStats::joined(id, &a, &b, start, j),
             Err(why) if self.opts.path == DataPath::Kernel && !why.fallback_ok => {
-                a.abort();
-                b.abort();
-                ConnStats {
-                    id,
-                    a: a.label.clone(),
-                    b: b.label.clone(),
-                    bytes_a_to_b: why.pre[0],
-                    bytes_b_to_a: why.pre[1],
-                    millis: start.elapsed().as_millis() as u64,
-                    spliced: false,
-                    path: "kernel",
-                    user_bytes: why.pre[0] + why.pre[1],
-                    send: "copy",
-                    zerocopy: None,
-                    error: Some(format!("--path kernel: {why}")),
-                }
+                ConnStats::refused(id, &a, &b, start, &why)
             }
             Err(why) => {
                 if why.fallback_ok {

@@ -34,7 +34,7 @@ use nsfast_sys::zerocopy as zc;
 use serde::Serialize;
 
 use crate::conn::Conn;
-use crate::relay::{timed_out, Activity};
+use crate::idle::{timed_out, Activity};
 
 /// Bytes per zero-copy send: one vsock packet (VIRTIO_VSOCK_MAX_PKT_BUF_SIZE), so a send fits
 /// the peer's credit more often (the kernel copies a send that does not fit whole).

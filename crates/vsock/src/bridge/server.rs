@@ -438,37 +438,9 @@ impl Bridge {
             .filter(|_| Leg::of(&a) == Ok(Leg::Vsock) && Leg::of(&b) == Ok(Leg::Vsock))
             .map(|k| k.run(&a, &b));
         let s = match joined {
-            Some(Ok(j)) => relay::ConnStats {
-                id,
-                a: a.label.clone(),
-                b: b.label.clone(),
-                bytes_a_to_b: j.a_to_b,
-                bytes_b_to_a: j.b_to_a,
-                millis: start.elapsed().as_millis() as u64,
-                spliced: false,
-                path: "kernel",
-                user_bytes: j.user_a_to_b + j.user_b_to_a,
-                send: "copy",
-                zerocopy: None,
-                error: j.error,
-            },
+            Some(Ok(j)) => relay::ConnStats::joined(id, &a, &b, start, j),
             Some(Err(why)) if self.opts.path == DataPath::Kernel && !why.fallback_ok => {
-                a.abort();
-                b.abort();
-                relay::ConnStats {
-                    id,
-                    a: a.label.clone(),
-                    b: b.label.clone(),
-                    bytes_a_to_b: why.pre[0],
-                    bytes_b_to_a: why.pre[1],
-                    millis: start.elapsed().as_millis() as u64,
-                    spliced: false,
-                    path: "kernel",
-                    user_bytes: why.pre[0] + why.pre[1],
-                    send: "copy",
-                    zerocopy: None,
-                    error: Some(format!("--path kernel: {why}")),
-                }
+                relay::ConnStats::refused(id, &a, &b, start, &why)
             }
             Some(Err(why)) => {
                 tracing::debug!("connection {id}: not joined ({why}): bridging with splice");
