@@ -308,22 +308,13 @@ fn build_binaries(
         }
     }
     if !suite.cargo_tests.is_empty() {
-        // The debug test executables of exactly `cargo test --workspace --tests` (what
-        // `make test-root` builds and runs just before, so under `make test` nothing compiles
-        // here: a separate release build of the 29 test targets cost minutes of CI). The
-        // traffic peers and hashing they use are optimised in dev builds too (Cargo.toml
-        // profile.dev.package), and the binaries under test (@bin) stay release builds.
-        // NSFAST_VM_TESTS_RELEASE=1 builds them --release instead (one feature resolution
-        // for every @cargo-tests package).
+        // One cargo invocation for every @cargo-tests package: one feature resolution, so the
+        // shared dependencies compile once instead of once per package (minutes under CI).
         let mut cmd = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
-        cmd.current_dir(root);
-        if std::env::var_os("NSFAST_VM_TESTS_RELEASE").is_some_and(|v| v == "1") {
-            cmd.args(["test", "--release", "--no-run"]);
-            for pkg in &suite.cargo_tests {
-                cmd.args(["-p", pkg]);
-            }
-        } else {
-            cmd.args(["test", "--workspace", "--tests", "--no-run"]);
+        cmd.current_dir(root)
+            .args(["test", "--release", "--no-run"]);
+        for pkg in &suite.cargo_tests {
+            cmd.args(["-p", pkg]);
         }
         cmd.arg("--message-format=json-render-diagnostics");
         let arts = cargo_artifacts(&mut cmd, true)?;
