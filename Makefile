@@ -151,7 +151,7 @@ test-install: deps build
 # Coverage-guided fuzzers (cargo-fuzz on the nightly toolchain; cargo-fuzz is installed into
 # build/tools once). New inputs go to build/fuzz/, never into the tree; any crash fails.
 FUZZ_SECS ?= 600
-FUZZ_CI_SECS ?= 20
+FUZZ_CI_SECS ?= 15
 fuzz-ci: deps
 	fuzz/run.sh -t $(FUZZ_CI_SECS)
 
