@@ -2,6 +2,7 @@
 //! or write means (shared by the copy/splice loop in `relay` and the zero-copy sender).
 
 use std::io;
+use std::os::fd::BorrowedFd;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
@@ -43,5 +44,21 @@ pub(crate) fn timed_out(e: Errno, act: Option<&Activity>) -> io::Result<()> {
     match act {
         Some(a) if e == Errno::EAGAIN => a.check(),
         _ => Err(e.into()),
+    }
+}
+
+/// One read(2), retried on EINTR and on the idle timeout's EAGAIN until nothing moved for the
+/// whole idle timeout (then that error): the read of the copy loop and of the zero-copy sender.
+pub(crate) fn read(
+    fd: BorrowedFd<'_>,
+    buf: &mut [u8],
+    act: Option<&Activity>,
+) -> io::Result<usize> {
+    loop {
+        match nix::unistd::read(fd, buf) {
+            Ok(n) => return Ok(n),
+            Err(Errno::EINTR) => {}
+            Err(e) => timed_out(e, act)?,
+        }
     }
 }

@@ -13,13 +13,13 @@ use nix::errno::Errno;
 use nix::fcntl::{fcntl, splice, FcntlArg, OFlag, SpliceFFlags};
 use nix::sys::socket::{setsockopt, sockopt};
 use nix::sys::time::TimeVal;
-use nix::unistd::{pipe2, read, write};
+use nix::unistd::{pipe2, write};
 use serde::Serialize;
 use tracing::{debug, info, warn};
 
 use crate::addr::Address;
 use crate::conn::{self, Conn, ConnError, Listener, SockOpts};
-use crate::idle::{timed_out, Activity};
+use crate::idle::{self, timed_out, Activity};
 use crate::kernel::{Joined, KernelPath, Leg, Refusal};
 use crate::zerocopy::{self, ZcStats, ZeroCopy};
 
@@ -311,14 +311,7 @@ fn copy_loop(
 ) -> io::Result<()> {
     let mut buf = vec![0u8; buffer];
     loop {
-        let n = match read(src, &mut buf) {
-            Ok(n) => n,
-            Err(Errno::EINTR) => continue,
-            Err(e) => {
-                timed_out(e, act)?;
-                continue;
-            }
-        };
+        let n = idle::read(src, &mut buf, act)?;
         if n == 0 {
             return Ok(());
         }

@@ -28,13 +28,12 @@ use std::time::{Duration, Instant};
 use nix::errno::Errno;
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use nix::sys::socket::{getsockopt, sockopt};
-use nix::unistd::read;
 use nsfast_sys::kernel::KernelVersion;
 use nsfast_sys::zerocopy as zc;
 use serde::Serialize;
 
 use crate::conn::Conn;
-use crate::idle::{timed_out, Activity};
+use crate::idle::{self, Activity};
 
 /// Bytes per zero-copy send: one vsock packet (VIRTIO_VSOCK_MAX_PKT_BUF_SIZE), so a send fits
 /// the peer's credit more often (the kernel copies a send that does not fit whole).
@@ -441,16 +440,11 @@ pub(crate) fn pump(
     let r = (|| -> io::Result<()> {
         loop {
             let mut buf = s.buffer(act, tick)?;
-            let n = loop {
-                match read(src.reader(), &mut buf) {
-                    Ok(n) => break n,
-                    Err(Errno::EINTR) => {}
-                    Err(e) => {
-                        if let Err(e) = timed_out(e, act) {
-                            s.free.push(buf);
-                            return Err(e);
-                        }
-                    }
+            let n = match idle::read(src.reader(), &mut buf, act) {
+                Ok(n) => n,
+                Err(e) => {
+                    s.free.push(buf);
+                    return Err(e);
                 }
             };
             if n == 0 {
