@@ -102,9 +102,23 @@ fn tcp_connect(w: &World, port: u16) -> TcpStream {
     .unwrap()
 }
 
+/// Connects once the relay listens: its socket file exists from bind(2) on, and a connect
+/// between bind and listen(2) is refused, so a refusal is retried until the deadline.
 fn unix_connect(path: &Path) -> UnixStream {
-    wait_for(&format!("{}", path.display()), || path.exists());
-    let s = UnixStream::connect(path).unwrap();
+    let mut s = None;
+    wait_for(&format!("{} to accept connections", path.display()), || {
+        match UnixStream::connect(path) {
+            Ok(c) => s = Some(c),
+            Err(e)
+                if matches!(
+                    e.raw_os_error(),
+                    Some(nix::libc::ENOENT | nix::libc::ECONNREFUSED)
+                ) => {}
+            Err(e) => panic!("connect {}: {e}", path.display()),
+        }
+        s.is_some()
+    });
+    let s = s.unwrap();
     s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
     s
 }
@@ -1529,6 +1543,61 @@ fn kernel_path_peer_reset_closes_the_other_leg_and_reports_the_error() {
         err.contains("reset") || err.contains("Broken pipe") || err.contains("aborted"),
         "{stats}"
     );
+}
+
+/// The user-space path: a peer that reads 1 MiB and then resets. The connection's report names
+/// the error and still counts the bytes moved before it (an errored connection used to report
+/// 0 bytes each way).
+#[test]
+fn splice_path_peer_reset_reports_the_error_and_the_bytes_moved_before_it() {
+    require_root();
+    let w = World::new();
+    let l = w.tcp_listener(7218);
+    let n = MIB as usize;
+    let server = std::thread::spawn(move || {
+        let (mut s, _) = l.accept().unwrap();
+        let mut b = vec![0u8; n];
+        s.read_exact(&mut b).unwrap();
+        // SO_LINGER 0: close sends RST.
+        socket2::SockRef::from(&s)
+            .set_linger(Some(Duration::ZERO))
+            .unwrap();
+        drop(s);
+        b
+    });
+    let relay = w.relay(&[
+        "tcp-listen:7217,bind=127.0.0.1",
+        "tcp:127.0.0.1:7218",
+        "--path",
+        "splice",
+        "--json",
+    ]);
+    let mut c = tcp_connect(&w, 7217);
+    let mut data = vec![0u8; n];
+    ByteStream::new(7).fill(&mut data);
+    c.write_all(&data).unwrap();
+    assert!(server.join().unwrap() == data, "the server got other bytes");
+    // The client keeps sending: the relay's sends into the reset leg fail, so the direction
+    // that moved the 1 MiB is the one that ends with the error. Its leg then ends instead of
+    // hanging.
+    c.set_write_timeout(Some(Duration::from_secs(20))).unwrap();
+    let start = Instant::now();
+    while c.write(&[0u8; 65536]).is_ok() {
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "client leg still open"
+        );
+    }
+    let stats = json_of(&relay.take().wait_with_output().unwrap());
+    assert_eq!(stats["path"], "splice", "{stats}");
+    let err = stats["error"].as_str().unwrap_or_default();
+    assert!(
+        err.contains("reset") || err.contains("Broken pipe") || err.contains("aborted"),
+        "{stats}"
+    );
+    let moved = stats["bytes_a_to_b"].as_u64().unwrap();
+    assert!(moved >= n as u64, "{stats}");
+    assert_eq!(stats["user_bytes"].as_u64(), Some(moved), "{stats}");
 }
 
 /// An echo server that greets first: a client that waits for the greeting knows its

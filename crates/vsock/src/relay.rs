@@ -193,7 +193,17 @@ fn pipe(size: usize) -> io::Result<(OwnedFd, OwnedFd)> {
 /// pipe — request/response traffic stalled; see docs/vsock.md.) A source that refuses splice
 /// (EINVAL/ENOSYS before any byte) is copied with read/write instead.
 pub fn pump(src: &Conn, dst: &Conn, buffer: usize) -> io::Result<(u64, bool)> {
-    pump_with(src, dst, buffer, None, None)
+    let p = pump_with(src, dst, buffer, None, None);
+    p.result.map(|()| (p.bytes, p.spliced))
+}
+
+/// What one direction of a connection moved, and how it ended. The count is kept when the
+/// direction ends with an error: a reset after 1 GiB still reports the 1 GiB.
+struct Pumped {
+    bytes: u64,
+    /// The direction was spliced (not copied through a buffer).
+    spliced: bool,
+    result: io::Result<()>,
 }
 
 fn pump_with(
@@ -202,36 +212,54 @@ fn pump_with(
     buffer: usize,
     act: Option<&Activity>,
     zc: Option<&mut Option<ZcStats>>,
-) -> io::Result<(u64, bool)> {
-    let mut total = 0u64;
+) -> Pumped {
+    let mut bytes = 0u64;
     let mut spliced = false;
+    let result = pump_into(src, dst, buffer, act, zc, &mut bytes, &mut spliced);
+    Pumped {
+        bytes,
+        spliced,
+        result,
+    }
+}
+
+fn pump_into(
+    src: &Conn,
+    dst: &Conn,
+    buffer: usize,
+    act: Option<&Activity>,
+    zc: Option<&mut Option<ZcStats>>,
+    total: &mut u64,
+    spliced: &mut bool,
+) -> io::Result<()> {
     if let Some(out) = zc.filter(|_| dst.is_vsock()) {
         let tick = act.map_or(Duration::from_secs(1), |a| idle_tick(a.idle));
         let mut st = ZcStats::default();
-        let r = zerocopy::pump(src, dst, &mut total, &mut st, act, tick);
+        let r = zerocopy::pump(src, dst, total, &mut st, act, tick);
         *out = Some(st);
-        return r.map(|()| (total, false));
+        return r;
     }
     if src.is_socket() && dst.is_socket() {
-        match splice_loop(src.reader(), dst.writer(), buffer, &mut total, act) {
-            Ok(()) => spliced = true,
+        *spliced = true;
+        match splice_loop(src.reader(), dst.writer(), buffer, total, act) {
+            Ok(()) => {}
             Err(e)
-                if total == 0
+                if *total == 0
                     && matches!(e.raw_os_error(), Some(libc::EINVAL) | Some(libc::ENOSYS)) =>
             {
                 debug!(
                     "splice not supported between {} and {}: {e}; copying",
                     src.label, dst.label
                 );
-                copy_loop(src.reader(), dst.writer(), buffer, &mut total, act)?;
+                *spliced = false;
+                copy_loop(src.reader(), dst.writer(), buffer, total, act)?;
             }
             Err(e) => return Err(e),
         }
     } else {
-        copy_loop(src.reader(), dst.writer(), buffer, &mut total, act)?;
+        copy_loop(src.reader(), dst.writer(), buffer, total, act)?;
     }
-    dst.shutdown_write()?;
-    Ok((total, spliced))
+    dst.shutdown_write()
 }
 
 fn splice_loop(
@@ -383,20 +411,22 @@ pub fn relay_zc(
         let zab = zc.then_some(&mut zc_ab);
         let h = s.spawn(|| {
             let r = pump_with(&a, &b, buffer, act, zab);
-            if r.is_err() {
+            if r.result.is_err() {
                 a.abort();
                 b.abort();
             }
             r
         });
         let r_ba = pump_with(&b, &a, buffer, act, zc.then_some(&mut zc_ba));
-        if r_ba.is_err() {
+        if r_ba.result.is_err() {
             a.abort();
             b.abort();
         }
-        let r_ab = h
-            .join()
-            .unwrap_or_else(|_| Err(io::Error::other("relay thread panicked")));
+        let r_ab = h.join().unwrap_or_else(|_| Pumped {
+            bytes: 0,
+            spliced: false,
+            result: Err(io::Error::other("relay thread panicked")),
+        });
         (r_ab, r_ba)
     });
     let zc_stats = match (zc_ab, zc_ba) {
@@ -407,13 +437,13 @@ pub fn relay_zc(
             Some(t)
         }
     };
-    let error = match (&r_ab, &r_ba) {
+    let error = match (&r_ab.result, &r_ba.result) {
         (Err(e), _) => Some(format!("{} -> {}: {e}", a.label, b.label)),
         (_, Err(e)) => Some(format!("{} -> {}: {e}", b.label, a.label)),
         _ => None,
     };
-    let (ab, s1) = r_ab.unwrap_or((0, false));
-    let (ba, s2) = r_ba.unwrap_or((0, false));
+    let (ab, s1) = (r_ab.bytes, r_ab.spliced);
+    let (ba, s2) = (r_ba.bytes, r_ba.spliced);
     ConnStats {
         id,
         a: a.label.clone(),
