@@ -32,7 +32,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand};
 
-use config::{GuestSuite, GuestTest, Matrix};
+use config::{GuestSuite, GuestTest, MajorMinor, Matrix};
 use qemu::{Accel, AccelChoice, BootSpec, Ending};
 use report::GuestRun;
 
@@ -92,6 +92,12 @@ struct RunArgs {
     /// CPU accelerator.
     #[arg(long, value_enum, default_value_t = AccelChoice::Auto)]
     accel: AccelChoice,
+    /// Kernels booted at the same time [default: the host's CPU count, at most the number of
+    /// kernels]. Each kernel's boot profiles still run one after another. The guests run their
+    /// tests one at a time (`--test-threads=1`) and keep about one host CPU busy each, so two at
+    /// once on a 2-CPU host take about half the time of one after another.
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=16))]
+    jobs: Option<u32>,
     /// vCPUs per guest.
     #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..=8))]
     cpus: u32,
@@ -484,19 +490,7 @@ fn run(a: RunArgs) -> Result<bool> {
     let (accel, why) = qemu::detect_accel(a.accel);
     println!("vmtest: accelerator {accel}: {why}");
 
-    let mut results = Vec::new();
-    for k in &fetched.kernels {
-        results.push(run_kernel(
-            &a,
-            &suite,
-            k,
-            &fetched.busybox,
-            &init_script,
-            &binaries,
-            &build,
-            accel,
-        )?);
-    }
+    let results = run_kernels(&a, &suite, &fetched, &init_script, &binaries, &build, accel)?;
     let total = started.elapsed().as_secs_f64();
     let ok = print_summary(&suite, &results, fetch_secs, build_secs, total);
     let json = build.join("results.json");
@@ -507,6 +501,80 @@ fn run(a: RunArgs) -> Result<bool> {
         build.join("logs").display()
     );
     Ok(ok)
+}
+
+/// Runs every kernel, up to `--jobs` at once, the most expensive first (by the sum of its
+/// applicable tests' time limits), and returns the results in the matrix's order.
+fn run_kernels(
+    a: &RunArgs,
+    suite: &GuestSuite,
+    fetched: &Fetched,
+    init_script: &Path,
+    binaries: &[(String, PathBuf)],
+    build: &Path,
+    accel: Accel,
+) -> Result<Vec<KernelResult>> {
+    let n = fetched.kernels.len();
+    let jobs = a
+        .jobs
+        .map(|j| j as usize)
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |p| p.get()))
+        .clamp(1, n.max(1));
+    let order = cost_order(suite, fetched.kernels.iter().map(|k| k.version));
+    if jobs > 1 {
+        println!("vmtest: {jobs} kernels at a time");
+    }
+    let next = std::sync::Mutex::new(order.into_iter());
+    let slots: Vec<std::sync::Mutex<Option<Result<KernelResult>>>> =
+        (0..n).map(|_| std::sync::Mutex::new(None)).collect();
+    std::thread::scope(|s| {
+        for _ in 0..jobs {
+            s.spawn(|| loop {
+                // Each qemu and helper is started by this thread and dies with it
+                // (PR_SET_PDEATHSIG), so the thread lives until its kernel is done.
+                let Some(i) = next.lock().expect("queue").next() else {
+                    break;
+                };
+                let r = run_kernel(
+                    a,
+                    suite,
+                    &fetched.kernels[i],
+                    &fetched.busybox,
+                    init_script,
+                    binaries,
+                    build,
+                    accel,
+                );
+                *slots[i].lock().expect("slot") = Some(r);
+            });
+        }
+    });
+    slots
+        .into_iter()
+        .map(|m| {
+            m.into_inner()
+                .expect("slot")
+                .unwrap_or_else(|| Err(anyhow::anyhow!("kernel not run")))
+        })
+        .collect()
+}
+
+/// Kernel indexes, the largest budget of applicable test time limits first (ties: matrix order).
+fn cost_order(suite: &GuestSuite, versions: impl Iterator<Item = MajorMinor>) -> Vec<usize> {
+    let mut cost: Vec<(usize, u64)> = versions
+        .enumerate()
+        .map(|(i, v)| {
+            let budget = suite
+                .tests
+                .iter()
+                .filter(|t| t.skip_reason(v).is_none())
+                .map(|t| u64::from(t.timeout))
+                .sum();
+            (i, budget)
+        })
+        .collect();
+    cost.sort_by_key(|&(i, budget)| (std::cmp::Reverse(budget), i));
+    cost.into_iter().map(|(i, _)| i).collect()
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -696,7 +764,7 @@ fn run_kernel(
                 // Exit code 0 is not enough: the output must show what the line checked.
                 Some(r) if r.pass => match checks::judge(&t.checks, &r.output) {
                     Ok(shown) => {
-                        println!("vmtest: {tag} {}: PASS ({shown})", t.name);
+                        println!("vmtest: {tag} {}: PASS ({shown}; {:.0} s)", t.name, r.secs);
                         Verdict::Pass
                     }
                     Err(why) => Verdict::Fail(format!("exit code 0, but {why}")),
@@ -869,7 +937,23 @@ fn print_summary(
 
 #[cfg(test)]
 mod tests {
-    use super::package_name;
+    use super::{cost_order, package_name};
+    use crate::config::{parse_guest_suite, MajorMinor};
+
+    #[test]
+    fn kernels_with_the_most_test_time_go_first() {
+        let suite = parse_guest_suite(
+            "a timeout=100 -- x\nb min=7.0 timeout=300 -- y\nc max=6.11 timeout=50 -- z\n",
+            std::path::Path::new("t.txt"),
+        )
+        .unwrap();
+        let v = [MajorMinor(6, 1), MajorMinor(6, 12), MajorMinor(7, 2)];
+        // 6.1: 150, 6.12: 100, 7.2: 400.
+        assert_eq!(cost_order(&suite, v.into_iter()), vec![2, 0, 1]);
+        // Ties keep the matrix's order.
+        let v = [MajorMinor(6, 12), MajorMinor(6, 13)];
+        assert_eq!(cost_order(&suite, v.into_iter()), vec![0, 1]);
+    }
 
     #[test]
     fn package_names_from_cargo_package_ids() {
