@@ -207,6 +207,27 @@ pub struct GuestSuite {
     pub tests: Vec<GuestTest>,
 }
 
+impl GuestSuite {
+    /// The programs the guest starts: the first word of each test's command (and of the peer
+    /// command of each boot profile a test uses) after its `NAME=value` assignments.
+    pub fn programs(&self) -> std::collections::BTreeSet<String> {
+        let peers = self
+            .tests
+            .iter()
+            .filter_map(|t| self.boots.get(&t.boot).and_then(|b| b.peer.as_deref()));
+        self.tests
+            .iter()
+            .map(|t| t.command.as_str())
+            .chain(peers)
+            .filter_map(|c| {
+                c.split_whitespace()
+                    .find(|w| !w.contains('='))
+                    .map(|w| w.rsplit('/').next().unwrap_or(w).to_string())
+            })
+            .collect()
+    }
+}
+
 pub const DEFAULT_TEST_TIMEOUT: u32 = 120;
 
 fn is_name(s: &str) -> bool {

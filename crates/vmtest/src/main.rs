@@ -313,24 +313,33 @@ fn build_binaries(
             }
         }
     }
-    if !suite.cargo_tests.is_empty() {
+    let wanted = wanted_test_targets(root, suite)?;
+    if !wanted.packages.is_empty() {
         // One cargo invocation for every @cargo-tests package: one feature resolution, so the
         // shared dependencies compile once instead of once per package (minutes under CI).
+        // Only the test targets a test line runs are built (about half of them: not the
+        // binaries' unit tests, nor the host-only integration tests).
         let mut cmd = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
         cmd.current_dir(root)
             .args(["test", "--release", "--no-run"]);
-        for pkg in &suite.cargo_tests {
+        for pkg in &wanted.packages {
             cmd.args(["-p", pkg]);
+        }
+        if wanted.lib {
+            cmd.arg("--lib");
+        }
+        for t in &wanted.tests {
+            cmd.args(["--test", t]);
         }
         cmd.arg("--message-format=json-render-diagnostics");
         let arts = cargo_artifacts(&mut cmd, true)?;
-        for pkg in &suite.cargo_tests {
+        for pkg in &wanted.packages {
             if !arts.iter().any(|a| &a.package == pkg) {
                 bail!("cargo built no test executables for package {pkg:?} (@cargo-tests)");
             }
         }
         for a in arts {
-            if !suite.cargo_tests.contains(&a.package) {
+            if !wanted.packages.contains(&a.package) || !wanted.names.contains(&a.name) {
                 continue;
             }
             let guest = format!("/tests/{}", a.name);
@@ -344,6 +353,80 @@ fn build_binaries(
         }
     }
     Ok(out)
+}
+
+/// The test targets of the `@cargo-tests` packages that the suite's commands run.
+#[derive(Debug, Default, PartialEq, Eq)]
+struct WantedTests {
+    /// Packages with at least one wanted target.
+    packages: Vec<String>,
+    /// A library's unit tests are wanted (cargo's `--lib` then builds every selected
+    /// package's; only the wanted ones go into the guest).
+    lib: bool,
+    /// Integration test targets (`--test`).
+    tests: Vec<String>,
+    /// Every wanted target name.
+    names: std::collections::BTreeSet<String>,
+}
+
+fn wanted_test_targets(root: &Path, suite: &GuestSuite) -> Result<WantedTests> {
+    if suite.cargo_tests.is_empty() {
+        return Ok(WantedTests::default());
+    }
+    let out = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+        .current_dir(root)
+        .args(["metadata", "--no-deps", "--format-version", "1"])
+        .stderr(Stdio::inherit())
+        .output()
+        .context("running cargo metadata")?;
+    if !out.status.success() {
+        bail!("cargo metadata failed ({})", out.status);
+    }
+    let meta: serde_json::Value = serde_json::from_slice(&out.stdout)?;
+    Ok(select_test_targets(&meta, suite))
+}
+
+/// [`wanted_test_targets`] from `cargo metadata` output. Binaries' unit tests are never
+/// selected: a command's `nsfast` is the binary itself (`@bin`).
+fn select_test_targets(meta: &serde_json::Value, suite: &GuestSuite) -> WantedTests {
+    let programs = suite.programs();
+    let mut w = WantedTests::default();
+    let empty = Vec::new();
+    for pkg in &suite.cargo_tests {
+        let Some(p) = meta["packages"]
+            .as_array()
+            .unwrap_or(&empty)
+            .iter()
+            .find(|p| p["name"] == pkg.as_str())
+        else {
+            // Unknown package: let cargo say so.
+            w.packages.push(pkg.clone());
+            continue;
+        };
+        let mut any = false;
+        for t in p["targets"].as_array().unwrap_or(&empty) {
+            let name = t["name"].as_str().unwrap_or_default();
+            if !programs.contains(name) {
+                continue;
+            }
+            let kinds = t["kind"].as_array().unwrap_or(&empty);
+            if kinds.iter().any(|k| k == "test") {
+                w.tests.push(name.to_string());
+            } else if kinds.iter().any(|k| k == "lib" || k == "rlib") {
+                w.lib = true;
+            } else {
+                continue;
+            }
+            w.names.insert(name.to_string());
+            any = true;
+        }
+        if any {
+            w.packages.push(pkg.clone());
+        }
+    }
+    w.tests.sort();
+    w.tests.dedup();
+    w
 }
 
 /// An executable cargo built: its target name, its package's name and its path.
@@ -937,8 +1020,37 @@ fn print_summary(
 
 #[cfg(test)]
 mod tests {
-    use super::{cost_order, package_name};
+    use super::{cost_order, package_name, select_test_targets};
     use crate::config::{parse_guest_suite, MajorMinor};
+
+    #[test]
+    fn only_the_test_targets_a_line_runs_are_built() {
+        let suite = parse_guest_suite(
+            "@bin nsfast\n@cargo-tests pa\n@cargo-tests pb\n@cargo-tests pc\n\
+             a -- X=1 Y=/z ta --ignored\nb -- nsfast bench\nc -- la --test-threads=1\n",
+            std::path::Path::new("t.txt"),
+        )
+        .unwrap();
+        let meta = serde_json::json!({"packages": [
+            {"name": "pa", "targets": [
+                {"name": "pa_bin", "kind": ["bin"]},
+                {"name": "nsfast", "kind": ["bin"]},
+                {"name": "ta", "kind": ["test"]},
+                {"name": "tb", "kind": ["test"]}]},
+            {"name": "pb", "targets": [
+                {"name": "la", "kind": ["lib"]},
+                {"name": "tc", "kind": ["test"]}]},
+            {"name": "pc", "targets": [{"name": "td", "kind": ["test"]}]}
+        ]});
+        let w = select_test_targets(&meta, &suite);
+        assert_eq!(w.packages, ["pa", "pb"]);
+        assert!(w.lib);
+        assert_eq!(w.tests, ["ta"]);
+        assert_eq!(
+            w.names.iter().map(String::as_str).collect::<Vec<_>>(),
+            ["la", "ta"]
+        );
+    }
 
     #[test]
     fn kernels_with_the_most_test_time_go_first() {
