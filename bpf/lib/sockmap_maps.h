@@ -74,7 +74,7 @@ struct nsf_pod {
 	__u32 host_id; /* goes into nsf_pair_key.pad: pods of different hosts never pair */
 	__u32 flags;   /* NSF_POD_* */
 	__u32 slot;    /* index into nsf_pod_stats */
-	__u32 pad;
+	__u32 netns_ino; /* user space's: the pod's netns inode (slot kept while it lives); never read here */
 };
 
 /* Per-pod counters (pod mode), one per-CPU value per slot. */

@@ -34,7 +34,9 @@ pub struct PodEntry {
     pub host_id: u32,
     pub flags: u32,
     pub slot: u32,
-    pub pad: u32,
+    /// User space's own word (the BPF programs never read it): the inode of the pod's network
+    /// namespace, so a deleted pod's counter slot is not reused while that namespace lives.
+    pub netns_ino: u32,
 }
 
 // SAFETY: PodEntry is repr(C), Copy, four u32 without padding; any bit pattern is valid.

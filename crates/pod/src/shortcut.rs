@@ -395,7 +395,7 @@ fn pod_cookie(r: &PodRecord) -> Option<u64> {
 }
 
 /// The inode of a pod's namespace if it can be opened and is the one of the record's cookie
-/// (0: unknown). Kept in the `nsf_pods` entry's spare word (`pad`, which the BPF programs never
+/// (0: unknown). Kept in the `nsf_pods` entry's `netns_ino` word (which the BPF programs never
 /// read) so that [`sync_in`] can tell later whether the namespace still exists.
 fn pod_inode(r: &PodRecord, cookie: u64) -> u32 {
     nsfast_sys::netns::NetNs::open(&r.netns)
@@ -481,7 +481,7 @@ fn sync_in(host: &Host, _lock: &HostLock, d: &Path, host_id: u32) -> Result<(), 
             continue;
         }
         let live = live.get_or_insert_with(crate::state::live_netns);
-        if netns_alive(*c, e.pad, live) {
+        if netns_alive(*c, e.netns_ino, live) {
             used.insert(e.slot);
             if e.flags & abi::POD_NO_SHORTCUT == 0 {
                 let retired = PodEntry {
@@ -503,12 +503,12 @@ fn sync_in(host: &Host, _lock: &HostLock, d: &Path, host_id: u32) -> Result<(), 
     for (c, (no_shortcut, ino)) in want {
         let flags = if no_shortcut { abi::POD_NO_SHORTCUT } else { 0 };
         if let Some((_, e)) = have.iter().find(|(k, _)| *k == c) {
-            let ino = if ino == 0 { e.pad } else { ino };
-            if e.flags != flags || e.host_id != host_id || e.pad != ino {
+            let ino = if ino == 0 { e.netns_ino } else { ino };
+            if e.flags != flags || e.host_id != host_id || e.netns_ino != ino {
                 let e = PodEntry {
                     flags,
                     host_id,
-                    pad: ino,
+                    netns_ino: ino,
                     ..*e
                 };
                 pods.insert(c, e, 0)
@@ -538,7 +538,7 @@ fn sync_in(host: &Host, _lock: &HostLock, d: &Path, host_id: u32) -> Result<(), 
                 host_id,
                 flags,
                 slot,
-                pad: ino,
+                netns_ino: ino,
             },
             0,
         )
