@@ -34,12 +34,13 @@ if ! "$CARGO" "+$TOOLCHAIN" --version >/dev/null 2>&1; then
         "(or set FUZZ_TOOLCHAIN)" >&2
     exit 1
 fi
-# cargo-fuzz, installed once into build/tools (cached like tests/vm/run.sh's tools).
+# cargo-fuzz, installed once into build/tools (cached like tests/vm/run.sh's tools). A debug
+# build: it only starts cargo and the fuzzers, and a release install took 117 s of a fresh CI.
 CARGO_FUZZ_VERSION=0.13.2
 if [ ! -x build/tools/bin/cargo-fuzz ] ||
     ! grep -q "cargo-fuzz $CARGO_FUZZ_VERSION" build/tools/.crates.toml 2>/dev/null; then
     echo "fuzz/run.sh: installing cargo-fuzz $CARGO_FUZZ_VERSION into build/tools" >&2
-    "$CARGO" install --locked --quiet --root build/tools --version "$CARGO_FUZZ_VERSION" cargo-fuzz
+    "$CARGO" install --locked --quiet --debug --root build/tools --version "$CARGO_FUZZ_VERSION" cargo-fuzz
 fi
 export PATH="$PWD/build/tools/bin:$PATH"
 fuzz=("$CARGO" "+$TOOLCHAIN" fuzz)
