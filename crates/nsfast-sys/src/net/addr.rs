@@ -20,13 +20,31 @@ fn local_default_route(table: u32, lo: u32) -> netlink_packet_route::route::Rout
 }
 
 impl Netlink {
-    /// Adds `addr/prefix` to link `name`.
+    /// Adds `addr/prefix` to link `name`. An IPv6 address is added without duplicate address
+    /// detection (`IFA_F_NODAD`, as `ip addr add ... nodad`): every address nsfast assigns is
+    /// unique by construction, and an address under DAD stays tentative (bind(2) fails with
+    /// EADDRNOTAVAIL) until the kernel's DAD work has run, which on a loaded machine is after
+    /// the command that added it returned.
     pub fn add_address(&self, name: &str, addr: IpAddr, prefix: u8) -> Result<(), NetError> {
+        use netlink_packet_route::address::{AddressAttribute, AddressFlags, AddressHeaderFlags};
         self.run(|h| async move {
             let idx = index_of(h, name).await?;
-            h.address()
-                .add(idx, addr, prefix)
-                .execute()
+            let mut req = h.address().add(idx, addr, prefix);
+            if addr.is_ipv6() {
+                let m = req.message_mut();
+                m.header.flags |= AddressHeaderFlags::Nodad;
+                // The kernel takes IFA_FLAGS over the header's flags when both are there.
+                match m.attributes.iter_mut().find_map(|a| match a {
+                    AddressAttribute::Flags(f) => Some(f),
+                    _ => None,
+                }) {
+                    Some(f) => *f |= AddressFlags::Nodad,
+                    None => m
+                        .attributes
+                        .push(AddressAttribute::Flags(AddressFlags::Nodad)),
+                }
+            }
+            req.execute()
                 .await
                 .map_err(nl(format!("add {addr}/{prefix} to {name}")))
         })
