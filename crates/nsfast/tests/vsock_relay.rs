@@ -874,11 +874,11 @@ fn guest_vsock_bench_counts_every_byte() {
     assert!(server.take().wait().unwrap().success());
 }
 
-/// Whether `--path auto` joins AF_VSOCK legs on the guest's kernel (6.12+; vsock sockmap
-/// itself is 6.4+), from its version (not from `nsfast probe`, which this checks as well).
+/// Whether the guest's kernel lets AF_VSOCK sockets into a sockmap (6.4+), from its version
+/// (not from `nsfast probe`, which this checks as well).
 fn guest_vsock_sockmap() -> bool {
     let v = nsfast_sys::kernel::KernelVersion::current();
-    v.at_least(6, 12)
+    v.at_least(6, 4)
 }
 
 /// Greets with "hi\n" and then runs [`bidir`]: a peer that reads the greeting first knows the

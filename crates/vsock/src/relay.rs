@@ -504,18 +504,15 @@ fn kernel_for(a: &Address, b: &Address, path: DataPath) -> Result<Option<KernelP
         return Ok(None);
     }
     let why = match (kernel_leg(a), kernel_leg(b)) {
-        // AF_VSOCK legs: `auto` joins them from Linux 6.12, the kernels the guest tests prove
-        // byte-exact (6.12, 7.2; docs/vsock.md); `--path kernel` joins them from 6.4.
+        // AF_VSOCK legs stalled in the kernel path in the 7.2 guest (vsock loopback stopped
+        // delivering, even for later direct connections; not understood yet): `auto` joins
+        // only TCP <-> TCP; `--path kernel` still joins vsock legs, as an experiment.
         (Some(la), Some(lb))
-            if path == DataPath::Auto
-                && (la == Leg::Vsock || lb == Leg::Vsock)
-                && !nsfast_sys::kernel::KernelVersion::current().at_least(6, 12) =>
+            if path == DataPath::Auto && (la == Leg::Vsock || lb == Leg::Vsock) =>
         {
-            format!(
-                "AF_VSOCK legs join under auto from Linux 6.12 (kernel {}; --path kernel joins \
-                 them from 6.4)",
-                nsfast_sys::kernel::KernelVersion::current()
-            )
+            "AF_VSOCK legs join only with --path kernel (experimental: they stalled in the 7.2 \
+             guest)"
+                .to_string()
         }
         (Some(la), Some(lb)) => match KernelPath::load() {
             Ok(k) => match k.pair_supported(la, lb) {
