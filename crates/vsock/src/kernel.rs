@@ -306,9 +306,10 @@ impl KernelPath {
         }
         joined?;
         let abort = AtomicBool::new(false);
+        let unjoin = Unjoin::default();
         let (ab, ba) = std::thread::scope(|sc| {
-            let h = sc.spawn(|| self.direction(a, &sa, b, &sb, &abort));
-            let ba = self.direction(b, &sb, a, &sa, &abort);
+            let h = sc.spawn(|| self.direction(a, &sa, b, &sb, &abort, &unjoin));
+            let ba = self.direction(b, &sb, a, &sa, &abort, &unjoin);
             let ab = h
                 .join()
                 .unwrap_or_else(|_| Err(io::Error::other("relay thread panicked")));
@@ -447,8 +448,14 @@ impl KernelPath {
         dst: &Conn,
         ds: &LegState,
         abort: &AtomicBool,
+        unjoin: &Unjoin,
     ) -> io::Result<u64> {
-        let r = self.direction_inner(src, ss, dst, ds, abort);
+        let r = self.direction_inner(src, ss, dst, ds, abort, unjoin);
+        if r.is_err() {
+            // It may not have reached the barrier: let the other direction past it (it sees
+            // the abort there).
+            unjoin.drained.fetch_add(1, Ordering::SeqCst);
+        }
         if r.is_err() && !abort.swap(true, Ordering::SeqCst) {
             src.abort();
             dst.abort();
@@ -463,6 +470,7 @@ impl KernelPath {
         dst: &Conn,
         ds: &LegState,
         abort: &AtomicBool,
+        unjoin: &Unjoin,
     ) -> io::Result<u64> {
         // Data the program kept on src during the join (tainted: see insert), or a vsock leg
         // with data queued before the join (the program sees it only at the next packet):
@@ -480,10 +488,19 @@ impl KernelPath {
             // still for a tick: hand over to user space.
             let stalled =
                 || -> io::Result<bool> { Ok(ss.leg == Leg::Vsock && readable(src.reader())?) };
-            stuck = wait_eof(src.reader(), dst.reader(), abort, stalled, || {
-                self.counters(ss.cookie)[1]
-            })
+            stuck = wait_eof(
+                src.reader(),
+                dst.reader(),
+                abort,
+                &unjoin.wanted,
+                stalled,
+                || self.counters(ss.cookie)[1],
+            )
             .map_err(ctx("waiting for EOF"))?;
+        }
+        if stuck {
+            // Both directions leave the kernel together (see Unjoin).
+            unjoin.wanted.store(true, Ordering::SeqCst);
         }
         check_abort(abort)?;
         // (1) no more redirects from src; (2) none in flight.
@@ -528,11 +545,24 @@ impl KernelPath {
                 )?;
             }
         }
+        // (3b) a direction handed over before its EOF reads src only once the other direction
+        // is out of the kernel too: nothing redirected into src is queued on its psock any
+        // more, so what the program passes on src from now on goes straight to the psock's
+        // message queue, which recvmsg reads first (see Unjoin).
+        unjoin.drained.fetch_add(1, Ordering::SeqCst);
+        if stuck {
+            wait_until(
+                "the other direction out of the kernel",
+                abort,
+                dst.reader(),
+                || Ok(unjoin.drained.load(Ordering::SeqCst) >= 2),
+            )?;
+        }
         // (4) the remainder, in user space.
         let mut user = 0u64;
         write_all(dst.writer(), &held).map_err(ctx("writing the remainder"))?;
         user += held.len() as u64;
-        user += copy(src.reader(), dst.writer(), abort)?;
+        user += copy(src.reader(), ss.leg, dst.writer(), abort)?;
         USER_BYTES.fetch_add(user, Ordering::Relaxed);
         tracing::debug!(
             "{} -> {}: {redirected} bytes through the kernel, {user} in user space{}",
@@ -548,6 +578,27 @@ impl KernelPath {
         dst.shutdown_write().map_err(ctx("half-close"))?;
         Ok(user)
     }
+}
+
+/// Taking a joined connection back to user space before its EOF (data the program had to
+/// keep, or a vsock leg whose queued packets wait for a packet that does not come) takes BOTH
+/// directions out of the kernel, and neither reads its source before both are drained.
+/// Why: once a source's peer entry is gone the program passes its skbs (SK_PASS), and
+/// sk_psock_verdict_apply queues a passed skb on the psock's ingress_skb list, behind the
+/// skbs redirected INTO that socket by the other direction, whenever that list is not empty.
+/// recvmsg (vsock_bpf_recvmsg, tcp_bpf_recvmsg) reads the psock's message queue only, and
+/// with that empty it reads the socket's own receive queue: newer bytes overtake the passed
+/// skb, and on a vsock leg whose peer has shut down it returns 0 (EOF) while the skb still
+/// waits; the sockets then leave the map and sk_psock_drop purges it (whole skbs lost,
+/// measured on 6.12 and 7.2). With the other direction drained first, a passed skb goes
+/// straight to the message queue (in order, under the socket lock) and recvmsg reads it
+/// before anything newer.
+#[derive(Default)]
+struct Unjoin {
+    /// A direction handed over: the other one follows at its next tick.
+    wanted: AtomicBool,
+    /// Directions past step (3) (everything they redirected is in their target), or ended.
+    drained: std::sync::atomic::AtomicU8,
 }
 
 /// Why a connection was not joined.
@@ -642,6 +693,7 @@ fn wait_eof(
     src: BorrowedFd<'_>,
     dst: BorrowedFd<'_>,
     abort: &AtomicBool,
+    unjoin: &AtomicBool,
     stalled: impl Fn() -> io::Result<bool>,
     progress: impl Fn() -> u64,
 ) -> io::Result<bool> {
@@ -676,6 +728,9 @@ fn wait_eof(
         if rs.intersects(EpollFlags::EPOLLRDHUP | EpollFlags::EPOLLHUP) {
             sock_error(src)?;
             return Ok(false);
+        }
+        if unjoin.load(Ordering::SeqCst) {
+            return Ok(true);
         }
         if stalled()? {
             let now = progress();
@@ -773,6 +828,41 @@ fn read_some(src: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<usize> {
     }
 }
 
+/// One read from an AF_VSOCK socket in the sockmap, never blocking in the kernel: a
+/// blocking vsock_bpf_recvmsg with nothing queued sleeps in vsock_msg_wait_data while it
+/// holds the socket lock, and the transport delivers every packet under that lock, so it
+/// stalls every vsock connection of the transport. End of data: the peer's SHUTDOWN was seen
+/// (RDHUP) and then a read finds nothing (EAGAIN: no data in the receive queue nor anywhere
+/// on the psock). A read of 0 there is not the end: vsock_bpf_recvmsg took the receive-queue
+/// path because the psock's ingress_skb list was not empty, so wait and read again.
+fn read_vsock(src: BorrowedFd<'_>, buf: &mut [u8], abort: &AtomicBool) -> io::Result<usize> {
+    use nix::sys::socket::{recv, MsgFlags};
+    let mut shut = false;
+    let mut pause = 1u16;
+    loop {
+        check_abort(abort)?;
+        match recv(src.as_raw_fd(), buf, MsgFlags::MSG_DONTWAIT) {
+            Ok(0) if buf.is_empty() => return Ok(0),
+            Ok(0) => {
+                // Data still on the psock (or the other direction's egress): wait for it.
+                wait_events(&[(src, EpollFlags::EPOLLIN)], pause)?;
+                pause = (pause * 2).min(20);
+            }
+            Ok(n) => return Ok(n),
+            Err(Errno::EINTR) => {}
+            Err(Errno::EAGAIN) if shut => return Ok(0),
+            Err(Errno::EAGAIN) => {
+                let r = wait_events(&[(src, EpollFlags::EPOLLIN | EpollFlags::EPOLLRDHUP)], 200)?;
+                if r[0].intersects(EpollFlags::EPOLLRDHUP | EpollFlags::EPOLLHUP) {
+                    sock_error(src)?;
+                    shut = true;
+                }
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+}
+
 /// Reads what src still holds, to its end (called after src's EOF).
 fn read_to_end(src: BorrowedFd<'_>, out: &mut Vec<u8>) -> io::Result<()> {
     let mut buf = vec![0u8; 64 << 10];
@@ -798,12 +888,16 @@ fn write_all(dst: BorrowedFd<'_>, mut b: &[u8]) -> io::Result<()> {
 
 /// read/write (not splice: a TCP socket in a sockmap keeps data its program passed in the
 /// psock, which only recvmsg reads) until src's EOF.
-fn copy(src: BorrowedFd<'_>, dst: BorrowedFd<'_>, abort: &AtomicBool) -> io::Result<u64> {
+fn copy(src: BorrowedFd<'_>, leg: Leg, dst: BorrowedFd<'_>, abort: &AtomicBool) -> io::Result<u64> {
     let mut buf = vec![0u8; 256 << 10];
     let mut total = 0u64;
     loop {
         check_abort(abort)?;
-        match read_some(src, &mut buf).map_err(ctx("read"))? {
+        let n = match leg {
+            Leg::Tcp => read_some(src, &mut buf),
+            Leg::Vsock => read_vsock(src, &mut buf, abort),
+        };
+        match n.map_err(ctx("read"))? {
             0 => return Ok(total),
             n => {
                 write_all(dst, &buf[..n]).map_err(ctx("write"))?;
