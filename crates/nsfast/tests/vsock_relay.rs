@@ -1111,17 +1111,7 @@ fn guest_kernel_path_vsock_fork_reset_and_kill() {
     }
 
     // The TCP peer resets: the vsock leg ends instead of hanging, and the error is reported.
-    let l = w.tcp_listener(7121);
-    let server = std::thread::spawn(move || {
-        let (mut s, _) = l.accept().unwrap();
-        s.write_all(b"hi\n").unwrap();
-        let mut b = [0u8; 4];
-        s.read_exact(&mut b).unwrap();
-        socket2::SockRef::from(&s)
-            .set_linger(Some(Duration::ZERO))
-            .unwrap();
-        drop(s);
-    });
+    let server = resetting_server(w.tcp_listener(7121), b"hi\n", 4);
     let relay = w.relay(&[
         "vsock-listen:1121",
         "tcp:127.0.0.1:7121",
@@ -1148,11 +1138,7 @@ fn guest_kernel_path_vsock_fork_reset_and_kill() {
     }
     let stats = json_of(&relay.take().wait_with_output().unwrap());
     assert_eq!(stats["path"], "kernel", "{stats}");
-    let err = stats["error"].as_str().unwrap_or_default();
-    assert!(
-        err.contains("reset") || err.contains("Broken pipe") || err.contains("aborted"),
-        "{stats}"
-    );
+    assert_reset_reported(&stats);
 
     // SIGTERM and SIGKILL while the vsock client streams: both legs end, the next start works.
     let l = w.tcp_listener(7122);
@@ -1411,6 +1397,35 @@ fn relay_sockhash_len(pid: u32) -> Option<usize> {
 }
 
 /// The relay's one `--json` line after it served a single connection.
+/// A server for one connection on `l`: sends `greeting`, reads `n` bytes, then resets
+/// (SO_LINGER 0: close sends RST). Returns what it read.
+fn resetting_server(
+    l: std::net::TcpListener,
+    greeting: &'static [u8],
+    n: usize,
+) -> std::thread::JoinHandle<Vec<u8>> {
+    std::thread::spawn(move || {
+        let (mut s, _) = l.accept().unwrap();
+        s.write_all(greeting).unwrap();
+        let mut b = vec![0u8; n];
+        s.read_exact(&mut b).unwrap();
+        socket2::SockRef::from(&s)
+            .set_linger(Some(Duration::ZERO))
+            .unwrap();
+        drop(s);
+        b
+    })
+}
+
+/// The connection report names the peer's reset (or what it became on the other leg).
+fn assert_reset_reported(stats: &serde_json::Value) {
+    let err = stats["error"].as_str().unwrap_or_default();
+    assert!(
+        err.contains("reset") || err.contains("Broken pipe") || err.contains("aborted"),
+        "{stats}"
+    );
+}
+
 fn json_of(out: &std::process::Output) -> serde_json::Value {
     assert!(
         out.status.success(),
@@ -1502,17 +1517,7 @@ fn kernel_path_half_close_each_way_loses_no_byte_before_the_fin() {
 fn kernel_path_peer_reset_closes_the_other_leg_and_reports_the_error() {
     require_root();
     let w = World::new();
-    let l = w.tcp_listener(7205);
-    let server = std::thread::spawn(move || {
-        let (mut s, _) = l.accept().unwrap();
-        let mut b = [0u8; 4];
-        s.read_exact(&mut b).unwrap();
-        // SO_LINGER 0: close sends RST.
-        socket2::SockRef::from(&s)
-            .set_linger(Some(Duration::ZERO))
-            .unwrap();
-        drop(s);
-    });
+    let server = resetting_server(w.tcp_listener(7205), b"", 4);
     let relay = w.relay(&[
         "tcp-listen:7204,bind=127.0.0.1",
         "tcp:127.0.0.1:7205",
@@ -1538,11 +1543,7 @@ fn kernel_path_peer_reset_closes_the_other_leg_and_reports_the_error() {
     }
     let stats = json_of(&relay.take().wait_with_output().unwrap());
     assert_eq!(stats["path"], "kernel", "{stats}");
-    let err = stats["error"].as_str().unwrap_or_default();
-    assert!(
-        err.contains("reset") || err.contains("Broken pipe") || err.contains("aborted"),
-        "{stats}"
-    );
+    assert_reset_reported(&stats);
 }
 
 /// The user-space path: a peer that reads 1 MiB and then resets. The connection's report names
@@ -1552,19 +1553,8 @@ fn kernel_path_peer_reset_closes_the_other_leg_and_reports_the_error() {
 fn splice_path_peer_reset_reports_the_error_and_the_bytes_moved_before_it() {
     require_root();
     let w = World::new();
-    let l = w.tcp_listener(7218);
     let n = MIB as usize;
-    let server = std::thread::spawn(move || {
-        let (mut s, _) = l.accept().unwrap();
-        let mut b = vec![0u8; n];
-        s.read_exact(&mut b).unwrap();
-        // SO_LINGER 0: close sends RST.
-        socket2::SockRef::from(&s)
-            .set_linger(Some(Duration::ZERO))
-            .unwrap();
-        drop(s);
-        b
-    });
+    let server = resetting_server(w.tcp_listener(7218), b"", n);
     let relay = w.relay(&[
         "tcp-listen:7217,bind=127.0.0.1",
         "tcp:127.0.0.1:7218",
@@ -1590,11 +1580,7 @@ fn splice_path_peer_reset_reports_the_error_and_the_bytes_moved_before_it() {
     }
     let stats = json_of(&relay.take().wait_with_output().unwrap());
     assert_eq!(stats["path"], "splice", "{stats}");
-    let err = stats["error"].as_str().unwrap_or_default();
-    assert!(
-        err.contains("reset") || err.contains("Broken pipe") || err.contains("aborted"),
-        "{stats}"
-    );
+    assert_reset_reported(&stats);
     let moved = stats["bytes_a_to_b"].as_u64().unwrap();
     assert!(moved >= n as u64, "{stats}");
     assert_eq!(stats["user_bytes"].as_u64(), Some(moved), "{stats}");
