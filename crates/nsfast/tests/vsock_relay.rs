@@ -945,12 +945,21 @@ fn guest_kernel_path_vsock_tcp_both_ways_and_vsock_to_vsock() {
         }
     };
     let want = if joined { "kernel" } else { "splice" };
+    // `auto` joins only TCP <-> TCP (docs/vsock.md): AF_VSOCK legs take the kernel path with
+    // `--path kernel`, where the kernel has vsock sockmap support.
+    let path: &[&str] = if joined { &["--path", "kernel"] } else { &[] };
+    let args =
+        |a: &[&'static str]| -> Vec<&'static str> { a.iter().chain(path).copied().collect() };
     let t0 = Instant::now();
 
     // vsock -> TCP
     let l = w.tcp_listener(7110);
     let server = std::thread::spawn(move || greet_then_bidir(l.accept().unwrap().0, bytes, 21));
-    let relay = w.relay(&["vsock-listen:1110", "tcp:127.0.0.1:7110", "--json"]);
+    let relay = w.relay(&args(&[
+        "vsock-listen:1110",
+        "tcp:127.0.0.1:7110",
+        "--json",
+    ]));
     let c = read_greeting_then_bidir(vsock_connect(1110), bytes, 22);
     check_pair(&c, &server.join().unwrap(), bytes);
     check(
@@ -963,11 +972,11 @@ fn guest_kernel_path_vsock_tcp_both_ways_and_vsock_to_vsock() {
 
     // TCP -> vsock
     let accepted = vsock_accept_one(1111);
-    let relay = w.relay(&[
+    let relay = w.relay(&args(&[
         "tcp-listen:7111,bind=127.0.0.1",
         "vsock-connect:1:1111",
         "--json",
-    ]);
+    ]));
     let client = std::thread::spawn({
         let s = tcp_connect(&w, 7111);
         move || read_greeting_then_bidir(s, bytes, 23)
@@ -984,7 +993,11 @@ fn guest_kernel_path_vsock_tcp_both_ways_and_vsock_to_vsock() {
 
     // vsock -> vsock (the vsock target's bytes counted on tracepoint virtio_transport_alloc_pkt)
     let accepted = vsock_accept_one(1113);
-    let relay = w.relay(&["vsock-listen:1112", "vsock-connect:1:1113", "--json"]);
+    let relay = w.relay(&args(&[
+        "vsock-listen:1112",
+        "vsock-connect:1:1113",
+        "--json",
+    ]));
     let c = std::thread::spawn(move || read_greeting_then_bidir(vsock_connect(1112), bytes, 25));
     let s = greet_then_bidir(accepted.join().unwrap(), bytes, 26);
     check_pair(&c.join().unwrap(), &s, bytes);
