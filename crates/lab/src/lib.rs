@@ -45,3 +45,9 @@ pub fn require_root() {
         panic!("this test needs root (network namespaces, cgroups, BPF); run `make test` as root");
     }
 }
+
+/// A test size from the environment (`NSFAST_TEST_BULK_MIB`, `NSFAST_TEST_ROUNDS`, ...: the VM
+/// lines shrink the host's sizes with them). Unset or not a number: `None`, the test's default.
+pub fn env_number(name: &str) -> Option<u64> {
+    std::env::var(name).ok().and_then(|v| v.parse().ok())
+}

@@ -22,9 +22,7 @@ const GIB: u64 = 1 << 30;
 
 /// The bulk size: 1 GiB, or `NSFAST_TEST_BULK_MIB` MiB (the TCG guests use less).
 fn bulk_bytes() -> u64 {
-    std::env::var("NSFAST_TEST_BULK_MIB")
-        .ok()
-        .and_then(|v| v.parse::<u64>().ok())
+    nsfast_lab::env_number("NSFAST_TEST_BULK_MIB")
         .map(|m| m << 20)
         .unwrap_or(GIB)
 }

@@ -26,9 +26,7 @@ fn nsfast_bin() -> PathBuf {
 
 /// Bulk volume for the big transfer; NSFAST_TEST_BULK_MIB lowers it for slow (TCG) guests.
 fn bulk_bytes() -> u64 {
-    std::env::var("NSFAST_TEST_BULK_MIB")
-        .ok()
-        .and_then(|v| v.parse::<u64>().ok())
+    nsfast_lab::env_number("NSFAST_TEST_BULK_MIB")
         .map(|m| m << 20)
         .unwrap_or(GIB)
 }
@@ -36,10 +34,7 @@ fn bulk_bytes() -> u64 {
 /// Ping-pong rounds of the tokio echo test (default 20,000); NSFAST_TEST_ROUNDS lowers it for
 /// slow (TCG) guests, where a round trip takes ~2.4 ms.
 fn pingpong_rounds() -> u64 {
-    std::env::var("NSFAST_TEST_ROUNDS")
-        .ok()
-        .and_then(|v| v.parse::<u64>().ok())
-        .unwrap_or(20_000)
+    nsfast_lab::env_number("NSFAST_TEST_ROUNDS").unwrap_or(20_000)
 }
 
 fn args(v: &[&str]) -> Vec<String> {

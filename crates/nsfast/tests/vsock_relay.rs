@@ -777,11 +777,7 @@ fn vsock_accept_one(port: u32) -> std::thread::JoinHandle<UnixStream> {
 }
 
 fn guest_bulk() -> u64 {
-    std::env::var("NSFAST_TEST_BULK_MIB")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(256)
-        * MIB
+    nsfast_lab::env_number("NSFAST_TEST_BULK_MIB").unwrap_or(256) * MIB
 }
 
 #[test]
@@ -1054,9 +1050,8 @@ fn guest_kernel_path_vsock_fork_reset_and_kill() {
         return;
     }
     let w = World::new();
-    let conns: u32 = std::env::var("NSFAST_TEST_CONNS")
-        .ok()
-        .and_then(|v| v.parse().ok())
+    let conns: u32 = nsfast_lab::env_number("NSFAST_TEST_CONNS")
+        .and_then(|v| u32::try_from(v).ok())
         .unwrap_or(1000);
 
     // --fork: sequential connections, each joined, the map back to 0.

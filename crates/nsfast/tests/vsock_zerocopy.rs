@@ -168,11 +168,7 @@ fn vsock_accept(port: u32, n: usize) -> mpsc::Receiver<UnixStream> {
 }
 
 fn guest_bulk() -> u64 {
-    std::env::var("NSFAST_TEST_BULK_MIB")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(256)
-        * MIB
+    nsfast_lab::env_number("NSFAST_TEST_BULK_MIB").unwrap_or(256) * MIB
 }
 
 /// The zero-copy fields of a finished connection's JSON line: every send completed, none
