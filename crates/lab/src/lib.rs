@@ -51,3 +51,24 @@ pub fn require_root() {
 pub fn env_number(name: &str) -> Option<u64> {
     std::env::var(name).ok().and_then(|v| v.parse().ok())
 }
+
+/// Waits up to `within` for `child` to end; `None` (the child is then killed and reaped) if it
+/// is still running: a test that expected something else to end it fails at once, not after
+/// the child's own run time.
+pub fn wait_or_kill(
+    child: &mut std::process::Child,
+    within: std::time::Duration,
+) -> Option<std::process::ExitStatus> {
+    let deadline = std::time::Instant::now() + within;
+    loop {
+        if let Ok(Some(s)) = child.try_wait() {
+            return Some(s);
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            return None;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
