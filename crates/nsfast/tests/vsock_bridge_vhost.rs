@@ -917,3 +917,44 @@ fn bridge_vsock_members_through_real_vhost_vsock() {
     );
     assert!(g6.requests.is_empty(), "6 was dialled");
 }
+
+/// `--path kernel`: guest 3's leg and guest 4's leg (both AF_VSOCK, vhost transport) joined by
+/// the sockmap redirect (crates/vsock/src/kernel.rs), both ways with half-close, byte-exact;
+/// the close event says `kernel`. Linux 6.4+ (vhost's read_skb); older kernels: the join is
+/// refused and the connection closed, with the reason in the event.
+#[test]
+#[ignore = "runs inside the VM harness guests (drives /dev/vhost-vsock)"]
+fn bridge_vsock_members_joined_in_the_kernel_through_real_vhost_vsock() {
+    require_guest();
+    let joins = nsfast_sys::kernel::KernelVersion::current().at_least(6, 4);
+    let bridge = Bridge::start(&["--path", "kernel", "--group", "3,4", "--ports", "5000"]);
+    let mut g3 = FakeGuest::new(3);
+    let mut g4 = FakeGuest::new(4);
+    if !joins {
+        let sa = connect(&mut g3, 40011, 2, 5000, Duration::from_secs(30))
+            .expect("connect through the bridge");
+        let mut sb =
+            accept(&mut g4, 5000, Duration::from_secs(30)).expect("the bridge never dialled 4");
+        let close = bridge.wait("close");
+        assert!(
+            close["error"].as_str().unwrap_or("").contains("sockmap"),
+            "{close}"
+        );
+        assert!(
+            sb.read_to_end(&mut g4).is_empty(),
+            "bytes on a refused join"
+        );
+        drop(sa);
+        return;
+    }
+    for (i, n) in [300 * 1024usize, 1 << 20].into_iter().enumerate() {
+        exchange(&mut g3, &mut g4, 40011 + i as u32, 2, 5000, n);
+        let open = bridge.wait("open");
+        assert_eq!((&open["src"], &open["dst"]), (&3.into(), &4.into()));
+        let close = bridge.wait("close");
+        assert_eq!(close["path"], "kernel", "{close}");
+        assert_eq!(close["bytes_src_to_dst"], n as u64, "{close}");
+        assert_eq!(close["bytes_dst_to_src"], n as u64 + 7, "{close}");
+        assert!(close["error"].is_null(), "{close}");
+    }
+}

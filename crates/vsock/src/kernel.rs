@@ -305,6 +305,17 @@ impl KernelPath {
             let _ = sockinfo::set_rcvlowat(c.reader(), 1);
         }
         joined?;
+        // A TCP target's written count (its base taken before the forward above) holds what
+        // was forwarded into it there: without it the wait for "the target took every
+        // redirected byte" would end that many bytes early, and the remainder could overtake
+        // redirected bytes still queued. (A vsock target's count starts at the insert.)
+        let (mut sa, mut sb) = (sa, sb);
+        if sb.leg == Leg::Tcp {
+            sb.base += pre[0];
+        }
+        if sa.leg == Leg::Tcp {
+            sa.base += pre[1];
+        }
         let abort = AtomicBool::new(false);
         let unjoin = Unjoin::default();
         let (ab, ba) = std::thread::scope(|sc| {
@@ -631,7 +642,8 @@ impl std::fmt::Display for Refusal {
 struct LegState {
     leg: Leg,
     cookie: u64,
-    /// TCP: bytes written into its send queue before the join (see sockinfo::tcp_written).
+    /// TCP: bytes in its written count (sockinfo::tcp_written) that the program did not
+    /// redirect into it: its count before the join and what the join forwarded into it.
     base: u64,
     /// AF_VSOCK: its key in nsr_vsock_sent (own port, peer CID, peer port).
     vkey: Option<VsockKey>,

@@ -534,15 +534,14 @@ fn kernel_for(a: &Address, b: &Address, path: DataPath) -> Result<Option<KernelP
         return Ok(None);
     }
     let why = match (kernel_leg(a), kernel_leg(b)) {
-        // AF_VSOCK legs stalled in the kernel path in the 7.2 guest (vsock loopback stopped
-        // delivering, even for later direct connections; not understood yet): `auto` joins
-        // only TCP <-> TCP; `--path kernel` still joins vsock legs, as an experiment.
+        // AF_VSOCK legs in the kernel path are experimental (docs/vsock.md, "The kernel path":
+        // whole-skb losses fixed in session 7, but in session 8's guest runs of a repair for
+        // packets that wait at the join, bytes came out wrong on 7.2): `auto` joins only
+        // TCP <-> TCP; `--path kernel` still joins vsock legs, as an experiment.
         (Some(la), Some(lb))
             if path == DataPath::Auto && (la == Leg::Vsock || lb == Leg::Vsock) =>
         {
-            "AF_VSOCK legs join only with --path kernel (experimental: they stalled in the 7.2 \
-             guest)"
-                .to_string()
+            "AF_VSOCK legs join only with --path kernel (experimental, docs/vsock.md)".to_string()
         }
         (Some(la), Some(lb)) => match KernelPath::load() {
             Ok(k) => match k.pair_supported(la, lb) {
@@ -579,6 +578,13 @@ impl Relay {
             if opts.max_children == 0 {
                 return Err(RelayError::ZeroChildren);
             }
+        }
+        // Zero-copy sends are the user-space path's: with `--path kernel` a clear refusal
+        // (before, the kernel path silently won and --zerocopy on did nothing).
+        if opts.path == DataPath::Kernel && opts.zerocopy == ZeroCopy::On {
+            return Err(RelayError::KernelPath(
+                "--zerocopy on applies to the user-space path's sends; use --path auto or splice with it".into(),
+            ));
         }
         // Before anything is opened: `--zerocopy on` on an old kernel changes nothing.
         let (zc, why) =
