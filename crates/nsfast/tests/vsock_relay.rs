@@ -1862,48 +1862,34 @@ fn kernel_path_without_privilege_refuses_and_auto_falls_back() {
 fn kernel_path_refuses_a_unix_leg_and_bad_values_at_start() {
     require_root();
     let w = World::new();
-    let sock = w.path("k.sock");
-    let mut cmd = Command::new(nsfast_bin());
-    cmd.args([
-        "vsock",
-        "relay",
-        "tcp-listen:7215,bind=127.0.0.1",
-        &format!("unix:{}", sock.display()),
-        "--path",
-        "kernel",
-    ]);
-    w.ns.configure_command(&mut cmd, None);
-    let out = cmd.output().unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success(), "{err}");
+    // `nsfast vsock relay ARGS` in the test's namespace: (failed, stderr).
+    let refused = |args: &[&str]| {
+        let mut cmd = Command::new(nsfast_bin());
+        cmd.args(["vsock", "relay"]).args(args);
+        w.ns.configure_command(&mut cmd, None);
+        let out = cmd.output().unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let sock = format!("unix:{}", w.path("k.sock").display());
+    let (code, err) = refused(&["tcp-listen:7215,bind=127.0.0.1", &sock, "--path", "kernel"]);
+    assert_ne!(code, Some(0), "{err}");
     assert!(
         err.contains("--path kernel: unix:")
             && err.contains("is not a TCP or AF_VSOCK stream address"),
         "{err}"
     );
-    let out = Command::new(nsfast_bin())
-        .args([
-            "vsock",
-            "relay",
-            "tcp-listen:7216",
-            "tcp:127.0.0.1:1",
-            "--path",
-            "fast",
-        ])
-        .output()
-        .unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(2), "{err}");
+    let (code, err) = refused(&["tcp-listen:7216", "tcp:127.0.0.1:1", "--path", "fast"]);
+    assert_eq!(code, Some(2), "{err}");
     assert!(
         err.contains("invalid path \"fast\": use auto, kernel or splice"),
         "{err}"
     );
     // Zero-copy sends are the user-space path's: with --path kernel a clear refusal (it used
     // to start, and the kernel path made --zerocopy on do nothing).
-    let mut cmd = Command::new(nsfast_bin());
-    cmd.args([
-        "vsock",
-        "relay",
+    let (code, err) = refused(&[
         "tcp-listen:7217,bind=127.0.0.1",
         "tcp:127.0.0.1:1",
         "--path",
@@ -1911,10 +1897,7 @@ fn kernel_path_refuses_a_unix_leg_and_bad_values_at_start() {
         "--zerocopy",
         "on",
     ]);
-    w.ns.configure_command(&mut cmd, None);
-    let out = cmd.output().unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success(), "{err}");
+    assert_ne!(code, Some(0), "{err}");
     assert!(
         err.contains("--zerocopy on applies to the user-space path"),
         "{err}"
