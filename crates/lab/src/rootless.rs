@@ -1144,7 +1144,6 @@ pub fn cleanup_stale() -> Vec<String> {
 /// sets it up after the parent of a `vfork`-style spawn already runs again), so one empty scan
 /// is not the end: the scan is repeated after a pause and only two empty scans in a row are.
 fn kill_world_processes(env_marker: &str, host_ino: Option<u64>) -> usize {
-    let mut killed = 0usize;
     let mut signalled = BTreeSet::new();
     let mut empty_scans = 0;
     for _ in 0..8 {
@@ -1167,10 +1166,9 @@ fn kill_world_processes(env_marker: &str, host_ino: Option<u64>) -> usize {
             };
             let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(*pid as i32), sig);
         }
-        killed = killed.max(signalled.len());
         std::thread::sleep(Duration::from_millis(300));
     }
-    killed
+    signalled.len()
 }
 
 /// PIDs (not this process) whose environment carries `env_marker` or whose network namespace

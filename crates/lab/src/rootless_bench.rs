@@ -147,12 +147,7 @@ impl Drop for RelayProc {
             nix::unistd::Pid::from_raw(self.0.id() as i32),
             nix::sys::signal::Signal::SIGTERM,
         );
-        let until = Instant::now() + Duration::from_secs(15);
-        while self.0.try_wait().ok().flatten().is_none() && Instant::now() < until {
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let _ = self.0.kill();
-        let _ = self.0.wait();
+        crate::wait_or_kill(&mut self.0, Duration::from_secs(15));
     }
 }
 

@@ -158,17 +158,8 @@ fn sigint_mid_run_leaves_nothing_behind() {
         nix::sys::signal::Signal::SIGINT,
     )
     .unwrap();
-    let end = Instant::now() + Duration::from_secs(15);
-    let status = loop {
-        if let Some(st) = child.try_wait().unwrap() {
-            break st;
-        }
-        if Instant::now() > end {
-            let _ = child.kill();
-            panic!("nsfast bench did not stop after SIGINT");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
+    let status = nsfast_lab::wait_or_kill(&mut child, Duration::from_secs(15))
+        .expect("nsfast bench did not stop after SIGINT");
     let mut err = String::new();
     use std::io::Read;
     child
