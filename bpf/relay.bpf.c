@@ -13,12 +13,91 @@
  *  - a refused redirect (the peer left the map) likewise stays and taints, never drops;
  *  - an skb without data (TCP's bare FIN) is dropped: it holds no byte;
  *  - begin/end count verdict runs, so the relay can wait until none is in flight after it
- *    removed a peer entry, before it reads the final byte count.
+ *    removed a peer entry, before it reads the final byte count;
+ *  - a TCP skb that starts before what the socket already handled (a resent segment) has its
+ *    old bytes cut off first (nsr_tcp_seq): the kernel's tcp_read_skb hands it over whole;
+ *  - redirects go to nsr_targets, which holds both legs before either joins nsr_sockhash, so
+ *    a verdict never finds its peer missing during the join.
  */
 #include "nsfast.h"
 #include "relay_maps.h"
 
 char LICENSE[] SEC("license") = "Dual MIT/GPL";
+
+/*
+ * The head of the kernel's struct sk_buff as far as we read it: only cb[], where TCP keeps
+ * struct tcp_skb_cb (seq, end_seq first). CO-RE: the offset of cb comes from the running
+ * kernel's BTF.
+ */
+struct sk_buff___nsr {
+	char cb[48];
+} __attribute__((preserve_access_index));
+
+struct nsr_tcp_cb {
+	__u32 seq;
+	__u32 end_seq;
+};
+
+/* bpf_skb_adjust_room shrinks an sk_skb by at most 0xfff bytes a call. */
+#define NSR_TRIM_STEP 0xfff
+#define NSR_TRIM_CALLS 128 /* up to 524,160 bytes: a resent GSO/BIG TCP skb's overlap */
+
+/* Cuts n bytes from the head of skb's data; 0 when done. */
+NSF_INLINE int nsr_trim_head(struct __sk_buff *skb, __u32 n)
+{
+	for (int i = 0; i < NSR_TRIM_CALLS && n; i++) {
+		__u32 step = n < NSR_TRIM_STEP ? n : NSR_TRIM_STEP;
+
+		if (bpf_skb_adjust_room(skb, -(__s32)step, 0, 0))
+			return -1;
+		n -= step;
+	}
+	return n ? -1 : 0;
+}
+
+/*
+ * TCP legs: tcp_read_skb hands the psock whole skbs, also one whose head TCP already
+ * delivered (a resent segment merged with new data is queued when seq < rcv_nxt < end_seq;
+ * tcp_recvmsg skips the old bytes by copied_seq, tcp_read_skb does not). Redirected or passed
+ * whole, its old bytes would reach the target twice. So the program remembers where the
+ * stream stands (next_seq) and cuts the old bytes off. 0: go on with skb (maybe shorter);
+ * 1: nothing new in it (drop); -1: it could not be trimmed.
+ */
+NSF_INLINE int nsr_tcp_seq(struct __sk_buff *skb, struct nsr_counters *c, __u32 len)
+{
+	struct nsr_tcp_cb cb;
+	unsigned long off = __builtin_preserve_field_info(((struct sk_buff___nsr *)0)->cb,
+							  0 /* BPF_FIELD_BYTE_OFFSET */);
+	__u32 end;
+	__s32 old;
+
+	if (bpf_probe_read_kernel(&cb, sizeof(cb), (void *)((unsigned long)skb + off)))
+		return -1;
+	end = cb.seq + len;
+	if (!(c->flags & NSR_SEQ)) {
+		/* The first skb after the join: nothing of the stream was handled before. */
+		c->next_seq = end;
+		c->flags |= NSR_SEQ;
+		return 0;
+	}
+	old = (__s32)(c->next_seq - cb.seq);
+	if (old <= 0) {
+		c->next_seq = end;
+		return 0;
+	}
+	if ((__u32)old >= len) {
+		/* All of it was handled already (cannot be queued by TCP, but never send it twice). */
+		if (nsr_trim_head(skb, len))
+			return -1;
+		__sync_fetch_and_add(&c->trimmed, len);
+		return 1;
+	}
+	if (nsr_trim_head(skb, (__u32)old))
+		return -1;
+	__sync_fetch_and_add(&c->trimmed, (__u32)old);
+	c->next_seq = end;
+	return 0;
+}
 
 SEC("sk_skb/stream_verdict")
 int nsr_verdict(struct __sk_buff *skb)
@@ -40,13 +119,24 @@ int nsr_verdict(struct __sk_buff *skb)
 	if (len == 0)
 		return SK_DROP;
 	__sync_fetch_and_add(&c->begin, 1);
+	if (c->flags & NSR_TCP) {
+		int r = nsr_tcp_seq(skb, c, len);
+
+		if (r < 0)
+			goto broken;
+		if (r > 0) {
+			__sync_fetch_and_add(&c->end, 1);
+			return SK_DROP;
+		}
+		len = skb->len;
+	}
 	if (c->flags & NSR_TAINTED)
 		goto pass;
 	peer = bpf_map_lookup_elem(&nsr_peers, &cookie);
 	if (!peer)
 		goto taint;
 	peer_cookie = *peer;
-	if (bpf_sk_redirect_hash(skb, &nsr_sockhash, &peer_cookie, 0) != SK_PASS) {
+	if (bpf_sk_redirect_hash(skb, &nsr_targets, &peer_cookie, 0) != SK_PASS) {
 		__sync_fetch_and_add(&c->fails, 1);
 		goto taint;
 	}
@@ -54,6 +144,11 @@ int nsr_verdict(struct __sk_buff *skb)
 	__sync_fetch_and_add(&c->skbs, 1);
 	__sync_fetch_and_add(&c->end, 1);
 	return SK_PASS;
+broken:
+	/* The stream has a hole now: the relay sees the flag and resets both legs. */
+	c->flags |= NSR_BROKEN | NSR_TAINTED;
+	__sync_fetch_and_add(&c->end, 1);
+	return SK_DROP;
 taint:
 	c->flags |= NSR_TAINTED;
 pass:

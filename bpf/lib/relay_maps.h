@@ -11,6 +11,9 @@
 
 /* nsr_counters.flags */
 #define NSR_TAINTED 1 /* passed one skb to itself: never redirected again (ordering) */
+#define NSR_TCP 2     /* set by the relay: a TCP leg (its skbs carry TCP's sequence numbers) */
+#define NSR_SEQ 4     /* next_seq holds the sequence number after the last byte handled */
+#define NSR_BROKEN 8  /* a resent skb could not be trimmed and was dropped: the relay resets */
 
 /*
  * Per joined socket, keyed by its cookie; written by the verdict program run for the data
@@ -24,8 +27,21 @@ struct nsr_counters {
 	__u64 begin;     /* verdict runs started ... */
 	__u64 end;       /* ... and finished: equal when no verdict is in flight */
 	__u32 flags;
-	__u32 pad;
+	__u32 next_seq;  /* TCP: the sequence number after the last byte handled (NSR_SEQ) */
+	__u64 trimmed;   /* TCP: bytes cut from the head of resent skbs (already handled) */
 };
+
+/*
+ * socket cookie -> socket, for redirects only (no program is attached to this map). Both legs
+ * go in here before either goes into nsr_sockhash, so the first leg's verdict always finds the
+ * other leg to redirect to.
+ */
+struct {
+	__uint(type, BPF_MAP_TYPE_SOCKHASH);
+	__uint(max_entries, NSR_MAX_SOCKETS);
+	__type(key, __u64);
+	__type(value, __u32);
+} nsr_targets SEC(".maps");
 
 /* socket cookie -> socket (the verdict program is attached to this map) */
 struct {

@@ -56,17 +56,22 @@ use crate::conn::Conn;
 /// Names in `bpf/relay.bpf.c`.
 const PROG: &str = "nsr_verdict";
 const MAP_SOCKHASH: &str = "nsr_sockhash";
+const MAP_TARGETS: &str = "nsr_targets";
 const MAP_PEERS: &str = "nsr_peers";
 const MAP_COUNTERS: &str = "nsr_counters";
 const MAP_VSOCK_SENT: &str = "nsr_vsock_sent";
 const PROG_VSOCK: &str = "nsr_vsock_alloc";
 const TP_VSOCK: &str = "virtio_transport_alloc_pkt";
 
-/// `struct nsr_counters` (bpf/lib/relay_maps.h) as seven u64: bytes, skbs, fails, passed,
-/// begin, end, flags (low 32 bits).
-type RawCounters = [u64; 7];
-/// NSR_TAINTED in the flags word.
+/// `struct nsr_counters` (bpf/lib/relay_maps.h) as eight u64: bytes, skbs, fails, passed,
+/// begin, end, flags (low 32 bits) with next_seq (high 32), trimmed.
+type RawCounters = [u64; 8];
+/// Flags in word 6: NSR_TAINTED, NSR_TCP (set here at the join), NSR_BROKEN.
 const TAINTED: u64 = 1;
+const TCP: u64 = 2;
+const BROKEN: u64 = 8;
+/// Word 7: bytes the program cut off resent TCP skbs (they had been handled already).
+const TRIMMED: usize = 7;
 
 /// A leg the kernel path can take.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -120,6 +125,7 @@ type VsockKey = [u32; 4];
 
 struct Maps {
     sockhash: SockHash<MapData, u64>,
+    targets: SockHash<MapData, u64>,
     peers: BpfHashMap<MapData, u64, u64>,
     counters: BpfHashMap<MapData, u64, RawCounters>,
     vsock_sent: BpfHashMap<MapData, VsockKey, u64>,
@@ -167,6 +173,9 @@ impl KernelPath {
         let sockhash: SockHash<MapData, u64> = take(&mut ebpf, MAP_SOCKHASH)?
             .try_into()
             .map_err(|e: aya::maps::MapError| KernelError::Load(Box::new(e)))?;
+        let targets: SockHash<MapData, u64> = take(&mut ebpf, MAP_TARGETS)?
+            .try_into()
+            .map_err(|e: aya::maps::MapError| KernelError::Load(Box::new(e)))?;
         let peers: BpfHashMap<MapData, u64, u64> = take(&mut ebpf, MAP_PEERS)?
             .try_into()
             .map_err(|e: aya::maps::MapError| KernelError::Load(Box::new(e)))?;
@@ -205,6 +214,7 @@ impl KernelPath {
         Ok(Self {
             maps: Mutex::new(Maps {
                 sockhash,
+                targets,
                 peers,
                 counters,
                 vsock_sent,
@@ -231,9 +241,11 @@ impl KernelPath {
         self.maps.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Sockets in the map now (0 when no connection is joined).
+    /// Sockets in the maps now (0 when no connection is joined).
     pub fn sockets(&self) -> usize {
-        self.maps().sockhash.keys().filter(|k| k.is_ok()).count()
+        let m = self.maps();
+        m.sockhash.keys().filter(|k| k.is_ok()).count()
+            + m.targets.keys().filter(|k| k.is_ok()).count()
     }
 
     fn counters(&self, cookie: u64) -> RawCounters {
@@ -350,30 +362,37 @@ impl KernelPath {
         })
     }
 
-    /// Counters and peer entries first, then the sockets (the AF_VSOCK one first: on a kernel without vsock
-    /// sockmap support that insert fails before anything else is in the map).
+    /// Counters and peer entries first, then both sockets into nsr_targets (redirect targets,
+    /// no program), then both into nsr_sockhash (the verdict program): the first leg's verdict
+    /// can run before the second leg is in nsr_sockhash, and finds it in nsr_targets. The
+    /// AF_VSOCK leg goes first each time: on a kernel without vsock sockmap support that insert
+    /// fails before anything else is in a map.
     fn insert(&self, a: &Conn, sa: &LegState, b: &Conn, sb: &LegState) -> Result<(), Refusal> {
         let mut m = self.maps();
-        let zero: RawCounters = [0; 7];
+        let counters = |s: &LegState| -> RawCounters {
+            let mut c = [0; 8];
+            if s.leg == Leg::Tcp {
+                c[6] = TCP;
+            }
+            c
+        };
         let r = (|| -> Result<(), Refusal> {
             let map_err = |what: &str| {
                 let what = what.to_string();
                 move |e: aya::maps::MapError| Refusal::unsupported(format!("{what}: {e}"))
             };
             m.counters
-                .insert(sa.cookie, zero, 0)
+                .insert(sa.cookie, counters(sa), 0)
                 .map_err(map_err("counters"))?;
             m.counters
-                .insert(sb.cookie, zero, 0)
+                .insert(sb.cookie, counters(sb), 0)
                 .map_err(map_err("counters"))?;
             for k in [sa.vkey, sb.vkey].into_iter().flatten() {
                 m.vsock_sent
                     .insert(k, 0, 0)
                     .map_err(map_err("vsock counter"))?;
             }
-            // Peers before sockets: a verdict that runs between the two socket inserts finds
-            // its peer entry, fails to redirect to the missing socket and taints (its data
-            // stays, the direction is handed over to user space).
+            // Peers before sockets: the first verdict finds its peer entry.
             m.peers
                 .insert(sa.cookie, sb.cookie, 0)
                 .map_err(map_err("peers"))?;
@@ -384,8 +403,13 @@ impl KernelPath {
             if sa.leg != Leg::Vsock {
                 order.swap(0, 1);
             }
-            for (i, (c, s)) in order.iter().enumerate() {
-                if let Err(e) = m.sockhash.insert(s.cookie, c.reader(), 0) {
+            for (i, (c, s)) in order.iter().chain(order.iter()).enumerate() {
+                let r = if i < 2 {
+                    m.targets.insert(s.cookie, c.reader(), 0)
+                } else {
+                    m.sockhash.insert(s.cookie, c.reader(), 0)
+                };
+                if let Err(e) = r {
                     let notsup = matches!(&e, aya::maps::MapError::SyscallError(se)
                         if se.io_error.raw_os_error() == Some(libc::EOPNOTSUPP));
                     let why = match (notsup, s.leg) {
@@ -408,12 +432,16 @@ impl KernelPath {
                             Refusal::unsupported(format!("adding {} to the sockmap: {e}", c.label))
                         }
                     };
-                    if i == 1 {
+                    for (_, s) in order {
+                        let _ = m.targets.remove(&s.cookie);
+                    }
+                    if i == 3 {
                         let first = order[0].1;
-                        let passed = m.counters.get(&first.cookie, 0).unwrap_or_default()[3];
+                        let moved = m.counters.get(&first.cookie, 0).unwrap_or_default();
                         let _ = m.sockhash.remove(&first.cookie);
-                        if passed > 0 {
-                            // Data kept on that socket's psock went with it.
+                        if moved[0] > 0 || moved[3] > 0 {
+                            // Data kept on a psock, or queued there for the other leg's
+                            // egress, went with it.
                             return Err(Refusal {
                                 reason: format!("{}; bytes already received are lost", why.reason),
                                 fallback_ok: false,
@@ -443,11 +471,24 @@ impl KernelPath {
         for c in [sa.cookie, sb.cookie] {
             let _ = m.peers.remove(&c);
             let _ = m.sockhash.remove(&c);
+            let _ = m.targets.remove(&c);
             let _ = m.counters.remove(&c);
         }
         for k in [sa.vkey, sb.vkey].into_iter().flatten() {
             let _ = m.vsock_sent.remove(&k);
         }
+    }
+
+    /// The program had to drop an skb it could not trim (see bpf/relay.bpf.c): src's stream has
+    /// a hole, so the connection fails (both legs reset) rather than go on without those bytes.
+    fn check_broken(&self, ss: &LegState) -> io::Result<()> {
+        if self.counters(ss.cookie)[6] & BROKEN != 0 {
+            return Err(io::Error::other(
+                "a resent TCP segment could not be trimmed to its new bytes in the kernel \
+                 (bpf_skb_adjust_room failed); its bytes were dropped, so the connection is reset",
+            ));
+        }
+        Ok(())
     }
 
     /// One direction, src → dst: kernel until src's EOF (or a hand-over), then the remainder
@@ -497,8 +538,10 @@ impl KernelPath {
             // order holds and bulk flows, but with no later packet (a request waiting for its
             // answer) they would wait forever. Readable while the program's skb count stands
             // still for a tick: hand over to user space.
-            let stalled =
-                || -> io::Result<bool> { Ok(ss.leg == Leg::Vsock && readable(src.reader())?) };
+            let stalled = || -> io::Result<bool> {
+                self.check_broken(ss)?;
+                Ok(ss.leg == Leg::Vsock && readable(src.reader())?)
+            };
             stuck = wait_eof(
                 src.reader(),
                 dst.reader(),
@@ -575,14 +618,23 @@ impl KernelPath {
         user += held.len() as u64;
         user += copy(src.reader(), ss.leg, dst.writer(), abort)?;
         USER_BYTES.fetch_add(user, Ordering::Relaxed);
+        // Everything src received went through the program: a hole there fails the connection
+        // instead of a clean half-close.
+        self.check_broken(ss)?;
+        let trimmed = self.counters(ss.cookie)[TRIMMED];
         tracing::debug!(
-            "{} -> {}: {redirected} bytes through the kernel, {user} in user space{}",
+            "{} -> {}: {redirected} bytes through the kernel, {user} in user space{}{}",
             src.label,
             dst.label,
             if stuck {
                 " (data was queued before the join)"
             } else {
                 ""
+            },
+            if trimmed > 0 {
+                format!("; {trimmed} resent bytes trimmed (TCP had delivered them already)")
+            } else {
+                String::new()
             }
         );
         // (5)
