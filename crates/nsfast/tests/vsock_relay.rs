@@ -1911,7 +1911,7 @@ fn kernel_path_without_privilege_refuses_and_auto_falls_back() {
     assert!(!out.status.success(), "{err}");
     assert!(
         err.contains(
-            "--path kernel: loading the relay's BPF program (needs CAP_BPF and CAP_NET_ADMIN"
+            "--path kernel: loading the relay's BPF program (needs CAP_BPF, CAP_PERFMON and CAP_NET_ADMIN"
         ),
         "{err}"
     );

@@ -22,10 +22,17 @@
 //!   program on `virtio_transport_alloc_pkt` counts the data bytes each vsock target sent
 //!   (loopback, virtio and vhost allocate every packet there); without it that pair is not
 //!   joined.
+//! - Both legs go into `nsr_targets` (a SOCKHASH without program, where redirects look up
+//!   their target) before either goes into `nsr_sockhash` (the verdict program's map), so the
+//!   first leg's verdict never finds the other leg missing.
+//! - TCP queues a resent segment that starts before `rcv_nxt` whole (tcp_recvmsg skips the old
+//!   bytes by copied_seq), and tcp_read_skb hands the program whole skbs: the program reads
+//!   each TCP skb's sequence number, remembers where the stream stands, and cuts the old bytes
+//!   off before it redirects or passes the skb (stop 20's CI: 2 x 65,483 bytes sent twice). An
+//!   skb it cannot trim is dropped and flagged; the relay then resets the connection.
 //! - Data that arrived before the join is not seen by the program until the socket's next
-//!   data_ready. For TCP, SO_RCVLOWAT runs data_ready at once (tcp_set_rcvlowat); held at its
-//!   maximum during the join it also keeps the program from running while only one leg is in
-//!   the map. AF_VSOCK has no such kick: what a vsock leg holds at the join is forwarded in
+//!   data_ready. For TCP, SO_RCVLOWAT runs data_ready at once (tcp_set_rcvlowat; held at its
+//!   maximum during the join, then 1). AF_VSOCK has no such kick: what a vsock leg holds at the join is forwarded in
 //!   user space first (written before the join: it stays ahead); packets that slip in between
 //!   lag (each later packet redirects the oldest: order holds), and a leg that stays readable
 //!   while its skb count stands still hands its direction over to user space. So does a leg
@@ -114,7 +121,9 @@ pub fn pair_supported(a: Leg, b: Leg) -> Result<(), String> {
 /// Loading the program failed.
 #[derive(Debug, thiserror::Error)]
 pub enum KernelError {
-    #[error("loading the relay's BPF program (needs CAP_BPF and CAP_NET_ADMIN, or root)")]
+    #[error(
+        "loading the relay's BPF program (needs CAP_BPF, CAP_PERFMON and CAP_NET_ADMIN, or root)"
+    )]
     Load(#[source] Box<dyn std::error::Error + Send + Sync>),
     #[error("{0} missing from the relay's BPF object")]
     Missing(&'static str),
@@ -289,10 +298,10 @@ impl KernelPath {
             leg(a, la).map_err(Refusal::unsupported)?,
             leg(b, lb).map_err(Refusal::unsupported)?,
         );
-        // TCP runs data_ready (and so the program) only once SO_RCVLOWAT bytes are queued:
-        // held high while the two sockets go into the map one after the other, no verdict
-        // runs in between (it would find the other leg missing and taint). Then SO_RCVLOWAT 1
-        // runs data_ready at once, for what arrived before and during the join.
+        // TCP runs data_ready (and so the program) only once SO_RCVLOWAT bytes are queued (or
+        // its receive window is nearly closed): held high during the join, then SO_RCVLOWAT 1
+        // runs data_ready at once, for what arrived before and during the join. (A verdict
+        // during the join finds the other leg in nsr_targets: see insert.)
         let tcp_legs = [(a, &sa), (b, &sb)]
             .into_iter()
             .filter(|(_, s)| s.leg == Leg::Tcp);
