@@ -1195,7 +1195,7 @@ fn guest_kernel_path_vsock_fork_reset_and_kill() {
             sent
         });
         wait_for("the connection joined", || {
-            relay_sockhash_len(relay.id()) == Some(2)
+            relay_sockhash_len(relay.id()) == Some(JOINED)
         });
         let out = signal_and_wait(relay, sig);
         if sig == nix::sys::signal::Signal::SIGTERM {
@@ -1370,6 +1370,10 @@ fn bench_prints_interval_lines_unless_quiet() {
 
 // ---- The kernel path (`--path kernel|auto`): a sockmap redirect between the two legs. On
 // this host only TCP <-> TCP (AF_VSOCK legs run in the VM guests below).
+
+/// Entries in the relay's SOCKHASH maps for one joined connection: both legs, each in
+/// nsr_targets (redirect targets) and nsr_sockhash (the verdict program's map).
+const JOINED: usize = 4;
 
 /// The number of sockets in the relay process `pid`'s SOCKHASH maps, found through its
 /// descriptors (/proc/PID/fdinfo: `map_type: 18` is BPF_MAP_TYPE_SOCKHASH) and read by id;
@@ -1832,7 +1836,7 @@ fn kernel_path_relay_killed_mid_transfer_closes_both_legs_and_restarts() {
         });
         // Some data flowed through the kernel path before the signal.
         wait_for("the connection joined", || {
-            relay_sockhash_len(relay.id()) == Some(2)
+            relay_sockhash_len(relay.id()) == Some(JOINED)
         });
         std::thread::sleep(Duration::from_millis(100));
         let out = signal_and_wait(relay, sig);
