@@ -58,9 +58,15 @@ impl World {
     }
 
     fn relay(&self, args: &[&str]) -> KillOnDrop {
+        self.relay_env(args, &[])
+    }
+
+    /// [`World::relay`] with extra environment variables (RUST_LOG for its log).
+    fn relay_env(&self, args: &[&str], env: &[(&str, &str)]) -> KillOnDrop {
         let mut cmd = Command::new(nsfast_bin());
         cmd.args(["vsock", "relay"])
             .args(args)
+            .envs(env.iter().copied())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
         self.ns.configure_command(&mut cmd, None);
@@ -1438,6 +1444,18 @@ fn assert_reset_reported(stats: &serde_json::Value) {
     );
 }
 
+/// [`check_pair`], failing with the relay's report and log, so a byte mismatch says which path
+/// moved what.
+fn check_pair_with_report(c: &Bidir, s: &Bidir, bytes: u64, out: &std::process::Output) {
+    if std::panic::catch_unwind(|| check_pair(c, s, bytes)).is_err() {
+        panic!(
+            "bytes wrong (client {c:?}, server {s:?}); relay report: {} log: {}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
 fn json_of(out: &std::process::Output) -> serde_json::Value {
     assert!(
         out.status.success(),
@@ -1464,15 +1482,8 @@ fn kernel_path_tcp_to_tcp_moves_256_mib_each_way_at_once_without_user_space() {
     // bidir: both sides send 256 MiB at once and half-close when done; each reads to EOF.
     let c = bidir(tcp_connect(&w, 7200), bytes, 12);
     let s = server.join().unwrap();
-    // The relay's report and log first, so a byte mismatch says which path moved what.
     let out = relay.take().wait_with_output().unwrap();
-    if std::panic::catch_unwind(|| check_pair(&c, &s, bytes)).is_err() {
-        panic!(
-            "bytes wrong (client {c:?}, server {s:?}); relay report: {} log: {}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
+    check_pair_with_report(&c, &s, bytes, &out);
     let stats = json_of(&out);
     assert_eq!(stats["path"], "kernel", "{stats}");
     // Counted by the BPF program (the relay adds what it moved itself, which must be 0).
@@ -1514,36 +1525,23 @@ fn kernel_path_tcp_legs_stay_byte_exact_through_retransmissions() {
         "table inet nsfloss {\n chain out { type filter hook output priority 0; \
          meta l4proto tcp meta length > 1000 numgen random mod 200 0 drop; }\n}\n",
     );
-    let bytes = std::env::var("NSFAST_TEST_BULK_MIB")
-        .ok()
-        .and_then(|v| v.parse::<u64>().ok())
-        .unwrap_or(64)
-        * MIB;
+    let bytes = nsfast_lab::env_number("NSFAST_TEST_BULK_MIB").unwrap_or(64) * MIB;
     let mut trimmed_runs = 0;
     for round in 0..8u16 {
         let (lport, sport) = (7210 + 2 * round, 7211 + 2 * round);
         let server = w.tcp_bidir_server(sport, bytes, 21 + round as u64);
         let listen = format!("tcp-listen:{lport},bind=127.0.0.1");
         let target = format!("tcp:127.0.0.1:{sport}");
-        let mut cmd = Command::new(nsfast_bin());
-        cmd.args([
-            "vsock", "relay", &listen, &target, "--path", "kernel", "--json",
-        ])
-        .env("RUST_LOG", "nsfast_vsock=debug")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-        w.ns.configure_command(&mut cmd, None);
-        let relay = KillOnDrop::new(cmd.spawn().expect("spawn nsfast vsock relay"));
+        let relay = w.relay_env(
+            &[&listen, &target, "--path", "kernel", "--json"],
+            &[("RUST_LOG", "nsfast_vsock=debug")],
+        );
         let c = bidir(tcp_connect(&w, lport), bytes, 22 + round as u64);
         let s = server.join().unwrap();
         let out = relay.take().wait_with_output().unwrap();
-        let log = String::from_utf8_lossy(&out.stderr).to_string();
-        if std::panic::catch_unwind(|| check_pair(&c, &s, bytes)).is_err() {
-            panic!(
-                "round {round}: bytes wrong (client {c:?}, server {s:?}); relay report: {} log: {log}",
-                String::from_utf8_lossy(&out.stdout)
-            );
-        }
+        eprintln!("round {round}");
+        check_pair_with_report(&c, &s, bytes, &out);
+        let log = String::from_utf8_lossy(&out.stderr);
         let stats = json_of(&out);
         assert_eq!(stats["path"], "kernel", "{stats}");
         assert!(stats["error"].is_null(), "{stats}");

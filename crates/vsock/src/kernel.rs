@@ -32,8 +32,8 @@
 //!   skb it cannot trim is dropped and flagged; the relay then resets the connection.
 //! - Data that arrived before the join is not seen by the program until the socket's next
 //!   data_ready. For TCP, SO_RCVLOWAT runs data_ready at once (tcp_set_rcvlowat; held at its
-//!   maximum during the join, then 1). AF_VSOCK has no such kick: what a vsock leg holds at the join is forwarded in
-//!   user space first (written before the join: it stays ahead); packets that slip in between
+//!   maximum during the join, then 1). AF_VSOCK has no such kick: what a vsock leg holds at
+//!   the join is forwarded in user space first (written before the join: it stays ahead); packets that slip in between
 //!   lag (each later packet redirects the oldest: order holds), and a leg that stays readable
 //!   while its skb count stands still hands its direction over to user space. So does a leg
 //!   the program tainted during the join (a tainted socket is never redirected again, so what
@@ -412,11 +412,13 @@ impl KernelPath {
             if sa.leg != Leg::Vsock {
                 order.swap(0, 1);
             }
+            // Four inserts: both legs into nsr_targets, then both into nsr_sockhash.
             for (i, (c, s)) in order.iter().chain(order.iter()).enumerate() {
-                let r = if i < 2 {
-                    m.targets.insert(s.cookie, c.reader(), 0)
-                } else {
+                let (into_sockhash, second_leg) = (i >= 2, i % 2 == 1);
+                let r = if into_sockhash {
                     m.sockhash.insert(s.cookie, c.reader(), 0)
+                } else {
+                    m.targets.insert(s.cookie, c.reader(), 0)
                 };
                 if let Err(e) = r {
                     let notsup = matches!(&e, aya::maps::MapError::SyscallError(se)
@@ -444,7 +446,7 @@ impl KernelPath {
                     for (_, s) in order {
                         let _ = m.targets.remove(&s.cookie);
                     }
-                    if i == 3 {
+                    if into_sockhash && second_leg {
                         let first = order[0].1;
                         let moved = m.counters.get(&first.cookie, 0).unwrap_or_default();
                         let _ = m.sockhash.remove(&first.cookie);
@@ -490,8 +492,8 @@ impl KernelPath {
 
     /// The program had to drop an skb it could not trim (see bpf/relay.bpf.c): src's stream has
     /// a hole, so the connection fails (both legs reset) rather than go on without those bytes.
-    fn check_broken(&self, ss: &LegState) -> io::Result<()> {
-        if self.counters(ss.cookie)[6] & BROKEN != 0 {
+    fn check_broken(c: &RawCounters) -> io::Result<()> {
+        if c[6] & BROKEN != 0 {
             return Err(io::Error::other(
                 "a resent TCP segment could not be trimmed to its new bytes in the kernel \
                  (bpf_skb_adjust_room failed); its bytes were dropped, so the connection is reset",
@@ -548,7 +550,7 @@ impl KernelPath {
             // answer) they would wait forever. Readable while the program's skb count stands
             // still for a tick: hand over to user space.
             let stalled = || -> io::Result<bool> {
-                self.check_broken(ss)?;
+                Self::check_broken(&self.counters(ss.cookie))?;
                 Ok(ss.leg == Leg::Vsock && readable(src.reader())?)
             };
             stuck = wait_eof(
@@ -629,8 +631,9 @@ impl KernelPath {
         USER_BYTES.fetch_add(user, Ordering::Relaxed);
         // Everything src received went through the program: a hole there fails the connection
         // instead of a clean half-close.
-        self.check_broken(ss)?;
-        let trimmed = self.counters(ss.cookie)[TRIMMED];
+        let counters = self.counters(ss.cookie);
+        Self::check_broken(&counters)?;
+        let trimmed = counters[TRIMMED];
         tracing::debug!(
             "{} -> {}: {redirected} bytes through the kernel, {user} in user space{}{}",
             src.label,
