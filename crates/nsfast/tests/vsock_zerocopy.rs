@@ -302,6 +302,22 @@ fn guest_zerocopy_completions_after_the_peer_closed_end_the_connection_cleanly()
         });
         peer.read_exact(&mut got).unwrap();
         assert!(got.iter().all(|&b| b == 0x5a), "round {round}");
+        // Close only once the relay's sends past that 1 MiB are queued here: left unread, their
+        // completions come after the close, which is what this test is about. (Closing at
+        // once raced the relay: a fresh-clone CI run on 2026-12-02 closed before its 17th send
+        // in the 6.12 guest.)
+        peer.set_read_timeout(Some(Duration::from_secs(30)))
+            .unwrap();
+        let mut one = [0u8; 1];
+        let queued = nix::sys::socket::recv(
+            std::os::fd::AsRawFd::as_raw_fd(&peer),
+            &mut one,
+            nix::sys::socket::MsgFlags::MSG_PEEK,
+        );
+        assert!(
+            matches!(queued, Ok(1)),
+            "round {round}: nothing queued at the peer after 1 MiB: {queued:?}"
+        );
         drop(peer);
         // The client's connection ends (EOF or reset), it does not hang.
         c.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
