@@ -1987,3 +1987,129 @@ fn kernel_path_refuses_a_unix_leg_and_bad_values_at_start() {
         "{err}"
     );
 }
+
+/// What a stalled peer may let a vsock sender queue through the kernel path before the sender
+/// is held back: the relay's limit plus the sockets' own buffers (a TCP target's send and
+/// receive buffers reach 4 + 6 MiB by default; vsock's 256 KiB each).
+const STALLED_TARGET_BOUND: u64 = 40 * MIB;
+
+/// Writes the stream `seed` into `s` until `limit` bytes went out or a write waited 3 s:
+/// returns the bytes sent and their SHA-256.
+fn send_until_held(mut s: UnixStream, limit: u64, seed: u64) -> (u64, String) {
+    use sha2::Digest;
+    s.set_write_timeout(Some(Duration::from_secs(3))).unwrap();
+    let mut st = ByteStream::new(seed);
+    let mut h = sha2::Sha256::new();
+    let mut buf = vec![0u8; 1 << 16];
+    let mut sent = 0u64;
+    while sent < limit {
+        st.fill(&mut buf);
+        let mut off = 0;
+        while off < buf.len() {
+            match s.write(&buf[off..]) {
+                Ok(n) => {
+                    h.update(&buf[off..off + n]);
+                    off += n;
+                    sent += n as u64;
+                }
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                    ) =>
+                {
+                    s.shutdown(std::net::Shutdown::Write).unwrap();
+                    return (sent, format!("{:x}", h.finalize()));
+                }
+                Err(e) => panic!("send after {sent} bytes: {e}"),
+            }
+        }
+    }
+    s.shutdown(std::net::Shutdown::Write).unwrap();
+    (sent, format!("{:x}", h.finalize()))
+}
+
+/// Reads `s` to EOF: the bytes and their SHA-256.
+fn read_all_hashed(mut s: impl Read) -> (u64, String) {
+    use sha2::Digest;
+    let mut h = sha2::Sha256::new();
+    let mut buf = vec![0u8; 1 << 16];
+    let mut got = 0u64;
+    loop {
+        let n = s.read(&mut buf).expect("read");
+        if n == 0 {
+            break;
+        }
+        got += n as u64;
+        h.update(&buf[..n]);
+    }
+    (got, format!("{:x}", h.finalize()))
+}
+
+/// A target that stops reading holds a vsock sender back on the kernel path. vsock's
+/// `read_skb` returns the sender's credit as soon as the verdict takes a packet, and the skbs
+/// redirected to a slow target wait on its psock charged to no socket: without a limit of the
+/// relay's own, a vsock peer (in the bridge's case another VM) makes the kernel queue all it
+/// sends. Checked for a TCP and a vsock target: at most [`STALLED_TARGET_BOUND`] goes out
+/// while the target does not read, and once it reads everything arrives, byte-exact.
+#[test]
+#[ignore = "runs inside the VM harness guests (AF_VSOCK)"]
+fn guest_kernel_path_a_target_that_does_not_read_holds_the_vsock_sender_back() {
+    require_guest();
+    if !guest_vsock_sockmap() {
+        eprintln!("no vsock sockmap on this kernel: nothing is joined");
+        return;
+    }
+    let w = World::new();
+    let limit = 192 * MIB;
+    // (kind, the relay's vsock port, its target, the target's accept)
+    type Accept = Box<dyn Fn() -> Box<dyn Read + Send>>;
+    let checks: [(&str, u32, &str, Accept); 2] = [
+        ("tcp", 1130, "tcp:127.0.0.1:7130", {
+            let l = w.tcp_listener(7130);
+            Box::new(move || Box::new(l.accept().unwrap().0) as Box<dyn Read + Send>)
+        }),
+        ("vsock", 1131, "vsock-connect:1:1132", {
+            let l = nsfast_vsock::conn::vsock::listen(u32::MAX, 1132, None).expect("vsock listen");
+            Box::new(move || {
+                let (fd, _, _) = nsfast_vsock::conn::vsock::accept(&l).expect("vsock accept");
+                Box::new(vsock_stream(fd)) as Box<dyn Read + Send>
+            })
+        }),
+    ];
+    for (kind, port, target, accept) in checks {
+        let relay = w.relay(&[
+            &format!("vsock-listen:{port}"),
+            target,
+            "--path",
+            "kernel",
+            "--json",
+        ]);
+        let c = vsock_connect(port);
+        let peer = accept();
+        let sender = std::thread::spawn(move || send_until_held(c, limit, 31));
+        // The target reads nothing until the sender was held back (or sent everything).
+        let start = Instant::now();
+        let (sent, sent_sha) = sender.join().unwrap();
+        eprintln!(
+            "{kind} target: {sent} bytes went out in {:?} while it did not read",
+            start.elapsed()
+        );
+        let (got, got_sha) = read_all_hashed(peer);
+        let out = relay.take().wait_with_output().unwrap();
+        // The relay's account of each direction (RUST_LOG=debug in a guest line).
+        for l in String::from_utf8_lossy(&out.stderr).lines() {
+            if l.contains(" -> ") {
+                eprintln!("{l}");
+            }
+        }
+        let stats = json_of(&out);
+        assert_eq!(stats["path"], "kernel", "{stats}");
+        assert_eq!(got, sent, "{kind}: {stats}");
+        assert_eq!(got_sha, sent_sha, "{kind}: bytes differ");
+        assert!(
+            sent <= STALLED_TARGET_BOUND,
+            "{kind}: {sent} bytes went out to a target that did not read (at most {STALLED_TARGET_BOUND}): {stats}"
+        );
+    }
+}

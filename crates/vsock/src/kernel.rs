@@ -38,6 +38,14 @@
 //!   while its skb count stands still hands its direction over to user space. So does a leg
 //!   the program tainted during the join (a tainted socket is never redirected again, so what
 //!   it kept cannot be overtaken).
+//! - An AF_VSOCK source has no flow control while joined: vsock's read_skb returns the
+//!   sender's credit as soon as the program takes a packet, and the skbs redirected to a slow
+//!   target wait on its psock, charged to no socket (a vsock client could send 192 MiB to a
+//!   target that read nothing, 6.12 and 7.2 guests). A target more than
+//!   [`KERNEL_QUEUE_LIMIT`] behind hands the connection over, and a handed-over vsock source
+//!   leaves the verdict's map (it stays in nsr_targets): its packets then wait in its own
+//!   receive queue and its credit holds the sender back. A TCP source needs none of this:
+//!   what it redirected stays charged to its receive memory, which closes its window.
 //! - A vsock skb is never left partly read at the join ([`forward_queued`]): read_skb would
 //!   send its already-read bytes again.
 //! - The process ending (SIGTERM, SIGKILL) closes both legs: a closed socket leaves the map by
@@ -255,6 +263,18 @@ impl KernelPath {
         let m = self.maps();
         m.sockhash.keys().filter(|k| k.is_ok()).count()
             + m.targets.keys().filter(|k| k.is_ok()).count()
+    }
+
+    /// Bytes of what the program redirected to `dst` that `dst` has taken (written into its
+    /// send path): a TCP target's written count past its base; a vsock target's data bytes
+    /// counted by the tracepoint. Without that counter (a TCP source, flow-controlled by its
+    /// own receive memory) `redirected`.
+    fn taken(&self, dst: &Conn, ds: &LegState, redirected: u64) -> io::Result<u64> {
+        Ok(match (ds.leg, ds.vkey) {
+            (Leg::Tcp, _) => sockinfo::tcp_written(dst.reader())?.saturating_sub(ds.base),
+            (Leg::Vsock, Some(k)) if self.vsock_pair.is_ok() => self.vsock_sent(&k),
+            (Leg::Vsock, _) => redirected,
+        })
     }
 
     fn counters(&self, cookie: u64) -> RawCounters {
@@ -542,32 +562,75 @@ impl KernelPath {
         wait_until("no verdict in flight", abort, dst.reader(), || {
             Ok(self.counters(ss.cookie)[5] >= begin)
         })?;
-        let mut stuck = self.counters(ss.cookie)[6] & TAINTED != 0;
-        if !stuck {
+        let mut stuck = (self.counters(ss.cookie)[6] & TAINTED != 0)
+            .then_some("the program kept data on it during the join");
+        if stuck.is_none() {
             // A vsock leg's packets that arrived after the forward above and before the join
             // wait in its queue: each later packet's data_ready redirects the oldest one, so
             // order holds and bulk flows, but with no later packet (a request waiting for its
             // answer) they would wait forever. Readable while the program's skb count stands
             // still for a tick: hand over to user space.
-            let stalled = || -> io::Result<bool> {
-                Self::check_broken(&self.counters(ss.cookie))?;
-                Ok(ss.leg == Leg::Vsock && readable(src.reader())?)
+            //
+            // And a vsock source has no flow control while it is joined: vsock's read_skb
+            // returns the sender's credit as soon as the program takes a packet, and what the
+            // program redirected waits on the target's psock, charged to no socket. A target
+            // that falls KERNEL_QUEUE_LIMIT behind hands the connection over, and the vsock
+            // source leaves the verdict's map (below): its credit then holds the sender back.
+            let watch = || -> io::Result<Watch> {
+                let c = self.counters(ss.cookie);
+                Self::check_broken(&c)?;
+                if ss.leg != Leg::Vsock {
+                    return Ok(Watch::Fine);
+                }
+                let behind = c[0].saturating_sub(self.taken(dst, ds, c[0])?);
+                if behind > KERNEL_QUEUE_LIMIT {
+                    return Ok(Watch::Behind(behind));
+                }
+                Ok(if readable(src.reader())? {
+                    Watch::Waiting
+                } else {
+                    Watch::Fine
+                })
             };
-            stuck = wait_eof(
+            stuck = match wait_eof(
                 src.reader(),
                 dst.reader(),
                 abort,
                 &unjoin.wanted,
-                stalled,
+                ss.leg == Leg::Vsock,
+                watch,
                 || self.counters(ss.cookie)[1],
             )
-            .map_err(ctx("waiting for EOF"))?;
+            .map_err(ctx("waiting for EOF"))?
+            {
+                Eof::End => None,
+                Eof::Waiting => Some("data was queued before the join"),
+                Eof::Behind(n) => {
+                    tracing::debug!(
+                        "{} -> {}: the target is {n} bytes behind (limit {KERNEL_QUEUE_LIMIT}): \
+                         handing the connection over to user space",
+                        src.label,
+                        dst.label
+                    );
+                    Some("the target fell behind")
+                }
+                Eof::Other => Some("the other direction left the kernel"),
+            };
         }
-        if stuck {
+        if stuck.is_some() {
             // Both directions leave the kernel together (see Unjoin).
             unjoin.wanted.store(true, Ordering::SeqCst);
         }
         check_abort(abort)?;
+        if stuck.is_some() && ss.leg == Leg::Vsock {
+            // Out of the verdict's map at once (it stays in nsr_targets, so its psock and what
+            // the other direction queued there stay): from now on its packets wait in its own
+            // receive queue, and vsock's credit holds the sender back while the target is
+            // slow. Skbs the program passed before this are read first (see Unjoin).
+            let mut m = self.maps();
+            let _ = m.peers.remove(&ss.cookie);
+            let _ = m.sockhash.remove(&ss.cookie);
+        }
         // (1) no more redirects from src; (2) none in flight.
         let _ = self.maps().peers.remove(&ss.cookie);
         let begin = self.counters(ss.cookie)[4];
@@ -615,7 +678,7 @@ impl KernelPath {
         // more, so what the program passes on src from now on goes straight to the psock's
         // message queue, which recvmsg reads first (see Unjoin).
         unjoin.drained.fetch_add(1, Ordering::SeqCst);
-        if stuck {
+        if stuck.is_some() {
             wait_until(
                 "the other direction out of the kernel",
                 abort,
@@ -638,11 +701,7 @@ impl KernelPath {
             "{} -> {}: {redirected} bytes through the kernel, {user} in user space{}{}",
             src.label,
             dst.label,
-            if stuck {
-                " (data was queued before the join)"
-            } else {
-                ""
-            },
+            stuck.map(|why| format!(" ({why})")).unwrap_or_default(),
             if trimmed > 0 {
                 format!("; {trimmed} resent bytes trimmed (TCP had delivered them already)")
             } else {
@@ -762,27 +821,60 @@ fn readable(fd: BorrowedFd<'_>) -> io::Result<bool> {
     Ok(wait_events(&[(fd, EpollFlags::EPOLLIN)], 0)?[0].contains(EpollFlags::EPOLLIN))
 }
 
-/// Waits for src's end of data (RDHUP/HUP), while watching both legs for errors. Returns true
-/// instead when `stalled` held on two ticks in a row (10 ms apart for the first second, then
-/// 200 ms) with `progress` unchanged in between.
+/// What a joined direction's watch found at a tick.
+enum Watch {
+    Fine,
+    /// Readable while joined: counts only if the program's skb count stood still since the
+    /// last tick (a packet that waits for a later one that may not come).
+    Waiting,
+    /// The target this many bytes behind the source.
+    Behind(u64),
+}
+
+/// How [`wait_eof`] ended.
+#[derive(Debug, PartialEq, Eq)]
+enum Eof {
+    /// src's end of data.
+    End,
+    /// [`Watch::Waiting`] on two ticks in a row with no skb redirected in between.
+    Waiting,
+    /// [`Watch::Behind`].
+    Behind(u64),
+    /// The other direction left the kernel.
+    Other,
+}
+
+/// Bytes more than this that a joined AF_VSOCK source's target has not taken yet (queued on
+/// its psock, charged to no socket) hand the connection over to user space, where vsock's
+/// credit holds the sender back. Per connection; what a tick can add on top is the source's
+/// rate times the 10 ms tick.
+pub const KERNEL_QUEUE_LIMIT: u64 = 4 << 20;
+
+/// Waits for src's end of data (RDHUP/HUP), while watching both legs for errors, and runs
+/// `watch` at every tick: 10 ms apart for the first second, then 200 ms, or 10 ms while
+/// `progress` moves when `fast` (a source whose target can fall behind, see
+/// [`KERNEL_QUEUE_LIMIT`]).
 fn wait_eof(
     src: BorrowedFd<'_>,
     dst: BorrowedFd<'_>,
     abort: &AtomicBool,
     unjoin: &AtomicBool,
-    stalled: impl Fn() -> io::Result<bool>,
+    fast: bool,
+    watch: impl Fn() -> io::Result<Watch>,
     progress: impl Fn() -> u64,
-) -> io::Result<bool> {
+) -> io::Result<Eof> {
     let mut watch_dst = true;
     let start = Instant::now();
-    let mut last: Option<u64> = None;
+    let mut last_waiting: Option<u64> = None;
+    let mut last = progress();
+    let mut moving = false;
     loop {
         check_abort(abort)?;
         let mut fds = vec![(src, EpollFlags::EPOLLRDHUP)];
         if watch_dst {
             fds.push((dst, EpollFlags::empty()));
         }
-        let tick = if start.elapsed() < Duration::from_secs(1) {
+        let tick = if start.elapsed() < Duration::from_secs(1) || (fast && moving) {
             10
         } else {
             200
@@ -803,19 +895,23 @@ fn wait_eof(
         }
         if rs.intersects(EpollFlags::EPOLLRDHUP | EpollFlags::EPOLLHUP) {
             sock_error(src)?;
-            return Ok(false);
+            return Ok(Eof::End);
         }
         if unjoin.load(Ordering::SeqCst) {
-            return Ok(true);
+            return Ok(Eof::Other);
         }
-        if stalled()? {
-            let now = progress();
-            if last == Some(now) {
-                return Ok(true);
+        let now = progress();
+        moving = now != last;
+        last = now;
+        match watch()? {
+            Watch::Behind(n) => return Ok(Eof::Behind(n)),
+            Watch::Waiting => {
+                if last_waiting == Some(now) {
+                    return Ok(Eof::Waiting);
+                }
+                last_waiting = Some(now);
             }
-            last = Some(now);
-        } else {
-            last = None;
+            Watch::Fine => last_waiting = None,
         }
     }
 }
