@@ -1078,3 +1078,75 @@ fn copy(src: BorrowedFd<'_>, leg: Leg, dst: BorrowedFd<'_>, abort: &AtomicBool) 
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::cell::Cell;
+    use std::os::fd::AsFd;
+    use std::os::unix::net::UnixStream;
+
+    fn wait(
+        src: &UnixStream,
+        dst: &UnixStream,
+        watch: impl Fn() -> io::Result<Watch>,
+        progress: impl Fn() -> u64,
+    ) -> io::Result<Eof> {
+        let (abort, unjoin) = (AtomicBool::new(false), AtomicBool::new(false));
+        wait_eof(
+            src.as_fd(),
+            dst.as_fd(),
+            &abort,
+            &unjoin,
+            true,
+            watch,
+            progress,
+        )
+    }
+
+    #[test]
+    fn a_target_behind_ends_the_wait_at_the_first_tick() {
+        let (src, _peer) = UnixStream::pair().unwrap();
+        let (dst, _dpeer) = UnixStream::pair().unwrap();
+        let ticks = Cell::new(0);
+        let r = wait(
+            &src,
+            &dst,
+            || {
+                ticks.set(ticks.get() + 1);
+                Ok(Watch::Behind(5 << 20))
+            },
+            || 0,
+        );
+        assert_eq!(r.unwrap(), Eof::Behind(5 << 20));
+        assert_eq!(ticks.get(), 1);
+    }
+
+    #[test]
+    fn waiting_counts_only_while_no_skb_moves() {
+        let (src, _peer) = UnixStream::pair().unwrap();
+        let (dst, _dpeer) = UnixStream::pair().unwrap();
+        // The skb count moves on each of the first 5 ticks: no hand-over before it stands still.
+        let ticks = Cell::new(0u64);
+        let r = wait(
+            &src,
+            &dst,
+            || Ok(Watch::Waiting),
+            || {
+                ticks.set(ticks.get() + 1);
+                ticks.get().min(6)
+            },
+        );
+        assert_eq!(r.unwrap(), Eof::Waiting);
+        assert!(ticks.get() >= 7, "{} ticks", ticks.get());
+    }
+
+    #[test]
+    fn the_sources_end_ends_the_wait() {
+        let (src, peer) = UnixStream::pair().unwrap();
+        let (dst, _dpeer) = UnixStream::pair().unwrap();
+        peer.shutdown(std::net::Shutdown::Write).unwrap();
+        let r = wait(&src, &dst, || Ok(Watch::Fine), || 0);
+        assert_eq!(r.unwrap(), Eof::End);
+    }
+}
