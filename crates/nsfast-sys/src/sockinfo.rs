@@ -60,6 +60,19 @@ pub fn rmem_alloc(fd: BorrowedFd<'_>) -> io::Result<u32> {
     Ok(u32::from_ne_bytes([b[0], b[1], b[2], b[3]]))
 }
 
+/// SO_MEMINFO's SK_MEMINFO_DROPS: skbs the kernel dropped on the socket (sk_drops), among
+/// them the ones a sockmap psock dropped (sock_drop).
+pub fn drops(fd: BorrowedFd<'_>) -> io::Result<u32> {
+    let mut b = [0u8; 4 * 9];
+    let n = getsockopt_raw(fd, libc::SOL_SOCKET, libc::SO_MEMINFO, &mut b)?;
+    if n < 4 * 9 {
+        return Err(io::Error::other(
+            "SO_MEMINFO has no drop count (Linux < 4.7)",
+        ));
+    }
+    Ok(u32::from_ne_bytes([b[32], b[33], b[34], b[35]]))
+}
+
 fn ioctl_int(fd: BorrowedFd<'_>, req: libc::Ioctl) -> io::Result<i32> {
     let mut v: libc::c_int = 0;
     // SAFETY: SIOCINQ/SIOCOUTQ write one int to the pointer, which points to a live c_int.
@@ -129,6 +142,18 @@ mod tests {
         assert_eq!(tcp_written(c.as_fd()).unwrap() - w0, 10000);
         assert_eq!(inq(s.as_fd()).unwrap(), 0);
         assert_eq!(rmem_alloc(s.as_fd()).unwrap(), 0);
+        assert_eq!(drops(s.as_fd()).unwrap(), 0);
         set_rcvlowat(s.as_fd(), 1).unwrap();
+    }
+
+    #[test]
+    fn drops_counts_datagrams_the_kernel_dropped() {
+        let r = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        socket2::SockRef::from(&r).set_recv_buffer_size(1).unwrap();
+        let s = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        for _ in 0..64 {
+            s.send_to(&[0u8; 1000], r.local_addr().unwrap()).unwrap();
+        }
+        assert!(drops(r.as_fd()).unwrap() > 0);
     }
 }

@@ -46,6 +46,11 @@
 //!   leaves the verdict's map (it stays in nsr_targets): its packets then wait in its own
 //!   receive queue and its credit holds the sender back. A TCP source needs none of this:
 //!   what it redirected stays charged to its receive memory, which closes its window.
+//! - Taking a vsock source out of the verdict's map from user space races with a read_skb
+//!   in the transport's receive path, which then drops the skb it took (no program is
+//!   SK_DROP); the program cannot remove its own socket (sk_skb programs may not update a
+//!   sockmap). The leg's drop count (SO_MEMINFO) against its count at the join turns such a
+//!   loss into a failed connection (`check_drops`), never a silent hole.
 //! - A vsock skb is never left partly read at the join ([`forward_queued`]): read_skb would
 //!   send its already-read bytes again.
 //! - The process ending (SIGTERM, SIGKILL) closes both legs: a closed socket leaves the map by
@@ -307,11 +312,18 @@ impl KernelPath {
                     (0, Some([me.port(), peer.cid(), peer.port(), 0]))
                 }
             };
+            let drops = match l {
+                Leg::Tcp => 0,
+                Leg::Vsock => {
+                    sockinfo::drops(fd).map_err(|e| format!("{}: SO_MEMINFO: {e}", c.label))?
+                }
+            };
             Ok(LegState {
                 leg: l,
                 cookie,
                 base,
                 vkey,
+                drops,
             })
         };
         let (sa, sb) = (
@@ -338,6 +350,15 @@ impl KernelPath {
             }
         }
         USER_BYTES.fetch_add(pre[0] + pre[1], Ordering::Relaxed);
+        for (n, (src, dst)) in pre.iter().zip([(a, b), (b, a)]) {
+            if *n > 0 {
+                tracing::debug!(
+                    "{} -> {}: joining: {n} bytes forwarded in user space (queued before the join)",
+                    src.label,
+                    dst.label
+                );
+            }
+        }
         let joined = self.insert(a, &sa, b, &sb).map_err(|mut r| {
             r.pre = pre;
             r
@@ -522,6 +543,27 @@ impl KernelPath {
         Ok(())
     }
 
+    /// A joined vsock source must not have lost an skb. Taking it out of the verdict's map
+    /// from user space (a hand-over) races with a read_skb in the transport's receive path:
+    /// one that already took the skb (and returned its credit to the sender) but finds the
+    /// program gone drops it (sk_psock_verdict_recv: no program is SK_DROP; 6.12 and 7.2
+    /// source). The socket's drop count shows it; the connection then fails (both legs
+    /// reset) instead of delivering a stream with a hole.
+    fn check_drops(src: &Conn, ss: &LegState) -> io::Result<()> {
+        if ss.leg != Leg::Vsock {
+            return Ok(());
+        }
+        let now = sockinfo::drops(src.reader())?;
+        if now != ss.drops {
+            return Err(io::Error::other(format!(
+                "the kernel dropped {} skb(s) received on this AF_VSOCK leg while it left the \
+                 sockmap; their bytes are lost, so the connection is reset",
+                now.wrapping_sub(ss.drops)
+            )));
+        }
+        Ok(())
+    }
+
     /// One direction, src → dst: kernel until src's EOF (or a hand-over), then the remainder
     /// in user space, then dst's half-close. Returns the bytes moved in user space.
     fn direction(
@@ -696,6 +738,7 @@ impl KernelPath {
         // instead of a clean half-close.
         let counters = self.counters(ss.cookie);
         Self::check_broken(&counters)?;
+        Self::check_drops(src, ss)?;
         let trimmed = counters[TRIMMED];
         tracing::debug!(
             "{} -> {}: {redirected} bytes through the kernel, {user} in user space{}{}",
@@ -770,6 +813,8 @@ struct LegState {
     base: u64,
     /// AF_VSOCK: its key in nsr_vsock_sent (own port, peer CID, peer port).
     vkey: Option<VsockKey>,
+    /// AF_VSOCK: its drop count (SO_MEMINFO) at the join; see [`KernelPath::check_drops`].
+    drops: u32,
 }
 
 fn ctx(what: &'static str) -> impl FnOnce(io::Error) -> io::Error {
