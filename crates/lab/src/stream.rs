@@ -94,8 +94,18 @@ pub fn bidir<S: Duplex>(s: S, bytes: u64, seed: u64) -> Bidir {
         w.shut_wr();
         format!("{:x}", h.finalize())
     });
-    let mut r = s;
+    let r = s;
     r.read_timeout(Duration::from_secs(60));
+    let (received, recv_sha) = read_to_end_hashed(r);
+    Bidir {
+        sent_sha: sender.join().unwrap(),
+        recv_sha,
+        received,
+    }
+}
+
+/// Reads `r` to EOF (a read error fails): how many bytes, and their SHA-256 in hex.
+pub fn read_to_end_hashed(mut r: impl Read) -> (u64, String) {
     let mut h = Sha256::new();
     let mut buf = vec![0u8; 1 << 16];
     let mut received = 0;
@@ -107,11 +117,7 @@ pub fn bidir<S: Duplex>(s: S, bytes: u64, seed: u64) -> Bidir {
         received += n as u64;
         h.update(&buf[..n]);
     }
-    Bidir {
-        sent_sha: sender.join().unwrap(),
-        recv_sha: format!("{:x}", h.finalize()),
-        received,
-    }
+    (received, format!("{:x}", h.finalize()))
 }
 
 /// Checks that two ends of a [`bidir`] transfer each got all of what the other sent.

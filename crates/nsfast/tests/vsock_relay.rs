@@ -2075,23 +2075,6 @@ fn send_until_held(mut s: UnixStream, limit: u64, seed: u64) -> (u64, String) {
     (sent, format!("{:x}", h.finalize()))
 }
 
-/// Reads `s` to EOF: the bytes and their SHA-256.
-fn read_all_hashed(mut s: impl Read) -> (u64, String) {
-    use sha2::Digest;
-    let mut h = sha2::Sha256::new();
-    let mut buf = vec![0u8; 1 << 16];
-    let mut got = 0u64;
-    loop {
-        let n = s.read(&mut buf).expect("read");
-        if n == 0 {
-            break;
-        }
-        got += n as u64;
-        h.update(&buf[..n]);
-    }
-    (got, format!("{:x}", h.finalize()))
-}
-
 /// A target that stops reading holds a vsock sender back on the kernel path. vsock's
 /// `read_skb` returns the sender's credit as soon as the verdict takes a packet, and the skbs
 /// redirected to a slow target wait on its psock charged to no socket: without a limit of the
@@ -2141,7 +2124,7 @@ fn guest_kernel_path_a_target_that_does_not_read_holds_the_vsock_sender_back() {
             "{kind} target: {sent} bytes went out in {:?} while it did not read",
             start.elapsed()
         );
-        let (got, got_sha) = read_all_hashed(peer);
+        let (got, got_sha) = nsfast_lab::stream::read_to_end_hashed(peer);
         let out = relay.take().wait_with_output().unwrap();
         // The relay's account of each direction (RUST_LOG=debug in a guest line).
         for l in String::from_utf8_lossy(&out.stderr).lines() {
