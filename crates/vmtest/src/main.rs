@@ -805,6 +805,20 @@ fn run_kernel(
             g = GuestRun::default();
             ending = qemu::boot(&spec, &mut g)?;
         }
+        if g.init_after.is_none() && matches!(ending, Ending::Exited { .. }) {
+            // The kernel died while booting, before /init ran any test (seen once on 7.2
+            // under TCG: "Oops: int3" in sched_clock_cpu during an initcall, 2026-12-02, a
+            // code-patching race of multi-threaded TCG): boot it once more.
+            println!(
+                "vmtest: kernel {tag}: the guest stopped before /init (last console line: {:?}); \
+                 booting it once more",
+                g.last_line
+            );
+            let first = spec.log.with_extension("first-boot.log");
+            let _ = fs::rename(&spec.log, &first);
+            g = GuestRun::default();
+            ending = qemu::boot(&spec, &mut g)?;
+        }
         drop(helpers);
         res.accel = Some(spec.accel);
         res.boot_secs = res.boot_secs.or(g.init_after);
