@@ -52,25 +52,28 @@ pub fn domain(fd: BorrowedFd<'_>) -> io::Result<i32> {
 /// SO_MEMINFO's SK_MEMINFO_RMEM_ALLOC: receive memory charged to the socket. An skb a
 /// TCP socket's psock redirected elsewhere stays charged to it until it was sent and freed.
 pub fn rmem_alloc(fd: BorrowedFd<'_>) -> io::Result<u32> {
-    let mut b = [0u8; 4 * 9];
-    let n = getsockopt_raw(fd, libc::SOL_SOCKET, libc::SO_MEMINFO, &mut b)?;
-    if n < 4 {
-        return Err(io::Error::other("SO_MEMINFO returned nothing"));
-    }
-    Ok(u32::from_ne_bytes([b[0], b[1], b[2], b[3]]))
+    meminfo(fd, 0, "SO_MEMINFO returned nothing")
 }
 
 /// SO_MEMINFO's SK_MEMINFO_DROPS: skbs the kernel dropped on the socket (sk_drops), among
 /// them the ones a sockmap psock dropped (sock_drop).
 pub fn drops(fd: BorrowedFd<'_>) -> io::Result<u32> {
+    meminfo(fd, 8, "SO_MEMINFO has no drop count (Linux < 4.7)")
+}
+
+/// Field `i` of SO_MEMINFO's u32 array; `missing` when the kernel returns fewer.
+fn meminfo(fd: BorrowedFd<'_>, i: usize, missing: &str) -> io::Result<u32> {
     let mut b = [0u8; 4 * 9];
     let n = getsockopt_raw(fd, libc::SOL_SOCKET, libc::SO_MEMINFO, &mut b)?;
-    if n < 4 * 9 {
-        return Err(io::Error::other(
-            "SO_MEMINFO has no drop count (Linux < 4.7)",
-        ));
+    if n < 4 * (i + 1) {
+        return Err(io::Error::other(missing.to_string()));
     }
-    Ok(u32::from_ne_bytes([b[32], b[33], b[34], b[35]]))
+    Ok(u32::from_ne_bytes([
+        b[4 * i],
+        b[4 * i + 1],
+        b[4 * i + 2],
+        b[4 * i + 3],
+    ]))
 }
 
 fn ioctl_int(fd: BorrowedFd<'_>, req: libc::Ioctl) -> io::Result<i32> {

@@ -893,6 +893,24 @@ fn guest_vsock_bench_counts_every_byte() {
 /// The relay's debug log: what each joined connection moved where, and each hand-over.
 const DEBUG_LOG: &[(&str, &str)] = &[("RUST_LOG", "nsfast_vsock=debug")];
 
+/// Reads the relay's log (its stderr) as it comes, so a full pipe never stops it; `echo`
+/// also shows each line on the test's stderr. The thread returns the whole log.
+fn drain_log(relay: &mut KillOnDrop, echo: bool) -> std::thread::JoinHandle<String> {
+    let err = relay.child_mut().stderr.take().unwrap();
+    std::thread::spawn(move || {
+        use std::io::BufRead;
+        let mut all = String::new();
+        for l in std::io::BufReader::new(err).lines().map_while(Result::ok) {
+            if echo {
+                eprintln!("relay: {l}");
+            }
+            all.push_str(&l);
+            all.push('\n');
+        }
+        all
+    })
+}
+
 /// A relay whose log is echoed to the test's stderr line by line as it comes and kept.
 struct Logged {
     relay: KillOnDrop,
@@ -901,17 +919,7 @@ struct Logged {
 
 impl Logged {
     fn new(mut relay: KillOnDrop) -> Self {
-        let err = relay.child_mut().stderr.take().unwrap();
-        let log = std::thread::spawn(move || {
-            use std::io::BufRead;
-            let mut all = String::new();
-            for l in std::io::BufReader::new(err).lines().map_while(Result::ok) {
-                eprintln!("relay: {l}");
-                all.push_str(&l);
-                all.push('\n');
-            }
-            all
-        });
+        let log = drain_log(&mut relay, true);
         Self { relay, log }
     }
 
@@ -1113,14 +1121,7 @@ fn guest_kernel_path_vsock_fork_reset_and_kill() {
     let stdout = relay.child_mut().stdout.take().unwrap();
     // Its log, drained as it comes: with RUST_LOG=debug (two lines per connection) a full
     // stderr pipe would stop the relay mid-test.
-    let log = {
-        let mut err = relay.child_mut().stderr.take().unwrap();
-        std::thread::spawn(move || {
-            let mut s = String::new();
-            let _ = err.read_to_string(&mut s);
-            s
-        })
-    };
+    let log = drain_log(&mut relay, false);
     let (tx, rx) = std::sync::mpsc::channel::<String>();
     std::thread::spawn(move || {
         use std::io::BufRead;
@@ -2107,13 +2108,16 @@ fn guest_kernel_path_a_target_that_does_not_read_holds_the_vsock_sender_back() {
         }),
     ];
     for (kind, port, target, accept) in checks {
-        let relay = w.relay(&[
-            &format!("vsock-listen:{port}"),
-            target,
-            "--path",
-            "kernel",
-            "--json",
-        ]);
+        let relay = Logged::new(w.relay_env(
+            &[
+                &format!("vsock-listen:{port}"),
+                target,
+                "--path",
+                "kernel",
+                "--json",
+            ],
+            DEBUG_LOG,
+        ));
         let c = vsock_connect(port);
         let peer = accept();
         let sender = std::thread::spawn(move || send_until_held(c, limit, 31));
@@ -2125,15 +2129,10 @@ fn guest_kernel_path_a_target_that_does_not_read_holds_the_vsock_sender_back() {
             start.elapsed()
         );
         let (got, got_sha) = nsfast_lab::stream::read_to_end_hashed(peer);
-        let out = relay.take().wait_with_output().unwrap();
-        // The relay's account of each direction (RUST_LOG=debug in a guest line).
-        for l in String::from_utf8_lossy(&out.stderr).lines() {
-            if l.contains(" -> ") {
-                eprintln!("{l}");
-            }
-        }
+        // The relay's account of each direction was echoed as it came (its debug log).
+        let (out, log) = relay.output_with_log();
         let stats = json_of(&out);
-        assert_eq!(stats["path"], "kernel", "{stats}");
+        assert_eq!(stats["path"], "kernel", "{stats}\n{log}");
         assert_eq!(got, sent, "{kind}: {stats}");
         assert_eq!(got_sha, sent_sha, "{kind}: bytes differ");
         assert!(

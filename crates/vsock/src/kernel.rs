@@ -272,14 +272,16 @@ impl KernelPath {
 
     /// Bytes of what the program redirected to `dst` that `dst` has taken (written into its
     /// send path): a TCP target's written count past its base; a vsock target's data bytes
-    /// counted by the tracepoint. Without that counter (a TCP source, flow-controlled by its
-    /// own receive memory) `redirected`.
-    fn taken(&self, dst: &Conn, ds: &LegState, redirected: u64) -> io::Result<u64> {
-        Ok(match (ds.leg, ds.vkey) {
-            (Leg::Tcp, _) => sockinfo::tcp_written(dst.reader())?.saturating_sub(ds.base),
-            (Leg::Vsock, Some(k)) if self.vsock_pair.is_ok() => self.vsock_sent(&k),
-            (Leg::Vsock, _) => redirected,
-        })
+    /// counted by the tracepoint. None: no such count (a vsock target without the tracepoint,
+    /// joined only to a TCP source, which its own receive memory holds back).
+    fn taken(&self, dst: &Conn, ds: &LegState) -> Option<io::Result<u64>> {
+        match (ds.leg, ds.vkey) {
+            (Leg::Tcp, _) => {
+                Some(sockinfo::tcp_written(dst.reader()).map(|w| w.saturating_sub(ds.base)))
+            }
+            (Leg::Vsock, Some(k)) if self.vsock_pair.is_ok() => Some(Ok(self.vsock_sent(&k))),
+            (Leg::Vsock, _) => None,
+        }
     }
 
     fn counters(&self, cookie: u64) -> RawCounters {
@@ -624,9 +626,11 @@ impl KernelPath {
                 if ss.leg != Leg::Vsock {
                     return Ok(Watch::Fine);
                 }
-                let behind = c[0].saturating_sub(self.taken(dst, ds, c[0])?);
-                if behind > KERNEL_QUEUE_LIMIT {
-                    return Ok(Watch::Behind(behind));
+                if let Some(taken) = self.taken(dst, ds) {
+                    let behind = c[0].saturating_sub(taken?);
+                    if behind > KERNEL_QUEUE_LIMIT {
+                        return Ok(Watch::Behind(behind));
+                    }
                 }
                 Ok(if readable(src.reader())? {
                     Watch::Waiting
@@ -664,17 +668,19 @@ impl KernelPath {
             unjoin.wanted.store(true, Ordering::SeqCst);
         }
         check_abort(abort)?;
-        if stuck.is_some() && ss.leg == Leg::Vsock {
-            // Out of the verdict's map at once (it stays in nsr_targets, so its psock and what
-            // the other direction queued there stay): from now on its packets wait in its own
-            // receive queue, and vsock's credit holds the sender back while the target is
-            // slow. Skbs the program passed before this are read first (see Unjoin).
+        // (1) no more redirects from src; (2) none in flight.
+        {
             let mut m = self.maps();
             let _ = m.peers.remove(&ss.cookie);
-            let _ = m.sockhash.remove(&ss.cookie);
+            if stuck.is_some() && ss.leg == Leg::Vsock {
+                // A handed-over vsock source also leaves the verdict's map at once (it stays
+                // in nsr_targets, so its psock and what the other direction queued there
+                // stay): from now on its packets wait in its own receive queue, and vsock's
+                // credit holds the sender back while the target is slow. Skbs the program
+                // passed before this are read first (see Unjoin).
+                let _ = m.sockhash.remove(&ss.cookie);
+            }
         }
-        // (1) no more redirects from src; (2) none in flight.
-        let _ = self.maps().peers.remove(&ss.cookie);
         let begin = self.counters(ss.cookie)[4];
         wait_until("no verdict in flight", abort, dst.reader(), || {
             Ok(self.counters(ss.cookie)[5] >= begin)
@@ -683,25 +689,15 @@ impl KernelPath {
         // (3) everything redirected is in dst's send path.
         let mut held = Vec::new();
         if redirected > 0 {
-            if ds.leg == Leg::Tcp {
+            if self.taken(dst, ds).is_some() {
+                // A TCP target's written count, or a vsock target's data packets counted by
+                // the tracepoint (needed for vsock -> vsock, and for a hand-over before EOF,
+                // where the TCP source's rule below would wait for EOF).
                 wait_until(
                     "the target took every redirected byte",
                     abort,
                     dst.reader(),
-                    || {
-                        Ok(sockinfo::tcp_written(dst.reader())?.saturating_sub(ds.base)
-                            >= redirected)
-                    },
-                )?;
-            } else if let (Some(k), true) = (ds.vkey, self.vsock_pair.is_ok()) {
-                // A vsock target: its data packets, counted by the tracepoint (needed for
-                // vsock -> vsock, and for a hand-over before EOF, where the TCP source's
-                // rule below would wait for EOF).
-                wait_until(
-                    "the vsock target sent every redirected byte",
-                    abort,
-                    dst.reader(),
-                    || Ok(self.vsock_sent(&k) >= redirected),
+                    || Ok(self.taken(dst, ds).unwrap_or(Ok(redirected))? >= redirected),
                 )?;
             } else {
                 // TCP source: its remainder is charged to it as well, so read that first
