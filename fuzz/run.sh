@@ -35,7 +35,7 @@ if ! "$CARGO" "+$TOOLCHAIN" --version >/dev/null 2>&1; then
     exit 1
 fi
 # cargo-fuzz, installed once into build/tools (cached like tests/vm/run.sh's tools). A debug
-# build: it only starts cargo and the fuzzers, and a release install took 117 s of a fresh CI.
+# build: it only starts cargo and the fuzzers, and a release install takes 117 s on 2 cores.
 CARGO_FUZZ_VERSION=0.13.2
 if [ ! -x build/tools/bin/cargo-fuzz ] ||
     ! grep -q "cargo-fuzz $CARGO_FUZZ_VERSION" build/tools/.crates.toml 2>/dev/null; then

@@ -19,15 +19,15 @@
 //! (`wire0`, `eth0`, `nsfb-c`), except the rootless world's veth ends, `<owner id>h`/`s`
 //! (at most 15 characters for pids up to 7 digits and n < 100).
 //!
-//! The older bench form `nsfb-<pid>[-<part>]` is still read by [`owner`], so the cleanup also
-//! removes what runs of older builds left.
+//! [`owner`] also reads the bench form `nsfb-<pid>[-<part>]`, which builds before this naming
+//! scheme wrote, so the cleanup also removes what such runs left.
 
 use std::path::Path;
 use std::sync::atomic::{AtomicU32, Ordering};
 
 /// The start of every throwaway name.
 pub const PREFIX: &str = "nsf";
-/// Bench runs' owner ids (`nsfb<pid>`; also the older `nsfb-<pid>`).
+/// Bench runs' owner ids (`nsfb<pid>`; `nsfb-<pid>` is read too).
 pub const BENCH: &str = "nsfb";
 /// Rootless worlds' owner ids (`nsfv<pid>x<n>`).
 pub const WORLD: &str = "nsfv";
@@ -68,7 +68,7 @@ pub fn world_prefix() -> String {
 }
 
 /// The pid in a throwaway name and the name's owner id (`nsfb4242`, `nsfv4242x0`,
-/// `nsft4242x3`, or the older `nsfb-4242`); `None` for names of other forms (foreign objects,
+/// `nsft4242x3`, or `nsfb-4242`); `None` for names of other forms (foreign objects,
 /// interface names, names of older test builds).
 pub fn owner(name: &str) -> Option<(u32, String)> {
     let digits = |s: &str| s.bytes().take_while(u8::is_ascii_digit).count();

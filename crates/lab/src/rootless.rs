@@ -1260,7 +1260,8 @@ mod tests {
 
     /// A process of a dead world that is still in `execve` when the cleanup scans `/proc` (its
     /// environment not yet readable) is ended all the same. One scan found nothing in ~97 % of
-    /// such spawns here (and a CI run kept a `sleep 600` for its whole 600 s).
+    /// such spawns here (and a process it misses, e.g. a `sleep 600`, stays for its whole
+    /// 600 s).
     #[test]
     fn a_world_process_caught_in_execve_is_ended() {
         let dir = format!("/tmp/nsfv-exec-race-{}-xdg", std::process::id());

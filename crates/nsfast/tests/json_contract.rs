@@ -1,6 +1,6 @@
 //! The machine-output contract (docs/json.md): every listing and status command prints JSON
 //! with the global `-j` (before or after the subcommand), indented with `-p`, each document
-//! carrying `schema_version`; the old per-command `--json` flags still work; a closed stdout
+//! carrying `schema_version`; the per-command `--json` flags work too; a closed stdout
 //! (`| head -c1`) ends with exit 0 and nothing on stderr.
 //!
 //! Needs root for `sockmap status` and `pod` (a throwaway host namespace `nsfj<pid>h` and pod
@@ -42,7 +42,7 @@ fn json_of(what: &str, o: Output) -> serde_json::Value {
 }
 
 /// Every spelling of JSON output for `args` (a subcommand path, then its options): `-j` before,
-/// `-j` after, `--json` after (the old per-command flag), and `-p` (indented, several lines).
+/// `-j` after, `--json` after (the per-command flag), and `-p` (indented, several lines).
 /// Returns the `-j` document.
 fn every_spelling(sub: &[&str], opts: &[&str]) -> serde_json::Value {
     let with = |pre: &[&str], post: &[&str]| -> Vec<String> {

@@ -1225,7 +1225,8 @@ fn bad_input_is_refused_and_changes_nothing() {
 }
 
 /// A failed first `pod add` on a host whose shortcut is on but has no pods leaves the shortcut
-/// enabled (it used to take the host's state, and the shortcut with it, like a last `del`).
+/// enabled: the failed add's undo must not treat it as a last `del`, which takes the host's
+/// state and the shortcut with it.
 #[test]
 fn a_failed_first_pod_add_leaves_the_shortcut_enabled() {
     require_root();

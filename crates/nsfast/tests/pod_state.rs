@@ -327,7 +327,7 @@ fn plant(dir: &Path, name: &str, ip: &str, host_if: &str, ifindex: u32, netns: &
     std::fs::write(dir.join(format!("{name}.json")), r.to_string()).unwrap();
 }
 
-/// Records of dead namespaces planted on the inode of a live one, under the old inode key and
+/// Records of dead namespaces planted on the inode of a live one, under the inode-only key and
 /// under a cookie key with another cookie, naming the live host's devices and a live
 /// namespace: they block no add, and `pod del --all` removes them without touching either.
 #[test]

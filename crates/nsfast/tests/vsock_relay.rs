@@ -1544,7 +1544,7 @@ fn kernel_path_tcp_to_tcp_moves_256_mib_each_way_at_once_without_user_space() {
 /// TCP retransmissions reach the relay's legs as skbs that start before the end of what the
 /// socket already took (a lost segment resent merged with data that arrived, seq < copied_seq).
 /// The kernel's tcp_read_skb hands such an skb to the verdict whole, so the overlap would be sent
-/// twice (seen as 2 x 65,483 extra bytes in stop 20's CI); the program trims it. A firewall rule
+/// twice (measured without the trim: 2 x 65,483 extra bytes); the program trims it. A firewall rule
 /// in the test's own namespace drops 1 in 200 TCP segments with data to force retransmissions.
 #[test]
 fn kernel_path_tcp_legs_stay_byte_exact_through_retransmissions() {
@@ -1686,8 +1686,8 @@ fn kernel_path_peer_reset_closes_the_other_leg_and_reports_the_error() {
 }
 
 /// The user-space path: a peer that reads 1 MiB and then resets. The connection's report names
-/// the error and still counts the bytes moved before it (an errored connection used to report
-/// 0 bytes each way).
+/// the error and still counts the bytes moved before it (not 0 bytes each way, as a report
+/// made only from a clean end would say).
 #[test]
 fn splice_path_peer_reset_reports_the_error_and_the_bytes_moved_before_it() {
     require_root();

@@ -304,8 +304,7 @@ fn guest_zerocopy_completions_after_the_peer_closed_end_the_connection_cleanly()
         assert!(got.iter().all(|&b| b == 0x5a), "round {round}");
         // Close only once the relay's sends past that 1 MiB are queued here: left unread, their
         // completions come after the close, which is what this test is about. (Closing at
-        // once raced the relay: a fresh-clone CI run on 2026-12-02 closed before its 17th send
-        // in the 6.12 guest.)
+        // once races the relay: in the 6.12 guest the close can come before its 17th send.)
         peer.set_read_timeout(Some(Duration::from_secs(30)))
             .unwrap();
         let mut one = [0u8; 1];

@@ -121,8 +121,8 @@ impl Host {
         Ok(host)
     }
 
-    /// State written under the old inode-only key (`netns-<inode>`) by an nsfast before the
-    /// cookie key: moved to this host's key if its records describe devices this namespace
+    /// State under the inode-only key (`netns-<inode>`, which builds that predate the cookie
+    /// key write): moved to this host's key if its records describe devices this namespace
     /// has (a live host, upgraded); left for [`orphaned_keys`] otherwise (a dead namespace
     /// whose inode this one got). Best effort: failing leaves it where it is, stale.
     /// The host namespace's netlink handle: opened on first use and reused for the rest of

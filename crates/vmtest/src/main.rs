@@ -806,9 +806,9 @@ fn run_kernel(
             ending = qemu::boot(&spec, &mut g)?;
         }
         if g.init_after.is_none() && matches!(ending, Ending::Exited { .. }) {
-            // The kernel died while booting, before /init ran any test (seen once on 7.2
-            // under TCG: "Oops: int3" in sched_clock_cpu during an initcall, 2026-12-02, a
-            // code-patching race of multi-threaded TCG): boot it once more.
+            // The kernel died while booting, before /init ran any test (7.2 under TCG can
+            // hit "Oops: int3" in sched_clock_cpu during an initcall, a code-patching race of
+            // multi-threaded TCG): boot it once more.
             println!(
                 "vmtest: kernel {tag}: the guest stopped before /init (last console line: {:?}); \
                  booting it once more",

@@ -28,7 +28,7 @@
 //! - TCP queues a resent segment that starts before `rcv_nxt` whole (tcp_recvmsg skips the old
 //!   bytes by copied_seq), and tcp_read_skb hands the program whole skbs: the program reads
 //!   each TCP skb's sequence number, remembers where the stream stands, and cuts the old bytes
-//!   off before it redirects or passes the skb (stop 20's CI: 2 x 65,483 bytes sent twice). An
+//!   off before it redirects or passes the skb (without the trim, 2 x 65,483 bytes arrive twice). An
 //!   skb it cannot trim is dropped and flagged; the relay then resets the connection.
 //! - Data that arrived before the join is not seen by the program until the socket's next
 //!   data_ready. For TCP, SO_RCVLOWAT runs data_ready at once (tcp_set_rcvlowat; held at its
@@ -1024,10 +1024,9 @@ fn wait_until(
 /// One read from a socket that may be in the sockmap. A blocking recvmsg there can return
 /// EAGAIN when data lands in the receive queue while it waits for the psock's queue
 /// (tcp_bpf_recvmsg_parser): wait until readable and read again. (AF_VSOCK: a blocking read
-/// here can stall the vsock transport, docs/vsock.md; a MSG_DONTWAIT + epoll version was
-/// tried in the VM runs of 2026-12-01 but is not in: the host's TCP <-> TCP test then once
-/// got duplicate bytes, not yet told apart from a flake. The vsock kernel path is
-/// experimental.)
+/// here can stall the vsock transport, docs/vsock.md; a MSG_DONTWAIT + epoll version is not
+/// used: with it the host's TCP <-> TCP test got duplicate bytes once in the VM runs, not
+/// told apart from a flake. The vsock kernel path is experimental.)
 fn read_some(src: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<usize> {
     loop {
         match nix::unistd::read(src, buf) {

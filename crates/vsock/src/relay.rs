@@ -535,9 +535,9 @@ fn kernel_for(a: &Address, b: &Address, path: DataPath) -> Result<Option<KernelP
     }
     let why = match (kernel_leg(a), kernel_leg(b)) {
         // AF_VSOCK legs in the kernel path are experimental (docs/vsock.md, "The kernel path":
-        // whole-skb losses fixed in session 7, but in session 8's guest runs of a repair for
-        // packets that wait at the join, bytes came out wrong on 7.2): `auto` joins only
-        // TCP <-> TCP; `--path kernel` still joins vsock legs, as an experiment.
+        // slower than the splice relay for bulk in the 7.2 guest, and a joined vsock source
+        // has no flow control): `auto` joins only TCP <-> TCP; `--path kernel` still joins
+        // vsock legs, as an experiment.
         (Some(la), Some(lb))
             if path == DataPath::Auto && (la == Leg::Vsock || lb == Leg::Vsock) =>
         {
