@@ -8,6 +8,8 @@
 #   make demo   install, build, run the main job (nsfast bench --quick) in throwaway namespaces
 #   make test   install, then every test: format, lints, fuzzers (short), unit + root
 #               integration tests, VM matrix
+#   make check  the fast lane, as any user, installs nothing: format, lints, unit tests, fuzz
+#               smoke (every fuzz target over its seed corpus, stable toolchain)
 #   make fuzz   every fuzz target for longer (FUZZ_SECS each, default 600; docs/fuzzing.md)
 #   make bench  the full benchmark
 
@@ -24,7 +26,7 @@ DEB_VM    := qemu-system-x86 kmod xz-utils debian-archive-keyring binutils libc-
 DEB_SHIP  := man-db groff-base binutils zsh fish
 DEB_ALL   := $(DEB_BUILD) $(DEB_TEST) $(DEB_VM) $(DEB_SHIP)
 
-.PHONY: all check-cargo deps deps-build build demo test test-unit test-root test-vm lint fuzz fuzz-ci bench clean
+.PHONY: all check check-cargo check-tools deps deps-build build demo test test-unit test-root test-vm lint fuzz fuzz-ci bench clean
 
 all: build
 
@@ -58,6 +60,26 @@ build: deps-build
 # host / veth / routed / sockmap, every workload, 3 interleaved rounds: table + JSON + SVGs.
 demo: deps build
 	$(RELEASE_BIN) bench --quick --json bench-results/bench.json
+
+# The fast lane: no root, no apt-get, no namespaces. It runs what `lint` and `test-unit` run
+# plus fuzz/smoke.sh, and stops naming the Debian package when a build tool is missing
+# (install it yourself, or run `make deps-build` as root).
+check: check-cargo check-tools
+	$(CARGO) fmt --all -- --check
+	rustfmt --edition 2021 --check fuzz/fuzz_targets/*.rs
+	$(CARGO) clippy --workspace --all-targets -- -D warnings
+	$(CARGO) test --workspace --lib --bins
+	fuzz/smoke.sh
+
+# Tools the BPF build (crates/nsfast-bpf/build.rs: $$NSFAST_CLANG, else clang-19, -20, -18 or
+# clang; headers from libbpf-dev and linux-libc-dev) and the fuzz smoke's libFuzzer (C++) need.
+check-tools:
+	@command -v rustfmt >/dev/null && $(CARGO) clippy --version >/dev/null 2>&1 || { echo "nsfast: rustfmt or clippy missing: rustup component add rustfmt clippy" >&2; exit 1; }
+	@for c in $${NSFAST_CLANG:-clang-19 clang-20 clang-18 clang}; do command -v $$c >/dev/null && exit 0; done; \
+		echo "nsfast: no clang for the BPF build: install the Debian package clang-19 (or set NSFAST_CLANG)" >&2; exit 1
+	@[ -e /usr/include/bpf/bpf_helpers.h ] || { echo "nsfast: /usr/include/bpf/bpf_helpers.h missing (BPF build): install the Debian package libbpf-dev" >&2; exit 1; }
+	@[ -e /usr/include/linux/bpf.h ] || { echo "nsfast: /usr/include/linux/bpf.h missing (BPF build): install the Debian package linux-libc-dev" >&2; exit 1; }
+	@command -v c++ >/dev/null || { echo "nsfast: no C++ compiler (builds libFuzzer for fuzz/smoke.sh): install the Debian package g++" >&2; exit 1; }
 
 lint: deps
 	$(CARGO) fmt --all -- --check
