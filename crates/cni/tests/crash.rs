@@ -599,6 +599,49 @@ fn cni_netns_that_is_not_a_namespace_is_refused() {
     assert!(rig.reservations().is_empty());
 }
 
+/// CNI_NETNS naming a FIFO (a path another user may have planted) is refused at once: the
+/// plugin never opens it for reading, which would block until a writer came.
+#[test]
+fn cni_netns_that_is_a_fifo_is_refused_without_blocking() {
+    use std::time::{Duration, Instant};
+    let rig = Rig::new();
+    let dir = std::env::temp_dir().join(format!("nsfast-cni-fifo-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let fifo = dir.join("netns");
+    let _ = std::fs::remove_file(&fifo);
+    nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o666)).unwrap();
+    let f = fifo.display().to_string();
+    let mut child = rig.spawn(
+        "ADD",
+        &Rig::ids("ctr-fifo", &f),
+        rig.conf().to_string().as_bytes(),
+    );
+    let t = Instant::now();
+    let mut ended = false;
+    while t.elapsed() < Duration::from_secs(10) {
+        if child.try_wait().unwrap().is_some() {
+            ended = true;
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    if !ended {
+        let _ = child.kill();
+    }
+    let out = out_of(child.wait_with_output().unwrap());
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(ended, "ADD with CNI_NETNS={f} still running after 10 s");
+    assert!(!out.ok);
+    assert_eq!(out.json["code"], 4, "{}", out.raw);
+    let text = format!("{} {}", out.json["msg"], out.json["details"]);
+    assert!(
+        text.contains(&f) && text.contains("not a network namespace"),
+        "{text}"
+    );
+    assert!(rig.pods().is_empty());
+    assert!(rig.reservations().is_empty());
+}
+
 /// GC also removes the state a dead host namespace with this host's inode left (the kernel
 /// reuses inodes), without touching this host's device of the same name.
 #[test]

@@ -12,6 +12,7 @@
 //! - [`bpf`]     — raw `bpf(2)` calls aya 0.14 does not expose (program query on a cgroup,
 //!   netkit `BPF_LINK_CREATE`, object pin).
 //! - [`signals`] — block SIGINT/SIGTERM and wait for them synchronously.
+//! - [`lockfile`] — private lock files, locked with a bounded wait that SIGTERM ends and that names the holder.
 //! - [`sockinfo`] — socket cookie, family, receive memory, queue sizes, TCP bytes written.
 //! - [`sched`]   — CPU pinning (sched_setaffinity), allowed CPUs.
 //! - [`child`]   — pre_exec helpers for children (die with the parent).
@@ -33,6 +34,7 @@ pub mod cgroup;
 pub mod child;
 pub mod conntrack;
 pub mod kernel;
+pub mod lockfile;
 pub mod logging;
 pub mod net;
 pub mod netns;

@@ -76,6 +76,39 @@ fn check_netns_file(file: &File, path: &str) -> Result<(), NetnsError> {
     Ok(())
 }
 
+/// Opens a namespace file without ever blocking on what the path names: `O_PATH` first (which
+/// opens nothing, so a FIFO or a device planted where a namespace was expected cannot stall
+/// the caller), `fstatfs` of that handle for nsfs, and only then a real open of the same inode
+/// through `/proc/self/fd`. `Err(None)`: the path does not open at all.
+fn open_nsfs(path: &Path) -> Result<File, Option<NetnsError>> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let shown = path.display().to_string();
+    let handle = fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_PATH | libc::O_CLOEXEC)
+        .open(path)
+        .map_err(|_| None)?;
+    let st = nix::sys::statfs::fstatfs(&handle).map_err(|e| {
+        Some(NetnsError::NotNetns {
+            path: shown.clone(),
+            why: format!("fstatfs: {e}"),
+        })
+    })?;
+    let magic = st.filesystem_type().0 as i64;
+    if magic != NSFS_MAGIC {
+        return Err(Some(NetnsError::NotNetns {
+            path: shown,
+            why: format!("file system magic {magic:#x}, not nsfs"),
+        }));
+    }
+    File::open(format!("/proc/self/fd/{}", handle.as_raw_fd())).map_err(|e| {
+        Some(NetnsError::NotNetns {
+            path: shown,
+            why: format!("reopen: {e}"),
+        })
+    })
+}
+
 /// The netns cookie of the namespace the calling thread is in (`SO_NETNS_COOKIE`, Linux
 /// 5.7+): a 64-bit number the kernel never hands out twice within a boot, unlike the
 /// namespace's inode number.
@@ -238,7 +271,10 @@ impl NetNs {
         } else {
             Path::new(NETNS_RUN_DIR).join(name_or_path)
         };
-        let file = File::open(&path).map_err(|_| NetnsError::NotFound(name_or_path.into()))?;
+        let file = open_nsfs(&path).map_err(|e| match e {
+            None => NetnsError::NotFound(name_or_path.into()),
+            Some(e) => e,
+        })?;
         check_netns_file(&file, &path.display().to_string())?;
         Ok(Self {
             name: name_or_path.into(),
@@ -452,6 +488,28 @@ mod tests {
 
     /// `NetNs::open` refuses what is not a network namespace, naming the path: a regular
     /// file, a directory, another namespace type.
+    #[test]
+    fn open_never_blocks_on_a_fifo_or_a_device() {
+        let dir = std::env::temp_dir().join(format!("nsfast-netns-fifo-{}", std::process::id()));
+        fs::create_dir_all(&dir).unwrap();
+        let fifo = dir.join("net");
+        nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o666)).unwrap();
+        {
+            let p = fifo.display().to_string();
+            let (tx, rx) = std::sync::mpsc::channel();
+            let q = p.clone();
+            std::thread::spawn(move || {
+                let _ = tx.send(NetNs::open(&q).map(|_| ()).map_err(|e| e.to_string()));
+            });
+            let r = rx
+                .recv_timeout(std::time::Duration::from_secs(5))
+                .unwrap_or_else(|_| panic!("NetNs::open({p}) still blocked after 5 s"));
+            let e = r.expect_err(&p);
+            assert!(e.contains("not a network namespace"), "{p}: {e}");
+        }
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
     #[test]
     fn open_refuses_files_that_are_not_network_namespaces() {
         // A regular file (/etc/passwd where there is one: the VM guests have none), a

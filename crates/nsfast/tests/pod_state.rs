@@ -445,3 +445,181 @@ fn legacy_state_of_a_live_host_is_adopted() {
         "owned pod namespace kept"
     );
 }
+
+/// The host's state directory of pod `pod` (exactly one).
+fn state_dir_of(pod: &str) -> PathBuf {
+    let d = state_dirs_with(pod);
+    assert_eq!(d.len(), 1, "{d:?}");
+    d.into_iter().next().unwrap()
+}
+
+/// Pod state is root's alone: directories 0700, the lock and records 0600, so another user
+/// can neither read the records (addresses, namespaces, container IDs) nor take the lock and
+/// stall every `pod add`, `pod del` and CNI ADD.
+#[test]
+fn pod_state_is_private_and_another_user_cannot_take_the_lock() {
+    use std::os::unix::fs::PermissionsExt;
+    require_root();
+    let p = unique("pp");
+    let host = format!("{p}-h");
+    let pod = format!("{p}-a");
+    let _c = Cleanup {
+        hosts: vec![host.clone()],
+        names: vec![pod.clone()],
+        dirs: vec![],
+    };
+    NetNs::create(&host).unwrap().persist();
+    let o = nsfast(&["pod", "add", &pod, "--ip", "10.78.1.5/24", "--host", &host]);
+    assert!(o.status.success(), "{}", text(&o));
+    let dir = state_dir_of(&pod);
+    let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+    for d in [Path::new(STATE_ROOT), &dir] {
+        assert_eq!(mode(d), 0o700, "{}", d.display());
+    }
+    let lock = dir.join(".lock");
+    for f in [lock.clone(), dir.join(format!("{pod}.json"))] {
+        assert_eq!(mode(&f), 0o600, "{}", f.display());
+    }
+    // User nobody tries to hold the lock (flock -n: fail at once rather than wait).
+    let o = std::process::Command::new("setpriv")
+        .args([
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            "flock",
+            "-n",
+        ])
+        .arg(&lock)
+        .arg("true")
+        .output()
+        .expect("setpriv");
+    assert!(
+        !o.status.success(),
+        "user nobody locked {}: {}",
+        lock.display(),
+        text(&o)
+    );
+}
+
+/// A `pod add` waiting for a host lock that another process holds gives up at the bound
+/// (NSFAST_LOCK_TIMEOUT_SECS) and at SIGTERM, naming the holder, and changes nothing.
+#[test]
+fn a_held_host_lock_is_waited_for_boundedly_and_sigterm_ends_the_wait() {
+    use std::os::unix::process::CommandExt;
+    use std::time::{Duration, Instant};
+    require_root();
+    let p = unique("pw");
+    let host = format!("{p}-h");
+    let pod = format!("{p}-a");
+    let second = format!("{p}-b");
+    let _c = Cleanup {
+        hosts: vec![host.clone()],
+        names: vec![pod.clone(), second.clone()],
+        dirs: vec![],
+    };
+    NetNs::create(&host).unwrap().persist();
+    let o = nsfast(&["pod", "add", &pod, "--ip", "10.78.2.5/24", "--host", &host]);
+    assert!(o.status.success(), "{}", text(&o));
+    let lock = state_dir_of(&pod).join(".lock");
+    // A holder that is another process (`flock` running `sleep`), killed by the guard.
+    let mut holder = std::process::Command::new("flock")
+        .arg(&lock)
+        .args(["sleep", "600"])
+        .process_group(0)
+        .spawn()
+        .expect("flock");
+    struct Kill(std::process::Child);
+    impl Drop for Kill {
+        fn drop(&mut self) {
+            // The group: flock's `sleep` shares its open file description, so the lock.
+            let _ = nix::sys::signal::killpg(
+                nix::unistd::Pid::from_raw(self.0.id() as i32),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+            let _ = self.0.wait();
+        }
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    let holder_pid = holder.id();
+    assert!(holder.try_wait().unwrap().is_none(), "flock exited");
+    let holder = Kill(holder);
+    let add = [
+        "pod",
+        "add",
+        &second,
+        "--ip",
+        "10.78.2.6/24",
+        "--host",
+        &host,
+    ];
+    let spawn = |env: &[(&str, &str)]| {
+        let mut c = std::process::Command::new(common::nsfast_bin());
+        c.args(add)
+            .env("RUST_LOG", "warn")
+            .env_remove(nsfast_pod::pod::CRASH_ENV)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped());
+        for (k, v) in env {
+            c.env(k, v);
+        }
+        c.spawn().unwrap()
+    };
+    // Waits up to `limit` for `child`, killing it then; whether it ended by itself.
+    let finish = |mut child: std::process::Child, limit: Duration| {
+        let t = Instant::now();
+        let mut ended = false;
+        while t.elapsed() < limit {
+            if child.try_wait().unwrap().is_some() {
+                ended = true;
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        if !ended {
+            let _ = child.kill();
+        }
+        (ended, child.wait_with_output().unwrap())
+    };
+    // The bound.
+    let (ended, o) = finish(
+        spawn(&[("NSFAST_LOCK_TIMEOUT_SECS", "1")]),
+        Duration::from_secs(10),
+    );
+    assert!(
+        ended,
+        "pod add with a 1 s lock bound still waiting after 10 s: {}",
+        text(&o)
+    );
+    assert!(!o.status.success(), "{}", text(&o));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains(&format!("held by pid {holder_pid} (flock)")),
+        "{}",
+        text(&o)
+    );
+    // SIGTERM while waiting (default bound, 120 s).
+    let child = spawn(&[]);
+    std::thread::sleep(Duration::from_millis(700));
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    let (ended, o) = finish(child, Duration::from_secs(5));
+    assert!(
+        ended,
+        "pod add still waiting 5 s after SIGTERM: {}",
+        text(&o)
+    );
+    assert!(!o.status.success(), "{}", text(&o));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("SIGTERM") && err.contains("held by pid"),
+        "{}",
+        text(&o)
+    );
+    drop(holder);
+    // Nothing of the second pod was made.
+    assert!(state_dirs_with(&second).is_empty());
+    assert!(!netns::list_named().contains(&second));
+}

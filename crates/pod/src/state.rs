@@ -58,12 +58,11 @@ pub fn ensure_bpffs() -> Result<PathBuf, PodError> {
     // so bpffs is mounted once, not stacked (a second mount would hide the first one's pins).
     let dir = File::open(&root).map_err(PodError::io(format!("open {}", root.display())))?;
     let _lock =
-        nix::fcntl::Flock::lock(dir, nix::fcntl::FlockArg::LockExclusive).map_err(|(_, e)| {
-            PodError::Io {
-                what: format!("lock {}", root.display()),
-                source: e.into(),
-            }
-        })?;
+        nsfast_sys::lockfile::lock_exclusive(dir, &root, nsfast_sys::lockfile::timeout_from_env())
+            .map_err(|e| PodError::Io {
+                what: format!("lock the bpffs mount point: {e}"),
+                source: std::io::Error::from(e.kind()),
+            })?;
     let st = nix::sys::statfs::statfs(&root).map_err(|e| PodError::Io {
         what: format!("statfs {}", root.display()),
         source: e.into(),
@@ -141,10 +140,12 @@ impl Host {
         if !old_state.exists() {
             return;
         }
-        let Ok(f) = File::open(old_state.join(".lock")) else {
+        let path = old_state.join(".lock");
+        let Ok(f) = nsfast_sys::lockfile::open_private(&path) else {
             return;
         };
-        let Ok(_lock) = nix::fcntl::Flock::lock(f, nix::fcntl::FlockArg::LockExclusive) else {
+        let timeout = nsfast_sys::lockfile::timeout_from_env();
+        let Ok(_lock) = nsfast_sys::lockfile::lock_exclusive(f, &path, timeout) else {
             return;
         };
         let Ok(nl) = self.netlink() else {
@@ -245,7 +246,7 @@ impl Host {
             path: p.clone(),
             source: e,
         })?;
-        fs::write(&p, body).map_err(PodError::io(format!("write {}", p.display())))
+        write_private(&dir, &p, &body)
     }
 
     /// Forgets an uplink's tc filter.
@@ -264,23 +265,25 @@ impl Host {
 
     /// Takes the host's lock (created with the state directory) until the guard drops.
     /// A lock whose directory was removed meanwhile (the host's last pod went) is retaken.
+    /// The wait is bounded ([`nsfast_sys::lockfile::timeout_from_env`]) and a termination
+    /// signal ends it; either error names the process holding the lock.
     pub fn lock(&self) -> Result<HostLock, PodError> {
+        use nsfast_sys::lockfile;
         use std::os::unix::fs::MetadataExt;
         let dir = self.state_dir();
         let path = dir.join(".lock");
+        let timeout = lockfile::timeout_from_env();
         for _ in 0..50 {
             create_dir_all_racy(&dir)?;
-            let f = match File::create(&path) {
+            let f = match lockfile::open_private(&path) {
                 Ok(f) => f,
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
-                Err(e) => return Err(PodError::io(format!("create {}", path.display()))(e)),
+                Err(e) => return Err(PodError::io(format!("open {}", path.display()))(e)),
             };
-            let lock = nix::fcntl::Flock::lock(f, nix::fcntl::FlockArg::LockExclusive).map_err(
-                |(_, e)| PodError::Io {
-                    what: format!("lock {}", path.display()),
-                    source: e.into(),
-                },
-            )?;
+            let lock = lockfile::lock_exclusive(f, &path, timeout).map_err(|e| PodError::Io {
+                what: format!("lock the host's pod state: {e}"),
+                source: std::io::Error::from(e.kind()),
+            })?;
             let held = lock.metadata().map(|m| m.ino()).ok();
             let now = fs::metadata(&path).map(|m| m.ino()).ok();
             if held.is_some() && held == now {
@@ -317,28 +320,17 @@ impl Host {
         read_record(&p).map(Some)
     }
 
-    /// Writes `r` so that a crash leaves either the old or the new record, never a torn one:
-    /// a temporary file, fsync'd, renamed over the record, and the directory fsync'd.
+    /// Writes `r` so that a crash leaves either the old or the new record, never a torn one
+    /// (see [`write_private`]).
     pub fn write_record(&self, r: &PodRecord) -> Result<(), PodError> {
-        use std::io::Write;
         let dir = self.state_dir();
         create_dir_all_racy(&dir)?;
         let p = self.record_path(&r.name);
-        let tmp = p.with_extension("json.tmp");
         let body = serde_json::to_vec_pretty(r).map_err(|e| PodError::State {
             path: p.clone(),
             source: e,
         })?;
-        let mut f =
-            File::create(&tmp).map_err(PodError::io(format!("create {}", tmp.display())))?;
-        f.write_all(&body)
-            .and_then(|()| f.sync_all())
-            .map_err(PodError::io(format!("write {}", tmp.display())))?;
-        drop(f);
-        fs::rename(&tmp, &p).map_err(PodError::io(format!("write {}", p.display())))?;
-        File::open(&dir)
-            .and_then(|d| d.sync_all())
-            .map_err(PodError::io(format!("fsync {}", dir.display())))
+        write_private(&dir, &p, &body)
     }
 
     pub fn remove_record(&self, pod: &str) -> Result<(), PodError> {
@@ -568,9 +560,21 @@ pub fn remove_orphan(key: &str) -> Result<Vec<PathBuf>, PodError> {
     let mut gone = Vec::new();
     let state = Path::new(STATE_ROOT).join(key);
     // Serialise with anything that took this (then dead) host's lock.
-    let _lock = File::open(state.join(".lock"))
-        .ok()
-        .and_then(|f| nix::fcntl::Flock::lock(f, nix::fcntl::FlockArg::LockExclusive).ok());
+    let path = state.join(".lock");
+    let _lock = match nsfast_sys::lockfile::open_private(&path) {
+        Ok(f) => Some(
+            nsfast_sys::lockfile::lock_exclusive(
+                f,
+                &path,
+                nsfast_sys::lockfile::timeout_from_env(),
+            )
+            .map_err(|e| PodError::Io {
+                what: format!("lock the pod state of dead host {key}: {e}"),
+                source: std::io::Error::from(e.kind()),
+            })?,
+        ),
+        Err(_) => None,
+    };
     for dir in [bpffs_root().join(PIN_SUBDIR).join(key), state.clone()] {
         if dir.exists() {
             fs::remove_dir_all(&dir).map_err(PodError::io(format!("remove {}", dir.display())))?;
@@ -584,12 +588,32 @@ pub fn remove_orphan(key: &str) -> Result<Vec<PathBuf>, PodError> {
 }
 
 /// `create_dir_all` that tolerates a parent being removed concurrently (by another host's
-/// cleanup of the shared, then empty, parent directory).
+/// cleanup of the shared, then empty, parent directory). Every directory it makes is `0700`,
+/// and `dir` itself is made `0700` if it was not: records name pods' addresses and
+/// namespaces, and no other user may open the lock inside.
 pub fn create_dir_all_racy(dir: &Path) -> Result<(), PodError> {
+    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
     let mut last = None;
     for _ in 0..20 {
-        match fs::create_dir_all(dir) {
-            Ok(()) => return Ok(()),
+        match fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir)
+        {
+            Ok(()) => {
+                let m = fs::symlink_metadata(dir)
+                    .map_err(PodError::io(format!("stat {}", dir.display())))?;
+                if !m.is_dir() {
+                    return Err(PodError::io(format!("create {}", dir.display()))(
+                        std::io::Error::from(std::io::ErrorKind::NotADirectory),
+                    ));
+                }
+                if m.permissions().mode() & 0o077 != 0 {
+                    fs::set_permissions(dir, fs::Permissions::from_mode(0o700))
+                        .map_err(PodError::io(format!("chmod 0700 {}", dir.display())))?;
+                }
+                return Ok(());
+            }
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => last = Some(e),
             Err(e) => return Err(PodError::io(format!("create {}", dir.display()))(e)),
         }
@@ -597,6 +621,33 @@ pub fn create_dir_all_racy(dir: &Path) -> Result<(), PodError> {
     Err(PodError::io(format!("create {}", dir.display()))(
         last.unwrap_or_else(|| std::io::Error::from(std::io::ErrorKind::NotFound)),
     ))
+}
+
+/// Writes `body` to `p` (in directory `dir`) so that a crash leaves the old or the new file,
+/// never a torn one: a `0600` temporary file (never through a symbolic link), fsync'd,
+/// renamed over `p`, and the directory fsync'd.
+fn write_private(dir: &Path, p: &Path, body: &[u8]) -> Result<(), PodError> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut name = p.as_os_str().to_owned();
+    name.push(".tmp");
+    let tmp = PathBuf::from(name);
+    let _ = fs::remove_file(&tmp);
+    let mut f = fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(&tmp)
+        .map_err(PodError::io(format!("create {}", tmp.display())))?;
+    f.write_all(body)
+        .and_then(|()| f.sync_all())
+        .map_err(PodError::io(format!("write {}", tmp.display())))?;
+    drop(f);
+    fs::rename(&tmp, p).map_err(PodError::io(format!("write {}", p.display())))?;
+    File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(PodError::io(format!("fsync {}", dir.display())))
 }
 
 /// Largest pod record read (records are a few hundred bytes; a bigger file is not ours).
