@@ -67,7 +67,7 @@ struct nsf_sk_state {
 };
 
 /* Pod mode: a pod's network namespace (nsf_pods value). */
-#define NSF_POD_NO_SHORTCUT 1 /* opted out (`--no-shortcut`): its sockets keep the kernel path */
+#define NSF_POD_NO_SHORTCUT 1 /* opted out (`--no-shortcut`) or `--host-firewall`: its sockets keep the kernel path */
 #define NSF_MAX_PODS 4096
 
 struct nsf_pod {

@@ -444,6 +444,56 @@ pub fn sync(host: &Host, lock: &HostLock) -> Result<(), PodError> {
     sync_in(host, lock, &dir(host), id)
 }
 
+/// Whether a pod's record keeps its namespace off the shortcut: an opt-out
+/// (`--no-shortcut`, CNI `NSFAST_SHORTCUT=false`), or `--host-firewall`, whose traffic must
+/// meet the host's netfilter rules, which the shortcut would bypass.
+pub fn keeps_tcp(r: &PodRecord) -> bool {
+    r.no_shortcut || r.host_firewall
+}
+
+/// The `nsf_pods` entries the records ask for: netns cookie → (off the shortcut, netns
+/// inode). One namespace can carry several attachments (one per interface or address
+/// family); it is off the shortcut if any of them says so, and a disagreement is logged.
+/// `locate` gives a record's cookie and inode (`None`: its namespace is gone).
+fn wanted_entries(
+    records: impl IntoIterator<Item = PodRecord>,
+    locate: impl Fn(&PodRecord) -> Option<(u64, u32)>,
+) -> std::collections::BTreeMap<u64, (bool, u32)> {
+    /// Off the shortcut, inode, and each attachment's (pod name, off).
+    type Acc = (bool, u32, Vec<(String, bool)>);
+    let mut want: std::collections::BTreeMap<u64, Acc> = Default::default();
+    for r in records {
+        match locate(&r) {
+            Some((c, ino)) => {
+                let off = keeps_tcp(&r);
+                let e = want.entry(c).or_insert((false, 0, Vec::new()));
+                e.0 |= off;
+                if e.1 == 0 {
+                    e.1 = ino;
+                }
+                e.2.push((r.name.clone(), off));
+            }
+            None => warn!("pod {}: its namespace {} is gone", r.name, r.netns),
+        }
+    }
+    want.into_iter()
+        .map(|(c, (off, ino, who))| {
+            if who.iter().any(|w| w.1 != off) {
+                let on: Vec<&str> = who.iter().filter(|w| !w.1).map(|w| w.0.as_str()).collect();
+                let out: Vec<&str> = who.iter().filter(|w| w.1).map(|w| w.0.as_str()).collect();
+                warn!(
+                    "network namespace {c:#x} is shared by pods {} (shortcut allowed) and {} \
+                     (--no-shortcut or --host-firewall): the whole namespace stays off the \
+                     shortcut",
+                    on.join(", "),
+                    out.join(", ")
+                );
+            }
+            (c, (off, ino))
+        })
+        .collect()
+}
+
 fn open_pinned(d: &Path, name: &str) -> Result<Map, PodError> {
     let p = d.join(name);
     let data = MapData::from_pin(&p).map_err(PodError::map(format!("open {}", p.display())))?;
@@ -457,15 +507,10 @@ fn sync_in(host: &Host, _lock: &HostLock, d: &Path, host_id: u32) -> Result<(), 
     let mut stats: PerCpuArray<MapData, PodCounters> =
         PerCpuArray::try_from(open_pinned(d, abi::MAP_POD_STATS)?)
             .map_err(PodError::map("open nsf_pod_stats"))?;
-    let mut want = std::collections::BTreeMap::new();
-    for r in host.records()?.into_iter().filter(|r| !r.pending) {
-        match pod_cookie(&r) {
-            Some(c) => {
-                want.insert(c, (r.no_shortcut, pod_inode(&r, c)));
-            }
-            None => warn!("pod {}: its namespace {} is gone", r.name, r.netns),
-        }
-    }
+    let want = wanted_entries(host.records()?.into_iter().filter(|r| !r.pending), |r| {
+        let c = pod_cookie(r);
+        c.map(|c| (c, pod_inode(r, c)))
+    });
     let have: Vec<(u64, PodEntry)> = pods.iter().flatten().collect();
     // Slots are never reused while sockets of their old pod may live: a socket keeps the
     // slot it was given at connect (in its socket storage) until it closes, whether or not
@@ -665,4 +710,49 @@ pub fn status(host: &Host) -> Result<Status, PodError> {
     s.sockets = hash.keys().filter(|k| k.is_ok()).count() as u64;
     s.pods = pod_stats(host)?;
     Ok(s)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(name: &str, netns: &str, no_shortcut: bool, host_firewall: bool) -> PodRecord {
+        let body = format!(
+            r#"{{"name":"{name}","ip":"10.0.0.1","prefix":24,"gateway":"169.254.1.1",
+            "datapath":"veth","host":"h","netns":"{netns}","netns_owned":true,
+            "host_if":"nsf0","host_ifindex":3,"pod_if":"eth0","pod_mac":"","host_mac":"",
+            "link_pins":[],"no_shortcut":{no_shortcut},"host_firewall":{host_firewall}}}"#
+        );
+        crate::state::parse_record(body.as_bytes()).unwrap()
+    }
+
+    /// The namespace's cookie is its name's length here; inode 7.
+    fn locate(r: &PodRecord) -> Option<(u64, u32)> {
+        (r.netns != "gone").then_some((r.netns.len() as u64, 7))
+    }
+
+    /// Two attachments in one namespace: an opt-out on either keeps the namespace off the
+    /// shortcut, in whichever order the records come.
+    #[test]
+    fn an_opt_out_of_any_attachment_keeps_the_namespace_off() {
+        for order in [["a", "b"], ["b", "a"]] {
+            let rs = order.map(|n| record(n, "ns1", n == "a", false));
+            let want = wanted_entries(rs, locate);
+            assert_eq!(want.get(&3), Some(&(true, 7)), "{order:?}");
+        }
+        let want = wanted_entries([record("a", "ns1", false, false)], locate);
+        assert_eq!(want.get(&3), Some(&(false, 7)));
+    }
+
+    /// A --host-firewall pod keeps TCP: its traffic must meet the host's netfilter rules.
+    #[test]
+    fn host_firewall_pods_never_take_the_shortcut() {
+        let r = record("f", "ns22", false, true);
+        assert!(keeps_tcp(&r));
+        let want = wanted_entries([r, record("g", "ns333", false, false)], locate);
+        assert_eq!(want.get(&4), Some(&(true, 7)));
+        assert_eq!(want.get(&5), Some(&(false, 7)));
+        let want = wanted_entries([record("x", "gone", false, false)], locate);
+        assert!(want.is_empty());
+    }
 }

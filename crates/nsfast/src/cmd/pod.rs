@@ -158,8 +158,9 @@ fn run_inner(cmd: PodCmd) -> Result<()> {
                     .is_ok_and(|h| nsfast_pod::shortcut::is_enabled(&h));
                 nsfast_sys::outln!(
                     "shortcut: {}",
-                    match (on, r.no_shortcut) {
-                        (_, true) => "opted out (--no-shortcut)",
+                    match (on, nsfast_pod::shortcut::keeps_tcp(r)) {
+                        (_, true) if r.no_shortcut => "opted out (--no-shortcut)",
+                        (_, true) => "off (--host-firewall: its TCP meets the host's rules)",
                         (true, false) =>
                             "on (pod <-> pod TCP on this host bypasses tc and netfilter)",
                         (false, false) => "off on this host",
