@@ -305,24 +305,61 @@ pub fn unix_connect(path: &Path, timeout: Option<Duration>) -> io::Result<UnixSt
     Ok(UnixStream::from(OwnedFd::from(s)))
 }
 
-/// Connects to a hybrid vsock VMM socket at `path` and performs `CONNECT port`, the connect
-/// and the reply together within `timeout`. Returns the stream, ready for data.
+/// A stream whose every read and write is bounded by what is left until one deadline (with
+/// none, plain blocking I/O): SO_RCVTIMEO / SO_SNDTIMEO are set to the time left before each
+/// call, so a peer that trickles its reply one byte at a time cannot stretch the limit.
+struct Deadline<'a> {
+    s: &'a UnixStream,
+    deadline: Option<Instant>,
+}
+
+impl Deadline<'_> {
+    /// The time left, or a TimedOut error once the deadline has passed.
+    fn left(&self) -> io::Result<Option<Duration>> {
+        let Some(d) = self.deadline else {
+            return Ok(None);
+        };
+        let left = d.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(io::Error::new(io::ErrorKind::TimedOut, "deadline passed"));
+        }
+        Ok(Some(left))
+    }
+}
+
+impl io::Read for Deadline<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        if let Some(left) = self.left()? {
+            self.s.set_read_timeout(Some(left))?;
+        }
+        (&mut &*self.s).read(buf)
+    }
+}
+
+impl io::Write for Deadline<'_> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        if let Some(left) = self.left()? {
+            self.s.set_write_timeout(Some(left))?;
+        }
+        (&mut &*self.s).write(buf)
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Connects to a hybrid vsock VMM socket at `path` and performs `CONNECT port`. `timeout` is
+/// one total deadline over the connect, the request's write and every read of the reply (the
+/// time left is recomputed before each call). Returns the stream, ready for data.
 pub(crate) fn hybrid_connect(
     path: &Path,
     port: u32,
     timeout: Option<Duration>,
 ) -> Result<UnixStream, HybridError> {
-    let start = Instant::now();
-    let mut s = unix_connect(path, timeout).map_err(HybridError::Connect)?;
-    if let Some(t) = timeout {
-        // What is left of the limit bounds the handshake's write and every read of the reply.
-        let left = t
-            .saturating_sub(start.elapsed())
-            .max(Duration::from_millis(1));
-        s.set_read_timeout(Some(left))?;
-        s.set_write_timeout(Some(left))?;
-    }
-    match hybrid::connect_handshake(&mut s, port) {
+    let deadline = timeout.map(|t| Instant::now() + t);
+    let s = unix_connect(path, timeout).map_err(HybridError::Connect)?;
+    let r = hybrid::connect_handshake(&mut Deadline { s: &s, deadline }, port);
+    match r {
         Ok(_) => {}
         Err(HybridError::Io(e))
             if timeout.is_some()
@@ -402,5 +439,97 @@ pub mod vsock {
         let l = VsockListener::from_fd(l.as_fd().try_clone_to_owned()?);
         let (s, peer) = l.accept()?;
         Ok((s.into(), peer.cid, peer.port))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::{Read, Write};
+    use std::os::unix::net::UnixListener;
+
+    /// A fake hybrid VMM on a UNIX socket in a fresh temp directory: it reads `CONNECT 52`
+    /// and answers `reply` one byte every `gap`.
+    fn trickling_vmm(name: &str, reply: &'static [u8], gap: Duration) -> std::path::PathBuf {
+        let d = std::env::temp_dir().join(format!("nsft-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        let path = d.join("vmm.vsock");
+        let l = UnixListener::bind(&path).unwrap();
+        std::thread::spawn(move || {
+            let (mut s, _) = l.accept().unwrap();
+            let mut line = Vec::new();
+            let mut b = [0u8; 1];
+            while s.read(&mut b).unwrap() == 1 && b[0] != b'\n' {
+                line.push(b[0]);
+            }
+            assert_eq!(line, b"CONNECT 52");
+            for c in reply {
+                std::thread::sleep(gap);
+                if s.write_all(&[*c]).is_err() {
+                    return;
+                }
+            }
+            // Held open until the client is gone.
+            let _ = s.read(&mut b);
+        });
+        path
+    }
+
+    // The limit is one deadline over the whole handshake: a VMM answering one byte every
+    // 300 ms (each read well within the limit) must not stretch a 1 s limit to the 4 s its
+    // 14-byte reply takes.
+    #[test]
+    fn a_trickled_hybrid_reply_fails_at_the_total_deadline() {
+        let path = trickling_vmm("trickle", b"OK 1073741824\n", Duration::from_millis(300));
+        let t0 = Instant::now();
+        let r = hybrid_connect(&path, 52, Some(Duration::from_secs(1)));
+        let took = t0.elapsed();
+        let _ = std::fs::remove_dir_all(path.parent().unwrap());
+        match r {
+            Err(HybridError::Timeout { port: 52, timeout }) => {
+                assert_eq!(timeout, Duration::from_secs(1))
+            }
+            other => panic!("expected a timeout, got {other:?} after {took:?}"),
+        }
+        assert!(
+            took < Duration::from_millis(1500),
+            "failed only after {took:?}"
+        );
+        assert!(
+            took >= Duration::from_millis(950),
+            "failed early, after {took:?}"
+        );
+    }
+
+    // Within the limit the same trickle is a good handshake, and the error names the address
+    // and the limit when it is not.
+    #[test]
+    fn a_slow_reply_within_the_deadline_succeeds_and_the_error_names_address_and_limit() {
+        let path = trickling_vmm("slow-ok", b"OK 52\n", Duration::from_millis(50));
+        let s = hybrid_connect(&path, 52, Some(Duration::from_secs(5))).unwrap();
+        assert_eq!(
+            s.read_timeout().unwrap(),
+            None,
+            "no timeout left on the stream"
+        );
+        let _ = std::fs::remove_dir_all(path.parent().unwrap());
+        let path = trickling_vmm("late", b"OK 52\n", Duration::from_millis(400));
+        let addr = Address::Hybrid {
+            path: path.clone(),
+            port: 52,
+        };
+        let opts = SockOpts {
+            connect_timeout: Some(Duration::from_millis(500)),
+            ..SockOpts::default()
+        };
+        let e = connect(&addr, opts).unwrap_err();
+        let _ = std::fs::remove_dir_all(path.parent().unwrap());
+        let msg = nsfast_sys::report::error_chain(&e);
+        assert!(
+            msg.contains(&format!("hybrid:{}:52", path.display())),
+            "{msg}"
+        );
+        assert!(msg.contains("no reply to CONNECT 52 within 500ms"), "{msg}");
     }
 }

@@ -23,8 +23,9 @@ pub enum HybridError {
     /// The VMM's socket could not be connected to.
     #[error("connect to the VMM's socket")]
     Connect(#[source] io::Error),
-    /// The VMM accepted but did not answer within the connect timeout.
-    #[error("no reply to CONNECT {port} within {}: the VMM accepted but never answered", nsfast_sys::args::duration::format(*.timeout))]
+    /// The VMM accepted but its whole reply line did not arrive within the connect timeout
+    /// (one deadline over the connect, the request and the reply, not a limit per read).
+    #[error("no reply to CONNECT {port} within {} (the limit for the connect, the request and the whole reply line): the VMM accepted but did not answer in time", nsfast_sys::args::duration::format(*.timeout))]
     Timeout {
         port: u32,
         timeout: std::time::Duration,
