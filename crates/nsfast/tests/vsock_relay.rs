@@ -297,28 +297,23 @@ fn fork_serves_32_connections_through_4_children() {
         "--max-children",
         "4",
     ]);
-    let clients: Vec<_> = (0..32u64)
-        .map(|i| {
-            let mut s = tcp_connect(&w, 7004);
-            std::thread::spawn(move || {
-                let mut msg = vec![0u8; 100_000];
-                ByteStream::new(i).fill(&mut msg);
-                let mut r = s.try_clone().unwrap();
-                let m2 = msg.clone();
-                let wr = std::thread::spawn(move || {
-                    s.write_all(&m2).unwrap();
-                    s.shutdown(std::net::Shutdown::Write).unwrap();
-                });
-                let mut back = Vec::new();
-                r.read_to_end(&mut back).unwrap();
-                wr.join().unwrap();
-                back == msg
+    // 32 clients at once: 4 are served, the others are closed at once and try again until
+    // a slot is free.
+    let w = &w;
+    std::thread::scope(|sc| {
+        let clients: Vec<_> = (0..32u64)
+            .map(|i| {
+                sc.spawn(move || {
+                    let mut msg = vec![0u8; 100_000];
+                    ByteStream::new(i).fill(&mut msg);
+                    echo_retrying(w, 7004, &msg) == msg
+                })
             })
-        })
-        .collect();
-    for (i, c) in clients.into_iter().enumerate() {
-        assert!(c.join().unwrap(), "client {i} got a different echo");
-    }
+            .collect();
+        for (i, c) in clients.into_iter().enumerate() {
+            assert!(c.join().unwrap(), "client {i} got a different echo");
+        }
+    });
 }
 
 #[test]
@@ -462,6 +457,28 @@ fn echo_round_trip<S: Read + Write>(mut s: S, shut: impl FnOnce(&S), msg: &[u8])
     back
 }
 
+/// One echo round trip to the relay on 127.0.0.1:`port`, again while the relay closes the
+/// connection at once (every --max-children slot busy: a retry soon after a connection ended
+/// can come before its thread has given the slot back).
+fn echo_retrying(w: &World, port: u16, msg: &[u8]) -> Vec<u8> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let mut s = tcp_connect(w, port);
+        let back = (|| {
+            s.write_all(msg)?;
+            s.shutdown(std::net::Shutdown::Write)?;
+            let mut back = Vec::new();
+            s.read_to_end(&mut back)?;
+            Ok::<_, std::io::Error>(back)
+        })();
+        match back {
+            Ok(b) if !b.is_empty() || msg.is_empty() => return b,
+            _ if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(20)),
+            r => panic!("no echo through 127.0.0.1:{port} within 30 s: {r:?}"),
+        }
+    }
+}
+
 /// An echo server on 127.0.0.1:`port` in the world's namespace, one thread per connection.
 fn tcp_echo_server(w: &World, port: u16) {
     let l = w.tcp_listener(port);
@@ -560,11 +577,7 @@ fn silent_vmm_fails_within_the_connect_timeout_and_the_relay_keeps_serving() {
         t0.elapsed()
     );
     let _silent = held_rx.recv().unwrap();
-    let back = echo_round_trip(
-        tcp_connect(&w, 7010),
-        |s| s.shutdown(std::net::Shutdown::Write).unwrap(),
-        b"second connection",
-    );
+    let back = echo_retrying(&w, 7010, b"second connection");
     assert_eq!(back, b"second connection");
     vmm.join().unwrap();
     let first = next_line();
@@ -719,12 +732,7 @@ fn json_with_stdout_closed_serves_more_connections_than_max_children() {
     drop(relay.child_mut().stdout.take());
     for i in 0..8u8 {
         let msg = [b'c', b'0' + i];
-        let back = echo_round_trip(
-            tcp_connect(&w, 7014),
-            |s| s.shutdown(std::net::Shutdown::Write).unwrap(),
-            &msg,
-        );
-        assert_eq!(back, msg, "connection {i}");
+        assert_eq!(echo_retrying(&w, 7014, &msg), msg, "connection {i}");
     }
     assert!(
         relay.child_mut().try_wait().unwrap().is_none(),
@@ -733,6 +741,155 @@ fn json_with_stdout_closed_serves_more_connections_than_max_children() {
     let out = signal_and_wait(relay, nix::sys::signal::Signal::SIGTERM);
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!err.contains("panicked"), "{err}");
+}
+
+/// Sends SIGTERM to a [`Logged`] relay; its exit and its log.
+fn stop_logged(l: Logged) -> (std::process::Output, String) {
+    let pid = nix::unistd::Pid::from_raw(l.relay.id() as i32);
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
+    l.output_with_log()
+}
+
+/// Reads from `s` until its end (EOF or a reset): how long that took, None if it did not
+/// end within `limit`.
+fn time_to_end(s: &mut TcpStream, limit: Duration) -> Option<Duration> {
+    let t0 = Instant::now();
+    s.set_read_timeout(Some(limit)).unwrap();
+    let mut buf = [0u8; 64];
+    loop {
+        match s.read(&mut buf) {
+            Ok(0) => return Some(t0.elapsed()),
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => return Some(t0.elapsed()),
+            Err(_) => return None,
+        }
+    }
+}
+
+/// `--idle-timeout`: a client that sends nothing (and gets nothing) for the timeout is closed
+/// with a log line naming it, and its only --max-children slot serves the next client.
+#[test]
+fn idle_client_is_closed_after_the_idle_timeout_and_its_slot_serves_the_next() {
+    require_root();
+    let w = World::new();
+    tcp_echo_server(&w, 7030);
+    let relay = Logged::new(w.relay(&[
+        "tcp-listen:7031,bind=127.0.0.1",
+        "tcp:127.0.0.1:7030",
+        "--fork",
+        "--max-children",
+        "1",
+        "--idle-timeout",
+        "1s",
+    ]));
+    let mut idle = tcp_connect(&w, 7031);
+    let me = idle.local_addr().unwrap();
+    idle.write_all(b"hello").unwrap();
+    let mut back = [0u8; 5];
+    idle.read_exact(&mut back).unwrap();
+    assert_eq!(&back, b"hello");
+    // Now silent both ways: closed after 1 s (noticed within 1.25 s of the last byte).
+    let took = time_to_end(&mut idle, Duration::from_secs(5))
+        .expect("the idle client was not closed within 5 s");
+    // (Counted from this side's last read: the relay's clock started at its last write, a
+    // little earlier on a loaded machine.)
+    assert!(
+        took >= Duration::from_millis(500),
+        "closed after only {took:?}"
+    );
+    // The slot it held serves a new client.
+    assert_eq!(echo_retrying(&w, 7031, b"next client"), b"next client");
+    let (_, log) = stop_logged(relay);
+    assert!(
+        log.contains(&format!("tcp {me}")) && log.contains("idle for 1s (--idle-timeout): closed"),
+        "no idle-timeout line naming {me}:\n{log}"
+    );
+}
+
+/// With every --max-children slot busy (or the source at --max-per-source), a new client is
+/// accepted and closed at once with one log line naming it, not left in the backlog; the
+/// busy connection keeps working.
+#[test]
+fn over_the_cap_client_is_accepted_and_closed_at_once_with_a_log_line() {
+    require_root();
+    let w = World::new();
+    tcp_echo_server(&w, 7032);
+    let round_trip = |s: &mut TcpStream, msg: &[u8]| {
+        s.write_all(msg).unwrap();
+        let mut back = vec![0u8; msg.len()];
+        s.read_exact(&mut back).unwrap();
+        assert_eq!(back, msg);
+    };
+    // --max-children 1.
+    let relay = Logged::new(w.relay(&[
+        "tcp-listen:7033,bind=127.0.0.1",
+        "tcp:127.0.0.1:7032",
+        "--fork",
+        "--max-children",
+        "1",
+    ]));
+    let mut held = tcp_connect(&w, 7033);
+    round_trip(&mut held, b"first");
+    let mut over = tcp_connect(&w, 7033);
+    let me = over.local_addr().unwrap();
+    let took = time_to_end(&mut over, Duration::from_secs(3))
+        .expect("the client over --max-children waited unserved for 3 s");
+    assert!(took < Duration::from_secs(1), "closed only after {took:?}");
+    round_trip(&mut held, b"still served");
+    drop((held, over));
+    let (_, log) = stop_logged(relay);
+    let lines: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("closed at once"))
+        .collect();
+    assert_eq!(lines.len(), 1, "{log}");
+    assert!(
+        lines[0].contains(&format!("tcp {me}"))
+            && lines[0].contains("all 1 --max-children slots are busy"),
+        "{log}"
+    );
+    // --max-per-source 1: a second client from 127.0.0.1 is closed, one from 127.0.0.2
+    // (another source) is served.
+    let relay = Logged::new(w.relay(&[
+        "tcp-listen:7034,bind=127.0.0.1",
+        "tcp:127.0.0.1:7032",
+        "--fork",
+        "--max-per-source",
+        "1",
+    ]));
+    let mut held = tcp_connect(&w, 7034);
+    round_trip(&mut held, b"first");
+    let mut same = tcp_connect(&w, 7034);
+    let me = same.local_addr().unwrap();
+    let took = time_to_end(&mut same, Duration::from_secs(3))
+        .expect("the client over --max-per-source was not closed within 3 s");
+    assert!(took < Duration::from_secs(1), "closed only after {took:?}");
+    let mut other =
+        w.ns.run(|| {
+            let s = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None)?;
+            s.bind(&std::net::SocketAddr::from(([127, 0, 0, 2], 0)).into())?;
+            s.connect(&std::net::SocketAddr::from(([127, 0, 0, 1], 7034)).into())?;
+            Ok::<_, std::io::Error>(TcpStream::from(s))
+        })
+        .unwrap()
+        .unwrap();
+    other
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    round_trip(&mut other, b"another source");
+    round_trip(&mut held, b"still served");
+    drop((held, same, other));
+    let (_, log) = stop_logged(relay);
+    let lines: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("closed at once"))
+        .collect();
+    assert_eq!(lines.len(), 1, "{log}");
+    assert!(
+        lines[0].contains(&format!("tcp {me}"))
+            && lines[0].contains("ip 127.0.0.1 has 1 connections open (--max-per-source 1)"),
+        "{log}"
+    );
 }
 
 // ---- inside the VM harness's guests only (AF_VSOCK over vsock_loopback, CID 1) ----

@@ -54,6 +54,9 @@ pub struct Conn {
     out: Output,
     write_closed: AtomicBool,
     pub label: String,
+    /// Who connected, for `--max-per-source` (set by [`Listener::accept`]): the peer's IP for
+    /// TCP, its CID for vsock, its uid (SO_PEERCRED) for UNIX.
+    pub source: Option<String>,
 }
 
 /// Where a [`Conn`]'s data is written.
@@ -74,6 +77,7 @@ impl Conn {
             out: Output::Socket,
             write_closed: AtomicBool::new(false),
             label,
+            source: None,
         }
     }
 
@@ -86,6 +90,7 @@ impl Conn {
             out: Output::Stdout(io::stdout()),
             write_closed: AtomicBool::new(false),
             label: "stdio".into(),
+            source: None,
         })
     }
 
@@ -203,25 +208,48 @@ impl Listener {
         }
     }
 
+    /// Accepts one connection; its label names the peer (TCP address, vsock CID:port, or the
+    /// UNIX path with the peer's pid and uid) and `source` is set.
     pub fn accept(&self) -> io::Result<Conn> {
-        match self {
+        let (c, source) = match self {
             Listener::Tcp(l) => {
                 let (s, peer) = l.accept()?;
                 let _ = s.set_nodelay(true);
-                Ok(Conn::from_socket(s.into(), format!("tcp {peer}")))
+                (
+                    Conn::from_socket(s.into(), format!("tcp {peer}")),
+                    format!("ip {}", peer.ip().to_canonical()),
+                )
             }
             Listener::Unix(b) => {
                 let (s, _) = b.listener.accept()?;
-                Ok(Conn::from_socket(
-                    s.into(),
-                    format!("unix {}", b.path.display()),
-                ))
+                let cred =
+                    nix::sys::socket::getsockopt(&s, nix::sys::socket::sockopt::PeerCredentials);
+                let (label, source) = match cred {
+                    Ok(c) => (
+                        format!(
+                            "unix {} (pid {}, uid {})",
+                            b.path.display(),
+                            c.pid(),
+                            c.uid()
+                        ),
+                        format!("uid {}", c.uid()),
+                    ),
+                    Err(_) => (format!("unix {}", b.path.display()), "uid ?".to_string()),
+                };
+                (Conn::from_socket(s.into(), label), source)
             }
             Listener::Vsock(fd, _) => {
                 let (s, cid, port) = vsock::accept(fd)?;
-                Ok(Conn::from_socket(s, format!("vsock {cid}:{port}")))
+                (
+                    Conn::from_socket(s, format!("vsock {cid}:{port}")),
+                    format!("cid {cid}"),
+                )
             }
-        }
+        };
+        Ok(Conn {
+            source: Some(source),
+            ..c
+        })
     }
 }
 

@@ -6,7 +6,7 @@
 use std::io;
 use std::os::fd::{BorrowedFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Condvar, Mutex};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use nix::errno::Errno;
@@ -55,8 +55,16 @@ pub struct Options {
     pub path: DataPath,
     /// Serve every connection of a listening first address (each in its own thread).
     pub fork: bool,
-    /// With `fork`: at most this many connections at once (the next waits).
+    /// With `fork`: at most this many connections at once. One accepted while all are busy
+    /// is closed at once, with a log line (it does not wait in the listen backlog).
     pub max_children: usize,
+    /// With `fork`: at most this many connections at once from one source (the peer's IP,
+    /// vsock CID or UNIX uid); more are closed at once, with a log line. None: no limit.
+    pub max_per_source: Option<usize>,
+    /// Close a connection that moved no byte either way for this long. The user-space path
+    /// watches it, so with it set `auto` never joins connections in the kernel path and
+    /// `kernel` is refused. None: never.
+    pub idle_timeout: Option<Duration>,
     /// Most bytes moved per call (pipe size and largest splice request, or copy buffer).
     pub buffer: usize,
     /// Socket-level options.
@@ -71,6 +79,8 @@ impl Default for Options {
             path: DataPath::Auto,
             fork: false,
             max_children: 64,
+            max_per_source: None,
+            idle_timeout: None,
             buffer: 256 << 10,
             sock: SockOpts::default(),
             zerocopy: ZeroCopy::Auto,
@@ -162,6 +172,8 @@ pub enum RelayError {
     ForkSecondListens(String),
     #[error("--max-children must be at least 1")]
     ZeroChildren,
+    #[error("--max-per-source must be at least 1")]
+    ZeroPerSource,
     #[error("{0}")]
     ZeroCopy(String),
     #[error("--path kernel: {0}")]
@@ -476,29 +488,63 @@ fn open_second(b: &Address, opts: &Options) -> Result<Conn, RelayError> {
     Ok(conn::connect(b, opts.sock)?)
 }
 
-/// A `--max-children` slot, given back when dropped: on every way a connection's thread ends,
-/// a panic in the report callback included.
-struct Slot<'a>(&'a (Mutex<usize>, Condvar));
+/// How many connections are open, in all and per source.
+#[derive(Default)]
+struct Counts {
+    total: usize,
+    per_source: std::collections::HashMap<String, usize>,
+}
+
+/// A `--max-children` (and `--max-per-source`) slot, given back when dropped: on every way a
+/// connection's thread ends, a panic included.
+struct Slot<'a> {
+    counts: &'a Mutex<Counts>,
+    source: Option<String>,
+}
 
 impl<'a> Slot<'a> {
-    /// Waits for a free slot and takes it.
-    fn take(slots: &'a (Mutex<usize>, Condvar), max: usize) -> Self {
-        let (lock, cv) = slots;
-        let mut n = lock.lock().unwrap_or_else(|e| e.into_inner());
-        while *n >= max {
-            n = cv.wait(n).unwrap_or_else(|e| e.into_inner());
+    /// Takes a slot if one is free, else says which limit is reached. Never waits: a
+    /// connection that cannot be served now is closed rather than left unanswered.
+    fn try_take(
+        counts: &'a Mutex<Counts>,
+        max: usize,
+        per_source: Option<usize>,
+        source: Option<&str>,
+    ) -> Result<Self, String> {
+        let mut c = counts.lock().unwrap_or_else(|e| e.into_inner());
+        if c.total >= max {
+            return Err(format!("all {max} --max-children slots are busy"));
         }
-        *n += 1;
-        Slot(slots)
+        let source = match (per_source, source) {
+            (Some(limit), Some(src)) => {
+                let n = c.per_source.get(src).copied().unwrap_or(0);
+                if n >= limit {
+                    return Err(format!(
+                        "{src} has {n} connections open (--max-per-source {limit})"
+                    ));
+                }
+                *c.per_source.entry(src.to_string()).or_default() += 1;
+                Some(src.to_string())
+            }
+            _ => None,
+        };
+        c.total += 1;
+        Ok(Slot { counts, source })
     }
 }
 
 impl Drop for Slot<'_> {
     fn drop(&mut self) {
-        let (lock, cv) = self.0;
-        let mut n = lock.lock().unwrap_or_else(|e| e.into_inner());
-        *n = n.saturating_sub(1);
-        cv.notify_one();
+        let mut c = self.counts.lock().unwrap_or_else(|e| e.into_inner());
+        c.total = c.total.saturating_sub(1);
+        if let Some(src) = &self.source {
+            if let Some(n) = c.per_source.get_mut(src) {
+                *n = n.saturating_sub(1);
+                if *n == 0 {
+                    c.per_source.remove(src);
+                }
+            }
+        }
     }
 }
 
@@ -578,6 +624,9 @@ impl Relay {
             if opts.max_children == 0 {
                 return Err(RelayError::ZeroChildren);
             }
+            if opts.max_per_source == Some(0) {
+                return Err(RelayError::ZeroPerSource);
+            }
         }
         // Zero-copy sends are the user-space path's: with `--path kernel` a clear refusal
         // (before, the kernel path silently won and --zerocopy on did nothing).
@@ -602,7 +651,21 @@ impl Relay {
         } else {
             None
         };
-        let kernel = kernel_for(a, b, opts.path)?;
+        // A joined connection moves no byte through this process, so nothing here could see
+        // it go idle: with an idle timeout, `auto` keeps every connection in user space.
+        let path = match (opts.idle_timeout, opts.path) {
+            (Some(_), DataPath::Kernel) => {
+                return Err(RelayError::KernelPath(
+                    "--idle-timeout needs the user-space path (a joined connection cannot be watched); use --path auto or splice with it".into(),
+                ))
+            }
+            (Some(_), DataPath::Auto) => {
+                info!("kernel path not used (--idle-timeout is set): relaying with splice");
+                DataPath::Splice
+            }
+            (_, p) => p,
+        };
+        let kernel = kernel_for(a, b, path)?;
         if kernel.is_some() {
             info!("kernel path loaded: connections are joined with a sockmap redirect");
         }
@@ -625,7 +688,7 @@ impl Relay {
     /// Relays one connection: the kernel path if loaded and it takes the pair, else splice.
     fn relay_conn(&self, id: u64, a: Conn, b: Conn) -> ConnStats {
         let Some(k) = &self.kernel else {
-            return relay_zc(id, a, b, self.opts.buffer, None, self.zc);
+            return relay_zc(id, a, b, self.opts.buffer, self.opts.idle_timeout, self.zc);
         };
         let start = Instant::now();
         match k.run(&a, &b) {
@@ -641,7 +704,7 @@ impl Relay {
                 } else {
                     debug!("connection {id}: kernel path not used ({why})");
                 }
-                let mut st = relay_zc(id, a, b, self.opts.buffer, None, self.zc);
+                let mut st = relay_zc(id, a, b, self.opts.buffer, self.opts.idle_timeout, self.zc);
                 // What the join attempt forwarded before it was refused.
                 st.bytes_a_to_b += why.pre[0];
                 st.bytes_b_to_a += why.pre[1];
@@ -686,11 +749,10 @@ impl Relay {
             report(&self.relay_conn(1, ca, cb));
             return Ok(());
         }
-        let slots = (Mutex::new(0usize), Condvar::new());
+        let counts = Mutex::new(Counts::default());
         std::thread::scope(|s| -> Result<(), RelayError> {
             let mut id = 0u64;
             loop {
-                let slot = Slot::take(&slots, opts.max_children);
                 let ca = match listener.accept() {
                     Ok(c) => c,
                     Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
@@ -701,21 +763,38 @@ impl Relay {
                         })
                     }
                 };
+                // Accepted first, then admitted: a connection over a limit is closed at once
+                // (the client sees its end) instead of waiting in the backlog behind
+                // connections that may never end.
+                let slot = match Slot::try_take(
+                    &counts,
+                    opts.max_children,
+                    opts.max_per_source,
+                    ca.source.as_deref(),
+                ) {
+                    Ok(s) => s,
+                    Err(why) => {
+                        warn!("connection from {} closed at once: {why}", ca.label);
+                        continue;
+                    }
+                };
                 id += 1;
                 s.spawn(move || {
-                    // Held until this thread ends, however it ends.
-                    let _slot = slot;
                     let start = Instant::now();
-                    match conn::connect(b, opts.sock) {
-                        Ok(cb) => report(&self.relay_conn(id, ca, cb)),
+                    let mut slot = Some(slot);
+                    let st = match conn::connect(b, opts.sock) {
+                        Ok(cb) => self.relay_conn(id, ca, cb),
                         // A failing peer (refused connection, bad or missing hybrid reply)
                         // ends this connection only, never the relay.
                         Err(e) => {
                             warn!("connection {id} from {}: {e}", ca.label);
                             let label = ca.label.clone();
-                            // The client sees its connection end before the report.
+                            // The slot is free before the client sees its connection end
+                            // (so a client that retries at once finds it), and that end
+                            // comes before the report.
+                            drop(slot.take());
                             drop(ca);
-                            report(&ConnStats {
+                            ConnStats {
                                 id,
                                 a: label,
                                 b: b.to_string(),
@@ -728,9 +807,13 @@ impl Relay {
                                 send: "copy",
                                 zerocopy: None,
                                 error: Some(error_chain(&e)),
-                            });
+                            }
                         }
-                    }
+                    };
+                    // The slot is free again before the report (which may be slow, or panic),
+                    // as soon as possible after the client has seen its connection end.
+                    drop(slot);
+                    report(&st);
                 });
             }
         })
@@ -821,7 +904,7 @@ mod slot_tests {
                 panic!("report failed");
             });
         });
-        for i in 0..4 {
+        for i in 0..4usize {
             let mut c = UnixStream::connect(&front).unwrap();
             c.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
             c.write_all(b"hello").unwrap();
@@ -830,6 +913,13 @@ mod slot_tests {
             c.read_to_end(&mut v)
                 .unwrap_or_else(|e| panic!("connection {i}: {e} (slot kept by a panic?)"));
             assert_eq!(v, b"hello", "connection {i}");
+            // The report comes after the slot is given back: once it has run, the next
+            // connection must find the slot free (one arriving before is closed at once).
+            let t0 = Instant::now();
+            while REPORTS.load(Ordering::SeqCst) <= i {
+                assert!(t0.elapsed() < Duration::from_secs(20), "no report {i}");
+                std::thread::sleep(Duration::from_millis(5));
+            }
         }
         let _ = std::fs::remove_dir_all(&d);
     }

@@ -43,9 +43,24 @@ pub enum VsockCmd {
         /// Serve every connection of the first address, each in its own thread.
         #[arg(long)]
         fork: bool,
-        /// With --fork: at most N connections at once.
+        /// With --fork: at most N connections at once. A connection that arrives while all N
+        /// are busy is accepted and closed at once, with a log line naming it (it does not
+        /// wait in the listen backlog for a slot that idle clients may never give back).
         #[arg(long, value_name = "N", default_value_t = 64)]
         max_children: usize,
+        /// With --fork: at most N connections at once from one source (the peer's IP for
+        /// TCP, its CID for vsock, its uid for UNIX); more are closed at once and logged
+        /// [default: no limit].
+        #[arg(long, value_name = "N")]
+        max_per_source: Option<usize>,
+        /// Close a connection that moved no byte either way for this long, with a log line
+        /// naming its peer (e.g. 10m, 30s; 0 = never; at most 24h). Off by default, as
+        /// socat: quiet long-lived sessions (ssh, database pools) stay up; set it when
+        /// untrusted clients could hold the --max-children slots. Only the user-space path
+        /// can watch a connection: with it set, --path auto relays with splice and --path
+        /// kernel is refused.
+        #[arg(long, value_name = "DURATION", default_value = "0", value_parser = duration::arg("--idle-timeout", 24 * HOUR, true))]
+        idle_timeout: Duration,
         /// Most bytes moved per call (splice pipe size and largest request / copy buffer),
         /// e.g. 256K, 1M.
         #[arg(long, value_name = "SIZE", default_value = "256K", value_parser = size::arg("--buffer", 1, MAX_BUFFER))]
@@ -207,6 +222,8 @@ pub fn run(cmd: VsockCmd) -> anyhow::Result<()> {
             b,
             fork,
             max_children,
+            max_per_source,
+            idle_timeout,
             buffer,
             vsock_buffer,
             connect_timeout,
@@ -230,6 +247,8 @@ pub fn run(cmd: VsockCmd) -> anyhow::Result<()> {
                 // socat's `TCP-LISTEN:P,fork` is --fork.
                 fork: fork || a.forks(),
                 max_children,
+                max_per_source,
+                idle_timeout: Some(idle_timeout).filter(|d| !d.is_zero()),
                 buffer: buffer as usize,
                 sock: SockOpts {
                     vsock_buffer,
