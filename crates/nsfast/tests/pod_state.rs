@@ -480,32 +480,28 @@ fn pod_state_is_private_and_another_user_cannot_take_the_lock() {
     for f in [lock.clone(), dir.join(format!("{pod}.json"))] {
         assert_eq!(mode(&f), 0o600, "{}", f.display());
     }
-    // User nobody tries to hold the lock (flock -n: fail at once rather than wait).
-    let o = std::process::Command::new("setpriv")
-        .args([
-            "--reuid=65534",
-            "--regid=65534",
-            "--clear-groups",
-            "flock",
-            "-n",
-        ])
-        .arg(&lock)
-        .arg("true")
-        .output()
-        .expect("setpriv");
-    assert!(
-        !o.status.success(),
-        "user nobody locked {}: {}",
-        lock.display(),
-        text(&o)
-    );
+    // User nobody tries to open the lock and a record (opening is what flock needs).
+    use std::os::unix::process::CommandExt;
+    for f in [lock.clone(), dir.join(format!("{pod}.json"))] {
+        let o = std::process::Command::new("cat")
+            .arg(&f)
+            .uid(65534)
+            .gid(65534)
+            .output()
+            .expect("run cat as nobody");
+        assert!(
+            !o.status.success(),
+            "user nobody opened {}: {}",
+            f.display(),
+            text(&o)
+        );
+    }
 }
 
 /// A `pod add` waiting for a host lock that another process holds gives up at the bound
 /// (NSFAST_LOCK_TIMEOUT_SECS) and at SIGTERM, naming the holder, and changes nothing.
 #[test]
 fn a_held_host_lock_is_waited_for_boundedly_and_sigterm_ends_the_wait() {
-    use std::os::unix::process::CommandExt;
     use std::time::{Duration, Instant};
     require_root();
     let p = unique("pw");
@@ -521,28 +517,14 @@ fn a_held_host_lock_is_waited_for_boundedly_and_sigterm_ends_the_wait() {
     let o = nsfast(&["pod", "add", &pod, "--ip", "10.78.2.5/24", "--host", &host]);
     assert!(o.status.success(), "{}", text(&o));
     let lock = state_dir_of(&pod).join(".lock");
-    // A holder that is another process (`flock` running `sleep`), killed by the guard.
-    let mut holder = std::process::Command::new("flock")
-        .arg(&lock)
-        .args(["sleep", "600"])
-        .process_group(0)
-        .spawn()
-        .expect("flock");
-    struct Kill(std::process::Child);
-    impl Drop for Kill {
-        fn drop(&mut self) {
-            // The group: flock's `sleep` shares its open file description, so the lock.
-            let _ = nix::sys::signal::killpg(
-                nix::unistd::Pid::from_raw(self.0.id() as i32),
-                nix::sys::signal::Signal::SIGKILL,
-            );
-            let _ = self.0.wait();
-        }
-    }
-    std::thread::sleep(Duration::from_millis(300));
-    let holder_pid = holder.id();
-    assert!(holder.try_wait().unwrap().is_none(), "flock exited");
-    let holder = Kill(holder);
+    // The holder: this test process.
+    let held = nsfast_sys::lockfile::lock_exclusive(
+        nsfast_sys::lockfile::open_private(&lock).unwrap(),
+        &lock,
+        Duration::from_secs(5),
+    )
+    .expect("take the host lock");
+    let holder_pid = std::process::id();
     let add = [
         "pod",
         "add",
@@ -593,7 +575,7 @@ fn a_held_host_lock_is_waited_for_boundedly_and_sigterm_ends_the_wait() {
     assert!(!o.status.success(), "{}", text(&o));
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(
-        err.contains(&format!("held by pid {holder_pid} (flock)")),
+        err.contains(&format!("held by pid {holder_pid} (")),
         "{}",
         text(&o)
     );
@@ -618,7 +600,7 @@ fn a_held_host_lock_is_waited_for_boundedly_and_sigterm_ends_the_wait() {
         "{}",
         text(&o)
     );
-    drop(holder);
+    drop(held);
     // Nothing of the second pod was made.
     assert!(state_dirs_with(&second).is_empty());
     assert!(!netns::list_named().contains(&second));
