@@ -603,7 +603,7 @@ fn cni_netns_that_is_not_a_namespace_is_refused() {
 /// plugin never opens it for reading, which would block until a writer came.
 #[test]
 fn cni_netns_that_is_a_fifo_is_refused_without_blocking() {
-    use std::time::{Duration, Instant};
+    use std::time::Duration;
     let rig = Rig::new();
     let dir = std::env::temp_dir().join(format!("nsfast-cni-fifo-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
@@ -616,18 +616,7 @@ fn cni_netns_that_is_a_fifo_is_refused_without_blocking() {
         &Rig::ids("ctr-fifo", &f),
         rig.conf().to_string().as_bytes(),
     );
-    let t = Instant::now();
-    let mut ended = false;
-    while t.elapsed() < Duration::from_secs(10) {
-        if child.try_wait().unwrap().is_some() {
-            ended = true;
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    if !ended {
-        let _ = child.kill();
-    }
+    let ended = nsfast_lab::wait_or_kill(&mut child, Duration::from_secs(10)).is_some();
     let out = out_of(child.wait_with_output().unwrap());
     let _ = std::fs::remove_dir_all(&dir);
     assert!(ended, "ADD with CNI_NETNS={f} still running after 10 s");

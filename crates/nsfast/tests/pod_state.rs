@@ -502,7 +502,7 @@ fn pod_state_is_private_and_another_user_cannot_take_the_lock() {
 /// (NSFAST_LOCK_TIMEOUT_SECS) and at SIGTERM, naming the holder, and changes nothing.
 #[test]
 fn a_held_host_lock_is_waited_for_boundedly_and_sigterm_ends_the_wait() {
-    use std::time::{Duration, Instant};
+    use std::time::Duration;
     require_root();
     let p = unique("pw");
     let host = format!("{p}-h");
@@ -548,18 +548,7 @@ fn a_held_host_lock_is_waited_for_boundedly_and_sigterm_ends_the_wait() {
     };
     // Waits up to `limit` for `child`, killing it then; whether it ended by itself.
     let finish = |mut child: std::process::Child, limit: Duration| {
-        let t = Instant::now();
-        let mut ended = false;
-        while t.elapsed() < limit {
-            if child.try_wait().unwrap().is_some() {
-                ended = true;
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        if !ended {
-            let _ = child.kill();
-        }
+        let ended = nsfast_lab::wait_or_kill(&mut child, limit).is_some();
         (ended, child.wait_with_output().unwrap())
     };
     // The bound.
