@@ -109,6 +109,76 @@ fn open_nsfs(path: &Path) -> Result<File, Option<NetnsError>> {
     })
 }
 
+/// Why mounts this process makes (namespace bind mounts under /run/netns, a bpffs at
+/// /sys/fs/bpf) would not be seen outside it, or `None` when nothing says so. Two signs:
+/// - its mount namespace is not its parent's: it was started in a fresh one (`ip netns exec`
+///   and `unshare -m` unshare, then exec the command);
+/// - /run/netns's own mount receives mounts but does not send them (`master:` without
+///   `shared:`, as `ip netns exec` leaves every mount after `mount --make-rslave /`), which
+///   also holds for the command's children.
+///
+/// `NSFAST_ALLOW_PRIVATE_MOUNT_NS=1` skips the check (e.g. a container that shares /run/netns
+/// and /sys/fs/bpf with the host through its own arrangement).
+pub fn private_mount_namespace() -> Option<String> {
+    if std::env::var_os("NSFAST_ALLOW_PRIVATE_MOUNT_NS").is_some_and(|v| v == "1") {
+        return None;
+    }
+    let ours = fs::read_link("/proc/self/ns/mnt").ok()?;
+    let ppid = nix::unistd::getppid().as_raw();
+    if ppid > 0 {
+        if let Ok(parent) = fs::read_link(format!("/proc/{ppid}/ns/mnt")) {
+            if parent != ours {
+                return Some(format!(
+                    "it runs in mount namespace {}, not its parent's ({})",
+                    ours.display(),
+                    parent.display()
+                ));
+            }
+        }
+    }
+    // Only /run/netns's own mount (iproute2 makes one): what "/" does varies by setup.
+    let info = fs::read_to_string("/proc/self/mountinfo").ok()?;
+    let own: String = info
+        .lines()
+        .filter(|l| l.split(' ').nth(4) == Some(NETNS_RUN_DIR))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    let tags = propagation_of(&own, Path::new(NETNS_RUN_DIR))?;
+    let slave = tags.iter().any(|t| t.starts_with("master:"));
+    let shared = tags.iter().any(|t| t.starts_with("shared:"));
+    (slave && !shared).then(|| {
+        format!(
+            "the mount holding {NETNS_RUN_DIR} only receives mounts ({}): mounts made here do not reach the host's mount namespace",
+            tags.join(" ")
+        )
+    })
+}
+
+/// The propagation tags (`shared:N`, `master:N`, ...) of the mount in `mountinfo` (the text of
+/// /proc/PID/mountinfo) that holds `path`: the last listed mount whose mount point is `path`
+/// or one of its ancestors, the longest such.
+pub fn propagation_of(mountinfo: &str, path: &Path) -> Option<Vec<String>> {
+    let mut best: Option<(usize, Vec<String>)> = None;
+    for line in mountinfo.lines() {
+        let f: Vec<&str> = line.split(' ').collect();
+        let Some(sep) = f.iter().position(|x| *x == "-") else {
+            continue;
+        };
+        if f.len() < 6 || sep < 6 {
+            continue;
+        }
+        let point = Path::new(f[4]);
+        if !path.starts_with(point) {
+            continue;
+        }
+        let depth = point.components().count();
+        if best.as_ref().is_none_or(|(d, _)| depth >= *d) {
+            best = Some((depth, f[6..sep].iter().map(|t| t.to_string()).collect()));
+        }
+    }
+    best.map(|(_, t)| t)
+}
+
 /// The netns cookie of the namespace the calling thread is in (`SO_NETNS_COOKIE`, Linux
 /// 5.7+): a 64-bit number the kernel never hands out twice within a boot, unlike the
 /// namespace's inode number.
@@ -488,6 +558,24 @@ mod tests {
 
     /// `NetNs::open` refuses what is not a network namespace, naming the path: a regular
     /// file, a directory, another namespace type.
+    #[test]
+    fn propagation_is_read_from_the_mount_holding_the_path() {
+        let host = "27 1 254:0 / / rw,relatime - ext4 /dev/vda rw\n\
+                    45 27 254:0 /run/netns /run/netns rw,relatime shared:1 - ext4 /dev/vda rw\n";
+        let exec = "48 47 254:0 / / rw,relatime master:7 - ext4 /dev/vda rw\n\
+                    70 48 254:0 /run/netns /run/netns rw,relatime master:1 - ext4 /dev/vda rw\n";
+        let p = Path::new("/run/netns");
+        assert_eq!(propagation_of(host, p).unwrap(), vec!["shared:1"]);
+        assert_eq!(propagation_of(exec, p).unwrap(), vec!["master:1"]);
+        let root_only = "27 1 254:0 / / rw,relatime shared:3 - ext4 /dev/vda rw\n";
+        assert_eq!(propagation_of(root_only, p).unwrap(), vec!["shared:3"]);
+        assert!(propagation_of("garbage\n", p).is_none());
+        // /run/netnsX does not hold /run/netns.
+        let other = "27 1 254:0 / / rw - ext4 /dev/vda rw\n\
+                     9 27 0:1 / /run/netnsX rw master:2 - tmpfs t rw\n";
+        assert!(propagation_of(other, p).unwrap().is_empty());
+    }
+
     #[test]
     fn open_never_blocks_on_a_fifo_or_a_device() {
         let dir = std::env::temp_dir().join(format!("nsfast-netns-fifo-{}", std::process::id()));

@@ -594,3 +594,60 @@ fn a_held_host_lock_is_waited_for_boundedly_and_sigterm_ends_the_wait() {
     assert!(state_dirs_with(&second).is_empty());
     assert!(!netns::list_named().contains(&second));
 }
+
+/// `ip netns exec H nsfast pod add ...` runs nsfast in a mount namespace of its own, where the
+/// pod's namespace bind mount and bpffs pins would vanish with the command: it is refused at
+/// once, naming `--host` and `nsenter --net`, and nothing is left (no pod namespace, record,
+/// device). Where iproute2's `ip` is missing (the VM guests' busybox), `unshare -m` makes the
+/// same private mount namespace.
+#[test]
+fn pod_add_in_a_private_mount_namespace_is_refused_and_leaves_nothing() {
+    require_root();
+    let p = unique("pm");
+    let host = format!("{p}-h");
+    let pod = format!("{p}-a");
+    let _c = Cleanup {
+        hosts: vec![host.clone()],
+        names: vec![pod.clone()],
+        dirs: vec![],
+    };
+    NetNs::create(&host).unwrap().persist();
+    let iproute2 = std::process::Command::new("ip")
+        .arg("-V")
+        .output()
+        .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).contains("iproute2"));
+    let bin = common::nsfast_bin();
+    let bin = bin.to_str().unwrap();
+    let add = ["pod", "add", &pod, "--ip", "10.78.3.5/24"];
+    let (runner, o) = if iproute2 {
+        let mut a = vec!["netns", "exec", &host, bin];
+        a.extend(add);
+        (
+            "ip netns exec",
+            std::process::Command::new("ip").args(&a).output(),
+        )
+    } else {
+        let mut a = vec!["-m", bin];
+        a.extend(add);
+        a.extend(["--host", &host]);
+        (
+            "unshare -m",
+            std::process::Command::new("unshare").args(&a).output(),
+        )
+    };
+    let o = o.unwrap_or_else(|e| panic!("run {runner}: {e}"));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success(), "{runner} nsfast pod add: {}", text(&o));
+    assert!(
+        err.contains("--host") && err.contains("nsenter --net") && err.contains("mount namespace"),
+        "{runner}: {}",
+        text(&o)
+    );
+    assert!(!netns::list_named().contains(&pod), "pod namespace left");
+    assert!(state_dirs_with(&pod).is_empty(), "record left");
+    let devs = links(&host);
+    assert!(devs.iter().all(|l| l == "lo"), "devices left: {devs:?}");
+    let list = nsfast(&["pod", "list", "--host", &host, "--json"]);
+    assert!(list.status.success(), "{}", text(&list));
+    assert!(!String::from_utf8_lossy(&list.stdout).contains(&pod));
+}

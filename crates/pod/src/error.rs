@@ -25,6 +25,9 @@ pub enum PodError {
     /// TCX requested on a kernel without it.
     #[error("kernel {kernel} lacks TCX (BPF_TCX_INGRESS links, Linux >= 6.6), which NSFAST_POD_ATTACH=tcx asks for ({reason}): use tc or auto; nothing was changed")]
     NoTcx { kernel: String, reason: String },
+    /// The caller runs in a mount namespace other than PID 1's (as `ip netns exec` makes).
+    #[error("refusing to change pods from a private mount namespace, as `ip netns exec` makes ({0}): the pod namespaces and bpffs pins made here would vanish with it and leave a dead pod. Run nsfast in the host's mount namespace: `nsfast pod ... --host NS` instead of `ip netns exec NS nsfast pod ...`, or `nsenter --net=/run/netns/NS nsfast ...` (which keeps the mount namespace); nothing was changed")]
+    PrivateMountNs(String),
     /// Bad attach method.
     #[error("invalid attach method {0:?}: expected auto, tcx or tc")]
     BadAttach(String),

@@ -267,9 +267,16 @@ impl Host {
     /// A lock whose directory was removed meanwhile (the host's last pod went) is retaken.
     /// The wait is bounded ([`nsfast_sys::lockfile::timeout_from_env`]) and a termination
     /// signal ends it; either error names the process holding the lock.
+    ///
+    /// Every change to a host's pods takes this lock, so this is also where a caller in a
+    /// private mount namespace is refused (see
+    /// [`nsfast_sys::netns::private_mount_namespace`]), before anything is made.
     pub fn lock(&self) -> Result<HostLock, PodError> {
         use nsfast_sys::lockfile;
         use std::os::unix::fs::MetadataExt;
+        if let Some(why) = nsfast_sys::netns::private_mount_namespace() {
+            return Err(PodError::PrivateMountNs(why));
+        }
         let dir = self.state_dir();
         let path = dir.join(".lock");
         let timeout = lockfile::timeout_from_env();
