@@ -11,6 +11,7 @@ use nsfast_sys::net::NetError;
 use nsfast_sys::netns::{NetNs, NetnsError};
 
 use nsfast_lab::cleanup::{remove_cgroup_retry, remove_cgroup_tree};
+pub use nsfast_lab::tenant::Tenant;
 
 /// Errors while building a topology; each names the topology.
 #[derive(Debug, thiserror::Error)]
@@ -40,6 +41,14 @@ pub enum TopologyError {
     },
 }
 
+/// What a topology's probe may depend on besides the machine: the run's options.
+#[derive(Debug, Clone, Default)]
+pub struct ProbeCtx {
+    /// The existing user the rootless topologies run as (`--tenant`); without one they are
+    /// skipped, as nsfast bench never creates users.
+    pub tenant: Option<Tenant>,
+}
+
 /// What a topology build needs to know about the run.
 #[derive(Debug, Clone)]
 pub struct BuildCtx {
@@ -50,6 +59,8 @@ pub struct BuildCtx {
     /// How to start helper workers (the vsock-relay topology's relay); `None`: such
     /// topologies cannot be built.
     pub launcher: Option<crate::proc::Launcher>,
+    /// The rootless topologies' tenant (`--tenant`, see [`ProbeCtx::tenant`]).
+    pub tenant: Option<Tenant>,
 }
 
 /// One side of a built topology.

@@ -6,6 +6,11 @@
 //! namespace (the server). `slirp4netns` is Docker's normal rootless path; `vpnrelay` is the
 //! same world with the relay running as the tenant. The server listens on the VPN port, the
 //! one the relay steers.
+//!
+//! The world runs as an existing unprivileged user the operator names (`--tenant USER`,
+//! [`nsfast_lab::tenant::Tenant::lookup`]): nsfast bench never creates users or edits
+//! /etc/subuid and /etc/subgid, so without a tenant both topologies are skipped with
+//! [`NO_TENANT`] as the reason.
 
 use std::any::Any;
 
@@ -13,20 +18,34 @@ use nsfast_lab::rootless::{self as testbed, World, WorldOpts};
 use nsfast_lab::rootless_bench::RelayProc;
 use nsfast_sys::netns::NetNs;
 
+use crate::built::{ProbeCtx, Tenant};
+
 /// The port the server listens on (the relay steers it).
 pub const PORT: u16 = testbed::VPN_PORT;
 
 pub use nsfast_lab::rootless::{set_vpnrelay_bin, vpnrelay_bin};
 
-/// Why the rootless world cannot be built here, if it cannot.
-pub fn probe_world() -> Result<(), String> {
+/// The skip reason of the rootless topologies in a run without a tenant.
+pub const NO_TENANT: &str = "needs --tenant USER, an existing unprivileged user with ranges in /etc/subuid and /etc/subgid to run as (nsfast bench creates no users)";
+
+/// Why the rootless world cannot be built here, if it cannot: no tenant, or a missing program.
+pub fn probe_world(ctx: &ProbeCtx) -> Result<(), String> {
+    if ctx.tenant.is_none() {
+        return Err(NO_TENANT.into());
+    }
     testbed::check_programs(testbed::NEEDS).map_err(|e| e.to_string())
 }
 
 /// [`probe_world`] plus the relay binary.
-pub fn probe_relay() -> Result<(), String> {
-    probe_world()?;
+pub fn probe_relay(ctx: &ProbeCtx) -> Result<(), String> {
+    probe_world(ctx)?;
     vpnrelay_bin().map(|_| ())
+}
+
+/// `--tenant`'s value: the existing user `name`, if it can run the world (the error names it
+/// and says what a valid tenant is).
+pub fn tenant(name: &str) -> Result<Tenant, String> {
+    Tenant::lookup(name).map_err(|e| e.to_string())
 }
 
 /// A built world: its client and server namespaces (handles that do not own them), and
@@ -38,11 +57,11 @@ pub struct Parts {
     pub note: String,
 }
 
-/// Builds the world; with `relay`, starts the relay in it as the tenant.
-pub fn build(relay: bool) -> Result<Parts, String> {
+/// Builds the world run by `tenant`; with `relay`, starts the relay in it as the tenant.
+pub fn build(relay: bool, tenant: &Tenant) -> Result<Parts, String> {
     let chain = |e: anyhow::Error| format!("{e:#}");
     let bin = if relay { Some(vpnrelay_bin()?) } else { None };
-    let w = World::build(&WorldOpts::default()).map_err(chain)?;
+    let w = World::build(&WorldOpts::default(), tenant).map_err(chain)?;
     let client = w.gluetun_ns().map_err(chain)?;
     let server = NetNs::open(&w.server.path().display().to_string()).map_err(|e| e.to_string())?;
     let mut guards: Vec<Box<dyn Any>> = Vec::new();

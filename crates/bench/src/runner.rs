@@ -18,7 +18,7 @@ pub use crate::model::{CpuCost, Outcome, Sample, Skipped};
 use crate::model::{CrossCheck, Machine};
 use crate::proc::{check_interrupt, command_in, ChildGuard, Launcher};
 use crate::spec::{Config, Placement, Sizes, Workload};
-use crate::topology::{self, BuildCtx, Built, RunCgroup, TopologyDef};
+use crate::topology::{self, BuildCtx, Built, ProbeCtx, RunCgroup, TopologyDef};
 use crate::worker::{read_report, Role, VsockEnd, WorkerReport, WorkerSpec};
 use crate::BenchError;
 
@@ -67,12 +67,16 @@ impl Runner {
         let placements = self.placements()?;
         let mut skipped = Vec::new();
         // Probe and pick topologies before touching the system.
-        let defs = probe_topologies(&self.config.topologies, obs, &mut skipped)?;
+        let probe = ProbeCtx {
+            tenant: self.config.tenant.clone(),
+        };
+        let defs = probe_topologies(&self.config.topologies, &probe, obs, &mut skipped)?;
         let run_cg = RunCgroup::create(&self.prefix)?;
         let ctx = BuildCtx {
             prefix: self.prefix.clone(),
             cgroup_root: run_cg.path().to_path_buf(),
             launcher: Some(self.launcher.clone()),
+            tenant: self.config.tenant.clone(),
         };
         let mut notes = Vec::new();
         let built = build_topologies(&defs, &ctx, obs, &mut skipped, &mut notes)?;
@@ -427,13 +431,14 @@ type Pinning = (Placement, Option<usize>, Option<usize>);
 /// The topologies of `names` whose probe passes; the others go to `skipped`.
 fn probe_topologies(
     names: &[String],
+    probe: &ProbeCtx,
     obs: &mut dyn Observer,
     skipped: &mut Vec<Skipped>,
 ) -> Result<Vec<TopologyDef>, BenchError> {
     let mut defs = Vec::new();
     for name in names {
         let def = topology::find(name)?;
-        match (def.probe)() {
+        match (def.probe)(probe) {
             Ok(()) => defs.push(def),
             Err(reason) => skip(obs, skipped, name.clone(), reason),
         }

@@ -210,6 +210,8 @@ pub struct Config {
     pub json: Option<PathBuf>,
     pub cross_check: bool,
     pub quick: bool,
+    /// The existing user the rootless topologies run as (`--tenant`); `None` skips them.
+    pub tenant: Option<nsfast_lab::tenant::Tenant>,
 }
 
 mod secs {

@@ -17,14 +17,16 @@ use nsfast_sys::net::{self, NetError};
 use nsfast_sys::netns::NetNs;
 
 use crate::built::{cgroups, ns, other};
-pub use crate::built::{BuildCtx, Built, Endpoint, RunCgroup, TopologyError, VsockPath};
+pub use crate::built::{
+    BuildCtx, Built, Endpoint, ProbeCtx, RunCgroup, Tenant, TopologyError, VsockPath,
+};
 
 /// A topology that can be built.
 pub struct TopologyDef {
     pub name: &'static str,
     pub about: &'static str,
-    /// `Err(reason)` when this machine or build cannot run it.
-    pub probe: fn() -> Result<(), String>,
+    /// `Err(reason)` when this machine, build or the run's options cannot run it.
+    pub probe: fn(&ProbeCtx) -> Result<(), String>,
     pub build: fn(&BuildCtx) -> Result<Built, TopologyError>,
 }
 
@@ -37,8 +39,9 @@ impl Topology for TopologyDef {
         self.name
     }
 
+    /// The probe without run options ([`ProbeCtx::default`]: no tenant).
     fn probe(&self) -> Result<(), String> {
-        (self.probe)()
+        (self.probe)(&ProbeCtx::default())
     }
 
     /// Tear-down order ([`Built`]'s drop): extras (attachments, worlds, relays) first, then
@@ -54,68 +57,68 @@ pub fn registry() -> Vec<TopologyDef> {
         TopologyDef {
             name: "host",
             about: "both ends in one namespace over loopback (the baseline)",
-            probe: || Ok(()),
+            probe: |_| Ok(()),
             build: build_host,
         },
         TopologyDef {
             name: "veth",
             about: "two namespaces on a veth pair",
-            probe: || Ok(()),
+            probe: |_| Ok(()),
             build: build_veth,
         },
         TopologyDef {
             name: "routed",
             about: "two pods routed through a host namespace (classic container networking)",
-            probe: || Ok(()),
+            probe: |_| Ok(()),
             build: build_routed,
         },
         TopologyDef {
             name: "sockmap",
             about: "veth + the sockmap shortcut (sockops + sk_msg) on the pods' cgroup",
-            probe: crate::sockmap_hook::probe,
+            probe: |_| crate::sockmap_hook::probe(),
             build: build_sockmap,
         },
         TopologyDef {
             name: "bpf",
             about: "veth + BPF host routing (bpf_redirect_peer)",
-            probe: || Ok(()),
+            probe: |_| Ok(()),
             build: build_bpf,
         },
         TopologyDef {
             name: "bpf-shortcut",
             about: "bpf + the pod shortcut (nsfast pod shortcut: sockmap between the host's pods)",
-            probe: crate::sockmap_hook::probe,
+            probe: |_| crate::sockmap_hook::probe(),
             build: build_bpf_shortcut,
         },
         TopologyDef {
             name: "bpf-remote",
             about: "veth + BPF host routing to a pod on another host over a veth wire (fib + redirect out, redirect_peer in)",
-            probe: || Ok(()),
+            probe: |_| Ok(()),
             build: build_bpf_remote,
         },
         TopologyDef {
             name: "bpf-tc",
             about: "bpf with the programs attached by classic tc (clsact + cls_bpf) instead of TCX",
-            probe: || Ok(()),
+            probe: |_| Ok(()),
             build: build_bpf_tc,
         },
         TopologyDef {
             name: "netkit",
             about: "netkit pairs (L3) with BPF host routing (nsfast pod --mode netkit)",
-            probe: probe_netkit,
+            probe: |_| probe_netkit(),
             build: build_netkit,
         },
         TopologyDef {
             name: "cni-ptp",
             about:
                 "pods made by the reference CNI ptp plugin (host-local IPAM), routed by the host",
-            probe: probe_cni_ptp,
+            probe: |_| probe_cni_ptp(),
             build: build_cni_ptp,
         },
         TopologyDef {
             name: "cni-ptp-remote",
             about: "reference ptp pods on two hosts joined by a veth wire, routed by both hosts' stacks",
-            probe: probe_cni_ptp,
+            probe: |_| probe_cni_ptp(),
             build: build_cni_ptp_remote,
         },
         TopologyDef {
@@ -133,25 +136,25 @@ pub fn registry() -> Vec<TopologyDef> {
         TopologyDef {
             name: "vsock",
             about: "both ends in one namespace over vsock loopback (CID 1); VM guests only",
-            probe: crate::vsock_hook::probe,
+            probe: |_| crate::vsock_hook::probe(),
             build: crate::vsock_hook::build_direct,
         },
         TopologyDef {
             name: "vsock-relay",
             about: "vsock loopback through nsfast's vsock relay (vsock-listen -> vsock-connect:1); VM guests only",
-            probe: crate::vsock_hook::probe,
+            probe: |_| crate::vsock_hook::probe(),
             build: crate::vsock_hook::build_relay,
         },
         TopologyDef {
             name: "vsock-relay-kernel",
             about: "vsock loopback through nsfast's vsock relay --path kernel (BPF sockmap redirect between the legs); VM guests only, experimental (NSFAST_BENCH_EXPERIMENTAL=1)",
-            probe: crate::vsock_hook::probe_relay_kernel,
+            probe: |_| crate::vsock_hook::probe_relay_kernel(),
             build: crate::vsock_hook::build_relay_kernel,
         },
         TopologyDef {
             name: "vsock-socat",
             about: "vsock loopback through socat VSOCK-LISTEN,fork -> VSOCK-CONNECT:1; VM guests only",
-            probe: crate::vsock_hook::probe_socat,
+            probe: |_| crate::vsock_hook::probe_socat(),
             build: crate::vsock_hook::build_socat,
         },
     ]
@@ -358,7 +361,11 @@ fn build_vpnrelay(ctx: &BuildCtx) -> Result<Built, TopologyError> {
 /// relay and its rule) goes away with the topology's extras.
 fn build_rootless(ctx: &BuildCtx, t: &'static str, relay: bool) -> Result<Built, TopologyError> {
     let (dir, client, server) = cgroups(ctx, t)?;
-    let parts = crate::rootless_hook::build(relay).map_err(|e| other(t, e))?;
+    let tenant = ctx
+        .tenant
+        .as_ref()
+        .ok_or_else(|| other(t, crate::rootless_hook::NO_TENANT))?;
+    let parts = crate::rootless_hook::build(relay, tenant).map_err(|e| other(t, e))?;
     let fast_path = relay.then_some(crate::evidence::FastPath::VpnRelay);
     Ok(Built {
         name: t,

@@ -84,6 +84,7 @@ fn outcome() -> Outcome {
             json: None,
             cross_check: false,
             quick: true,
+            tenant: None,
         },
         topologies,
         skipped: vec![nsfast_bench::runner::Skipped {

@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 use nsfast_bench::proc::Launcher;
 use nsfast_bench::runner::{Runner, Sample};
 use nsfast_bench::spec::{Config, Placement, Sizes, Workload};
-use nsfast_bench::topology::{registry, BuildCtx, Built, RunCgroup};
+use nsfast_bench::topology::{registry, BuildCtx, Built, ProbeCtx, RunCgroup};
 use nsfast_lab::require_root;
 
 /// Topologies built from the vpnrelay test world (tested on their own: they start tenant
@@ -104,6 +104,7 @@ fn runner() -> Runner {
         json: None,
         cross_check: false,
         quick: false,
+        tenant: None,
     };
     let mut r = Runner::new(config, worker_launcher());
     r.progress = false;
@@ -211,6 +212,7 @@ fn build_and_teardown_leave_nothing_behind() {
             prefix: prefix.clone(),
             cgroup_root: run_cg.path().to_path_buf(),
             launcher: Some(worker_launcher()),
+            tenant: None,
         };
         let mut built = Vec::new();
         for d in registry() {
@@ -218,7 +220,7 @@ fn build_and_teardown_leave_nothing_behind() {
             if ROOTLESS.contains(&d.name) {
                 continue;
             }
-            if let Err(why) = (d.probe)() {
+            if let Err(why) = (d.probe)(&ProbeCtx::default()) {
                 skipped.insert(d.name, why);
                 continue;
             }
@@ -277,6 +279,7 @@ fn a_sockmap_sample_the_shortcut_did_not_carry_is_marked_failed() {
             prefix: prefix.clone(),
             cgroup_root: run_cg.path().to_path_buf(),
             launcher: None,
+            tenant: None,
         };
         let sockmap = nsfast_bench::topology::find("sockmap").unwrap();
         let real = (sockmap.build)(&ctx).unwrap();
@@ -325,6 +328,7 @@ fn pod_topologies_name_the_redirect_they_take() {
             prefix: prefix.clone(),
             cgroup_root: run_cg.path().to_path_buf(),
             launcher: None,
+            tenant: None,
         };
         for (t, want) in [
             ("bpf", vec!["A.pod_to_pod"]),
@@ -357,6 +361,7 @@ fn teardown_happens_when_the_user_panics() {
             prefix: p2.clone(),
             cgroup_root: run_cg.path().to_path_buf(),
             launcher: None,
+            tenant: None,
         };
         let _routed = (registry()[2].build)(&ctx).unwrap();
         panic!("boom while the routed topology exists");
@@ -627,11 +632,15 @@ fn rootless_topologies_build_and_leave_nothing_behind() {
     require_root();
     // Always (re)built: a stale vpnrelay binary next to the test would be measured instead.
     use_vpnrelay_bin();
+    // The lab makes its tenant (nsfast bench only takes an existing one).
+    let tenant = nsfast_lab::test_user::ensure().unwrap();
+    let probe = ProbeCtx {
+        tenant: Some(tenant.clone()),
+    };
     for t in ROOTLESS {
         let d = nsfast_bench::topology::find(t).unwrap();
-        (d.probe)().unwrap_or_else(|e| panic!("{t} cannot run here: {e}"));
+        (d.probe)(&probe).unwrap_or_else(|e| panic!("{t} cannot run here: {e}"));
     }
-    let tenant = nsfast_lab::rootless::ensure_tenant().unwrap();
     let tenant_before = processes_of(tenant.uid);
     let rules_before = run_text(&["ip", "-4", "rule"]);
     let nft_before = run_text(&["nft", "list", "ruleset"]);
@@ -643,6 +652,7 @@ fn rootless_topologies_build_and_leave_nothing_behind() {
             prefix: prefix.clone(),
             cgroup_root: run_cg.path().to_path_buf(),
             launcher: None,
+            tenant: Some(tenant.clone()),
         };
         for t in ROOTLESS {
             let d = nsfast_bench::topology::find(t).unwrap();

@@ -13,9 +13,13 @@
 //!   (also when a test panics).
 //! - [`pods`]  — two hosts joined by a veth wire, with nsfast pods (`nsfast_pod::add`).
 //! - [`ptp`]   — the same layout with pods of the reference CNI `ptp` plugin (bench baseline).
-//! - [`rootless`] — a real rootless world (RootlessKit + slirp4netns, the `nsfvpn` tenant,
-//!   `useradd`) for vpnrelay's tests and the bench; [`rootless_bench`] measures in it
+//! - [`rootless`] — a real rootless world (RootlessKit + slirp4netns, run by an existing
+//!   [`tenant`]) for vpnrelay's tests and the bench; [`rootless_bench`] measures in it
 //!   (`nsfast-lab vpnrelay-bench`).
+//! - [`tenant`] — the world's unprivileged user: an existing one, looked up and checked (not
+//!   root, subordinate ids), never created (what `nsfast bench --tenant` uses).
+//! - [`test_user`] — the lab's tenant `nsfvpn`, created on demand (useradd, usermod) for
+//!   tests and `nsfast-lab`; nothing shipped calls it.
 //! - [`shortcut`] — the sockmap shortcut on a throwaway cgroup (bench's `sockmap` topology).
 //! - [`bpf`]   — BPF test objects (`bpf/tests/`), built by this crate's build script.
 //! - [`bins`]  — finding (building) workspace binaries, e.g. the traffic peer, that tests run.
@@ -36,6 +40,8 @@ pub mod rootless;
 pub mod rootless_bench;
 pub mod shortcut;
 pub mod stream;
+pub mod tenant;
+pub mod test_user;
 pub mod topology;
 pub mod world;
 

@@ -11,8 +11,8 @@
 //!       "gluetun2" netns: vg0 172.30.0.3/24 on br-vpn (a second container)
 //! ```
 //!
-//! The tenant is one fixed user, `nsfvpn`, created idempotently (with subordinate ids) and
-//! kept. Dropping a [`World`] kills every process in the world's user namespace and in its
+//! The tenant is an existing unprivileged user with subordinate ids ([`Tenant::lookup`]):
+//! this module never creates one (tests use the lab's [`crate::test_user`]). Dropping a [`World`] kills every process in the world's user namespace and in its
 //! host namespace, deletes the namespaces and the runtime directory.
 
 use std::collections::BTreeSet;
@@ -28,8 +28,8 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context};
 use nsfast_sys::netns::NetNs;
 
-/// The fixed test tenant.
-pub const TENANT: &str = "nsfvpn";
+pub use crate::tenant::Tenant;
+
 pub const HOST_IP: Ipv4Addr = Ipv4Addr::new(10, 201, 0, 1);
 pub const SERVER_IP: Ipv4Addr = Ipv4Addr::new(10, 201, 0, 2);
 pub const GLUETUN_IP: Ipv4Addr = Ipv4Addr::new(172, 30, 0, 2);
@@ -37,14 +37,6 @@ pub const GLUETUN_IP: Ipv4Addr = Ipv4Addr::new(172, 30, 0, 2);
 pub const GLUETUN2_IP: Ipv4Addr = Ipv4Addr::new(172, 30, 0, 3);
 pub const BRIDGE: &str = "br-vpn";
 pub const VPN_PORT: u16 = 51820;
-
-/// An unprivileged user.
-#[derive(Debug, Clone)]
-pub struct Tenant {
-    pub name: String,
-    pub uid: u32,
-    pub gid: u32,
-}
 
 fn run(cmd: &mut Command) -> anyhow::Result<Output> {
     let out = cmd
@@ -62,46 +54,6 @@ fn run(cmd: &mut Command) -> anyhow::Result<Output> {
     Ok(out)
 }
 
-fn id_of(flag: &str, name: &str) -> Option<u32> {
-    let out = Command::new("id").arg(flag).arg(name).output().ok()?;
-    String::from_utf8_lossy(&out.stdout).trim().parse().ok()
-}
-
-/// Creates the test tenant if missing (with subordinate uid/gid ranges); idempotent.
-pub fn ensure_tenant() -> anyhow::Result<Tenant> {
-    if id_of("-u", TENANT).is_none() {
-        let _ = Command::new("useradd")
-            .args([
-                "-M",
-                "-d",
-                "/nonexistent",
-                "-s",
-                "/usr/sbin/nologin",
-                TENANT,
-            ])
-            .status();
-    }
-    let uid = id_of("-u", TENANT).context("creating the test user nsfvpn (useradd)")?;
-    let gid = id_of("-g", TENANT).context("group of nsfvpn")?;
-    for (file, flag) in [
-        ("/etc/subuid", "--add-subuids"),
-        ("/etc/subgid", "--add-subgids"),
-    ] {
-        let has = std::fs::read_to_string(file)
-            .unwrap_or_default()
-            .lines()
-            .any(|l| l.starts_with(&format!("{TENANT}:")));
-        if !has {
-            run(Command::new("usermod").args([flag, "300000-365535", TENANT]))?;
-        }
-    }
-    Ok(Tenant {
-        name: TENANT.into(),
-        uid,
-        gid,
-    })
-}
-
 /// Programs the world needs, with the Debian package that ships each.
 pub const NEEDS: &[(&str, &str)] = &[
     ("rootlesskit", "rootlesskit"),
@@ -112,7 +64,6 @@ pub const NEEDS: &[(&str, &str)] = &[
     ("nsenter", "util-linux"),
     ("setpriv", "util-linux"),
     ("unshare", "util-linux"),
-    ("useradd", "passwd"),
 ];
 
 /// Programs the WireGuard tunnel needs.
@@ -170,17 +121,23 @@ pub struct World {
 }
 
 impl World {
-    /// Builds the world. Needs root (namespaces, the tenant user, /dev/net/tun mode).
-    pub fn build(opts: &WorldOpts) -> anyhow::Result<World> {
+    /// Builds the world, run by `tenant` (an existing unprivileged user, see
+    /// [`Tenant::lookup`]). Needs root (namespaces, /dev/net/tun mode).
+    pub fn build(opts: &WorldOpts, tenant: &Tenant) -> anyhow::Result<World> {
         if !nix::unistd::geteuid().is_root() {
-            bail!("building the rootless test world needs root (it creates namespaces and the test user {TENANT})");
+            bail!("building the rootless test world needs root (it creates namespaces and starts RootlessKit as {})", tenant.name);
+        }
+        if tenant.uid == 0 {
+            bail!(
+                "the rootless world's tenant {} is uid 0: it must be an unprivileged user",
+                tenant.name
+            );
         }
         if opts.rootlesskit.is_some() {
             check_programs(&NEEDS[1..])?;
         } else {
             check_programs(NEEDS)?;
         }
-        let tenant = ensure_tenant()?;
         // Unprivileged slirp4netns needs /dev/net/tun 0666 (the usual default).
         let tun = Path::new("/dev/net/tun");
         if let Ok(m) = std::fs::metadata(tun) {
@@ -1198,7 +1155,8 @@ fn world_processes(env_marker: &str, host_ino: Option<u64>) -> BTreeSet<u32> {
 }
 
 impl crate::topology::Topology for WorldOpts {
-    type Ctx = ();
+    /// The tenant that runs the world.
+    type Ctx = Tenant;
     type Guard = World;
     type Error = anyhow::Error;
 
@@ -1213,8 +1171,8 @@ impl crate::topology::Topology for WorldOpts {
     /// Tear-down order ([`World`]'s drop): its children, every process of the world's user
     /// and host namespaces (SIGTERM, then SIGKILL), RootlessKit, the runtime folder; the
     /// namespaces with the handles.
-    fn build(&self, _: &()) -> anyhow::Result<World> {
-        World::build(self)
+    fn build(&self, tenant: &Tenant) -> anyhow::Result<World> {
+        World::build(self, tenant)
     }
 }
 

@@ -159,12 +159,14 @@ pub struct BenchOpts {
     pub rounds: usize,
     pub secs: f64,
     pub wireguard: bool,
+    /// Who runs the world.
+    pub tenant: crate::tenant::Tenant,
 }
 
 /// Runs the benchmark and prints a table; returns the medians (Gbit/s) by topology name.
 pub fn run(opts: &BenchOpts) -> anyhow::Result<Vec<(String, f64)>> {
     let bin = &opts.bin;
-    let w = World::build(&WorldOpts::default())?;
+    let w = World::build(&WorldOpts::default(), &opts.tenant)?;
     let g = w.gluetun_ns()?;
     let dst = SocketAddrV4::new(SERVER_IP, VPN_PORT);
     // name -> samples, in print order

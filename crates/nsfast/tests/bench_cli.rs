@@ -45,6 +45,8 @@ fn bad_arguments_give_one_clear_error() {
         ("--duration", "0", "0", "DURATION"),
         ("--workloads", "tcp_rr", "tcp_rr", "LIST"),
         ("--placement", "numa", "numa", "LIST"),
+        ("--tenant", "nosuchuser", "nosuchuser", "USER"),
+        ("--tenant", "root", "root", "USER"),
     ] {
         let args = [flag, value];
         let want = format!("error: invalid value '{bad}' for '{flag} <{meta}>'");
@@ -56,6 +58,91 @@ fn bad_arguments_give_one_clear_error() {
         assert!(lines[0].starts_with(&want), "{args:?}: {err}");
         assert_eq!(lines[1], "For more information, try '--help'.", "{err}");
     }
+}
+
+/// `--tenant` takes an existing unprivileged user with subordinate ids: a bad one is a clap
+/// error (exit 2) that names it and says what a valid tenant is.
+#[test]
+fn a_bad_tenant_is_refused_naming_it_and_what_would_be_valid() {
+    for (user, why) in [
+        ("nosuchuser", "no user \"nosuchuser\" on this system"),
+        ("root", "user \"root\" is uid 0 (root)"),
+    ] {
+        let out = bench(&["--tenant", user, "--topologies", "vpnrelay"]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{user}: {err}");
+        assert!(err.contains(why), "{user}: {err}");
+        assert!(
+            err.contains("unprivileged user with ranges in /etc/subuid and /etc/subgid"),
+            "{user}: {err}"
+        );
+    }
+}
+
+/// The files a run that made a user or gave it subordinate ids would change.
+const USER_FILES: [&str; 5] = [
+    "/etc/passwd",
+    "/etc/group",
+    "/etc/shadow",
+    "/etc/subuid",
+    "/etc/subgid",
+];
+
+fn user_files() -> Vec<(&'static str, Option<Vec<u8>>)> {
+    USER_FILES.map(|f| (f, std::fs::read(f).ok())).to_vec()
+}
+
+/// Without `--tenant` the vpnrelay topology is skipped with the reason, in the table and the
+/// JSON document, and the run creates no user: the account and subordinate-id files are
+/// byte-identical before and after.
+#[test]
+fn vpnrelay_without_a_tenant_is_skipped_and_no_user_is_made() {
+    require_root();
+    let dir = std::env::temp_dir().join(nsfast_lab::name::unique("cli"));
+    let json = dir.join("run.json");
+    let before = user_files();
+    let out = bench(&[
+        "--topologies",
+        "host,vpnrelay",
+        "--workloads",
+        "rr",
+        "--rounds",
+        "1",
+        "--duration",
+        "0.1",
+        "--warmup",
+        "0",
+        "--no-progress",
+        "--no-charts",
+        "--json",
+        json.to_str().unwrap(),
+    ]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert_eq!(user_files(), before, "the run changed the user files");
+    // The reason names the option (its full text: `rootless_hook::NO_TENANT`).
+    let reason = "needs --tenant USER, an existing unprivileged user";
+    assert!(
+        stdout.contains(&format!("skipped vpnrelay: {reason}")),
+        "{stdout}"
+    );
+    assert!(
+        stderr.contains(&format!("skipping topology vpnrelay: {reason}")),
+        "{stderr}"
+    );
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let skipped = v["skipped"].as_array().unwrap();
+    assert_eq!(skipped.len(), 1, "{v}");
+    assert_eq!(skipped[0]["topology"], "vpnrelay", "{v}");
+    assert!(
+        skipped[0]["reason"].as_str().unwrap().starts_with(reason),
+        "{v}"
+    );
+    assert_eq!(v["topologies"], serde_json::json!(["host"]), "{v}");
+    assert!(v["config"]["tenant"].is_null(), "{v}");
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]

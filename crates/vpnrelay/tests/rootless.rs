@@ -216,7 +216,12 @@ fn build(detach: bool) -> World {
         detach_netns: detach,
         ..Default::default()
     }
-    .expect_built(&())
+    .expect_built(&tenant())
+}
+
+/// The lab's tenant, created if missing.
+fn tenant() -> testbed::Tenant {
+    nsfast_lab::test_user::ensure().expect("the lab's tenant")
 }
 
 fn handover(w: &World) {
@@ -314,10 +319,13 @@ fn real_rootless_dockerd_tunnel_moves_to_the_relay_and_back() {
         .expect("running scripts/fetch-docker.sh");
     assert!(out.status.success(), "scripts/fetch-docker.sh failed");
     let docker = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
-    let w = World::build(&WorldOpts {
-        docker: Some(docker),
-        ..Default::default()
-    })
+    let w = World::build(
+        &WorldOpts {
+            docker: Some(docker),
+            ..Default::default()
+        },
+        &tenant(),
+    )
     .expect("building the rootless Docker world");
     handover(&w);
 }
@@ -327,11 +335,14 @@ fn real_rootless_dockerd_tunnel_moves_to_the_relay_and_back() {
 fn detach_netns_layout() {
     let _s = serial();
     let rk = rootlesskit2();
-    let w = World::build(&WorldOpts {
-        detach_netns: true,
-        rootlesskit: Some(rk),
-        ..Default::default()
-    })
+    let w = World::build(
+        &WorldOpts {
+            detach_netns: true,
+            rootlesskit: Some(rk),
+            ..Default::default()
+        },
+        &tenant(),
+    )
     .expect("building the detach-netns world");
     assert!(
         w.state_dir().join("netns").exists()

@@ -33,7 +33,22 @@ enum Cmd {
         /// next to this program).
         #[arg(long, value_name = "PATH")]
         vpnrelay: Option<PathBuf>,
+        /// The user that runs the world: an existing unprivileged user with ranges in
+        /// /etc/subuid and /etc/subgid (default: the lab's `nsfvpn`, created if missing).
+        #[arg(long, value_name = "USER")]
+        tenant: Option<String>,
     },
+    /// Creates the lab's tenant `nsfvpn` if missing (useradd; subordinate uid/gid ranges by
+    /// usermod where it has none), for `nsfast bench --tenant nsfvpn`; prints its name.
+    Tenant,
+}
+
+/// `name`, checked, or the lab's own tenant (created if missing).
+fn tenant(name: Option<&str>) -> anyhow::Result<nsfast_lab::tenant::Tenant> {
+    match name {
+        Some(n) => Ok(nsfast_lab::tenant::Tenant::lookup(n)?),
+        None => nsfast_lab::test_user::ensure(),
+    }
 }
 
 fn main() -> ExitCode {
@@ -44,6 +59,7 @@ fn main() -> ExitCode {
             secs,
             wireguard,
             vpnrelay,
+            tenant: name,
         } => vpnrelay
             .map(Ok)
             .unwrap_or_else(|| nsfast_lab::rootless::vpnrelay_bin().map_err(anyhow::Error::msg))
@@ -53,9 +69,14 @@ fn main() -> ExitCode {
                     rounds,
                     secs,
                     wireguard,
+                    tenant: tenant(name.as_deref())?,
                 })
             })
             .map(drop),
+        Cmd::Tenant => tenant(None).and_then(|t| {
+            nsfast_sys::outln!("{}", t.name)?;
+            Ok(())
+        }),
     };
     match res {
         Ok(()) => ExitCode::SUCCESS,

@@ -10,6 +10,7 @@ use nsfast_bench::report::{self, Document};
 use nsfast_bench::runner::{Runner, StderrObserver};
 use nsfast_bench::spec::{Config, Placement, Sizes, Workload, MAX_DATAGRAM, MAX_MESSAGE};
 use nsfast_bench::stats::summarize;
+use nsfast_bench::topology::{ProbeCtx, Tenant};
 use nsfast_bench::{export, topology, BenchError};
 use nsfast_sys::args::{duration, size};
 
@@ -21,11 +22,19 @@ pub struct BenchArgs {
     pub quick: bool,
     /// Comma-separated topologies: host, veth, routed, sockmap, bpf, bpf-tc, bpf-shortcut,
     /// bpf-remote, netkit, cni-ptp, cni-ptp-remote, slirp4netns, vpnrelay, vsock, vsock-relay, vsock-socat (the
-    /// vsock ones in VM guests only) [default: host,veth,routed,sockmap]. Unsupported ones are
-    /// skipped with the reason.
+    /// vsock ones in VM guests only; slirp4netns and vpnrelay with --tenant only)
+    /// [default: host,veth,routed,sockmap]. Unsupported ones are skipped with the reason.
     #[arg(long, value_name = "LIST", value_delimiter = ',', allow_hyphen_values = true,
           value_parser = |s: &str| topology::find(s.trim()).map(|d| d.name.to_string()))]
     pub topologies: Option<Vec<String>>,
+    /// The existing user the slirp4netns and vpnrelay topologies run as (RootlessKit,
+    /// slirp4netns and the relay start as USER, like rootless Docker): not root, with ranges in
+    /// /etc/subuid and /etc/subgid. Without it those topologies are skipped with the reason;
+    /// nsfast bench never creates users or edits /etc/subuid and /etc/subgid (docs/bench.md
+    /// says how to make such a user).
+    #[arg(long, value_name = "USER",
+          value_parser = |s: &str| nsfast_bench::rootless_hook::tenant(s))]
+    pub tenant: Option<Tenant>,
     /// Comma-separated workloads: rr, crr, stream, udp-stream, ping [default: all].
     #[arg(long, value_name = "LIST", value_delimiter = ',', allow_hyphen_values = true,
           value_parser = |s: &str| Workload::parse(s.trim()))]
@@ -179,6 +188,7 @@ fn config(a: &BenchArgs) -> Result<Config, BenchError> {
         json: json_file(a).cloned(),
         cross_check: a.cross_check,
         quick: a.quick,
+        tenant: a.tenant.clone(),
     })
 }
 
@@ -188,9 +198,12 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
     nsfast_sys::signals::block_termination().context("block SIGINT/SIGTERM")?;
     let json = json_out(&a);
     if a.list {
+        let probe = ProbeCtx {
+            tenant: a.tenant.clone(),
+        };
         let rows: Vec<(&str, &str, Result<(), String>)> = topology::registry()
             .iter()
-            .map(|d| (d.name, d.about, (d.probe)().map_err(|r| r.to_string())))
+            .map(|d| (d.name, d.about, (d.probe)(&probe)))
             .collect();
         if let Some(j) = json {
             let list: Vec<_> = rows
