@@ -22,8 +22,8 @@ DEB_BUILD := clang-19 llvm-19 libbpf-dev linux-libc-dev pkg-config make gcc
 DEB_TEST  := iproute2 bpftool sockperf iperf3 procps python3 containernetworking-plugins rootlesskit slirp4netns uidmap nftables iptables util-linux passwd busybox-static wireguard-go wireguard-tools conntrack podman runc
 DEB_VM    := qemu-system-x86 kmod xz-utils debian-archive-keyring binutils libc-bin socat nftables
 # Packages `make deb` and `make test-install` use (man-db renders, binutils strips and reads ELF,
-# zsh/fish check the completions).
-DEB_SHIP  := man-db groff-base binutils zsh fish
+# zsh/fish check the completions, lintian checks the .deb).
+DEB_SHIP  := man-db groff-base binutils zsh fish lintian
 DEB_ALL   := $(DEB_BUILD) $(DEB_TEST) $(DEB_VM) $(DEB_SHIP)
 
 .PHONY: all check check-cargo check-tools deps deps-build build demo test test-unit test-root test-vm lint fuzz fuzz-ci bench clean
@@ -160,8 +160,12 @@ uninstall:
 deb:
 	rm -rf build/deb
 	$(MAKE) --no-print-directory install PREFIX=/usr DESTDIR=$(CURDIR)/$(DEB_ROOT)
-	strip --strip-debug $(DEB_ROOT)/usr/bin/nsfast $(DEB_ROOT)/usr/bin/vpnrelay $(DEB_ROOT)/usr/lib/cni/nsfast-cni
+	strip --strip-unneeded --remove-section=.comment --remove-section=.note $(DEB_ROOT)/usr/bin/nsfast \
+		$(DEB_ROOT)/usr/bin/vpnrelay $(DEB_ROOT)/usr/lib/cni/nsfast-cni
+	gzip -9n $(DEB_ROOT)/usr/share/man/man*/*
+	install -m644 dist/deb/copyright $(DEB_ROOT)/usr/share/doc/nsfast/copyright
 	scripts/deb-control.sh $(DEB_ROOT) $(VERSION) $(DEB_ARCH)
+	install -m755 dist/deb/postinst dist/deb/prerm dist/deb/postrm $(DEB_ROOT)/DEBIAN/
 	dpkg-deb --build --root-owner-group $(DEB_ROOT) $(DEB_FILE)
 	@echo "nsfast: built $(DEB_FILE) (install: dpkg -i $(DEB_FILE))"
 

@@ -1,5 +1,7 @@
 #!/bin/bash
-# Writes DEBIAN/control and DEBIAN/md5sums for the nsfast package staged in ROOT.
+# Writes DEBIAN/control and DEBIAN/md5sums for the nsfast package staged in ROOT, and the
+# Debian changelog of this native package (usr/share/doc/nsfast/changelog.gz, one entry for
+# VERSION dated $SOURCE_DATE_EPOCH or the last commit; the project's history is CHANGELOG.md).
 # Depends is computed from the ELF binaries: the package owning each NEEDED library, and for
 # libc6 the newest GLIBC_x.y symbol version they use.
 #
@@ -26,6 +28,15 @@ for p in $(printf '%s\n' "${!pkgs[@]}" | sort); do
 	if [ "$p" = libc6 ] && [ -n "$glibc" ]; then deps+=("libc6 (>= $glibc)"); else deps+=("$p"); fi
 done
 depends=$(IFS=,; echo "${deps[*]}" | sed 's/,/, /g')
+when=${SOURCE_DATE_EPOCH:-$(git log -1 --format=%ct 2>/dev/null || date +%s)}
+cat <<CHL | gzip -9n >"$root/usr/share/doc/nsfast/changelog.gz"
+nsfast ($version) unstable; urgency=medium
+
+  * Release $version (built from the nsfast sources, not from a Debian tree).
+
+ -- nsfast developers <nsfast@example.invalid>  $(LC_ALL=C date -u -R -d "@$when")
+CHL
+chmod 644 "$root/usr/share/doc/nsfast/changelog.gz"
 size=$(du -sk --exclude=DEBIAN "$root" | cut -f1)
 
 mkdir -p "$root/DEBIAN"

@@ -119,7 +119,7 @@ deb=$(ls build/nsfast_*.deb | tail -1)
 dpkg -i "$deb" >/dev/null || fail "dpkg -i $deb"
 deb_installed=1
 ok "dpkg -i $deb"
-[ "$(man -w nsfast)" = /usr/share/man/man8/nsfast.8 ] || fail "man -w nsfast: $(man -w nsfast 2>&1)"
+[ "$(man -w nsfast)" = /usr/share/man/man8/nsfast.8.gz ] || fail "man -w nsfast: $(man -w nsfast 2>&1)"
 man -w nsfast-pod >/dev/null && man -w nsfast-cni >/dev/null && man -w 1 vpnrelay >/dev/null || fail "man -w nsfast-pod/nsfast-cni/vpnrelay"
 ok "man -w finds nsfast, nsfast-pod, nsfast-cni, vpnrelay"
 v=$(/usr/bin/nsfast --version)
