@@ -8,9 +8,12 @@
 #     CARGO=false makes any rebuild attempt fail): binaries, man pages (`man -l --warnings`
 #     renders each without a warning), completions (bash/zsh/fish -n where the shell exists),
 #     units, docs.
-#  3. `make deb`, `dpkg -i`: `man -w nsfast`, `nsfast --version`, `nsfast probe`, nsfast-cni
-#     VERSION, `systemd-analyze verify` of the units (skipped with the reason if absent); then
-#     `dpkg --purge` leaves none of the package's files behind.
+#  3. `make deb`: lintian reports no error (skipped if lintian is absent); the package has its
+#     maintainer scripts, copyright and changelog. `dpkg -i` (postinst runs): `man -w nsfast`,
+#     `nsfast --version`, `nsfast probe`, nsfast-cni VERSION, `systemd-analyze verify` of the
+#     units and `systemd-analyze security --offline=yes` exposure <= 5.0 for the root units
+#     (each skipped with the reason if unavailable); then `dpkg --purge` (prerm, postrm run)
+#     leaves none of the package's files behind, nor an enablement link of its units.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 repo=$PWD
@@ -116,6 +119,21 @@ fi
 out=$(make -s deb 2>&1) || fail "make deb: $out"
 deb=$(ls build/nsfast_*.deb | tail -1)
 [[ "$(dpkg-deb -f "$deb" Depends)" == *'libc6 (>= '* ]] || fail "Depends lacks libc6: $(dpkg-deb -f "$deb" Depends)"
+for f in postinst prerm postrm; do
+	dpkg-deb --ctrl-tarfile "$deb" | tar -tvf - "./$f" | grep -q '^-rwxr-xr-x' || fail "$deb: no executable DEBIAN/$f"
+done
+for f in ./usr/share/doc/nsfast/copyright ./usr/share/doc/nsfast/changelog.gz ./usr/share/man/man8/nsfast.8.gz; do
+	dpkg-deb --fsys-tarfile "$deb" | tar -tf - "$f" >/dev/null 2>&1 || fail "$deb: $f missing"
+done
+ok "the .deb has postinst, prerm, postrm, copyright, changelog.gz, compressed man pages"
+if command -v lintian >/dev/null; then
+	# lintian warns about running as root on stderr; only its tag lines matter.
+	l=$(lintian "$deb" 2>/dev/null) || true
+	grep -q '^E: ' <<<"$l" && fail "lintian $deb: $(grep '^E: ' <<<"$l")"
+	ok "lintian: no error${l:+ ($(grep -c '^[WI]: ' <<<"$l") warnings/infos: $(grep '^W: ' <<<"$l" | cut -d' ' -f3 | sort -u | paste -sd' '))}"
+else
+	skip "lintian (not installed: make deps installs it)"
+fi
 dpkg -i "$deb" >/dev/null || fail "dpkg -i $deb"
 deb_installed=1
 ok "dpkg -i $deb"
@@ -143,14 +161,33 @@ if command -v systemd-analyze >/dev/null; then
 		fail "systemd-analyze --user verify vpnrelay@: $w"
 	[ -z "$w" ] || fail "systemd-analyze --user verify vpnrelay@: $w"
 	ok "systemd-analyze verify: the three units"
+	if systemd-analyze --help 2>&1 | grep -q -- '--offline'; then
+		for unit in "$u/nsfast-sockmap@nsft.slice.service" /usr/lib/systemd/system/nsfast-vsock-bridge.service; do
+			w=$(timeout 60 systemd-analyze security --offline=yes "$unit" 2>&1) || fail "systemd-analyze security $unit: $w"
+			e=$(sed -n 's/.*Overall exposure level for [^:]*: \([0-9][0-9.]*\).*/\1/p' <<<"$w")
+			[ -n "$e" ] || fail "systemd-analyze security $unit: no exposure level in: $w"
+			awk -v e="$e" 'BEGIN { exit !(e <= 5.0) }' || fail "$(basename "$unit"): exposure $e > 5.0: $(grep '✗' <<<"$w")"
+			ok "systemd-analyze security: $(basename "$unit") exposure $e <= 5.0"
+		done
+	else
+		skip "systemd-analyze security (this systemd-analyze has no --offline: systemd < 250)"
+	fi
 else
-	skip "systemd-analyze verify (systemd-analyze not installed)"
+	skip "systemd-analyze verify and security (systemd-analyze not installed)"
 fi
 files=$(dpkg -L nsfast | while read -r f; do if [ ! -d "$f" ]; then echo "$f"; fi; done)
 nfiles=$(wc -l <<<"$files")
 [ "$nfiles" -ge 30 ] || fail "dpkg -L lists only $nfiles files"
-dpkg --purge nsfast >/dev/null || fail "dpkg --purge nsfast"
+# An enablement link as `systemctl enable nsfast-sockmap@nsft.slice` makes: postrm purge removes it.
+# (Only where that directory exists already: the test leaves nothing behind.)
+link=/etc/systemd/system/multi-user.target.wants/nsfast-sockmap@nsft-inst$$.slice.service
+if [ -d "$(dirname "$link")" ]; then ln -s /usr/lib/systemd/system/nsfast-sockmap@.service "$link"; else link=; fi
+dpkg --purge nsfast >/dev/null || { [ -z "$link" ] || rm -f "$link"; fail "dpkg --purge nsfast"; }
 deb_installed=0
+if [ -n "$link" ]; then
+	[ ! -L "$link" ] || { rm -f "$link"; fail "enablement link $link left after purge"; }
+	ok "dpkg --purge removed the enablement link of nsfast-sockmap@nsft-inst$$.slice"
+fi
 left=$(while read -r f; do if [ -e "$f" ]; then echo "$f"; fi; done <<<"$files")
 [ -z "$left" ] || fail "left after purge: $left"
 [ ! -e /usr/share/doc/nsfast ] || fail "/usr/share/doc/nsfast left after purge"
