@@ -446,6 +446,21 @@ fn legacy_state_of_a_live_host_is_adopted() {
     );
 }
 
+/// A new host namespace `<unique tag>-h` and a pod name `<...>-a` (its `-b` sibling too),
+/// both removed (with every pod of the host) by the returned guard.
+fn host_with_names(tag: &str) -> (Cleanup, String, String) {
+    let p = unique(tag);
+    let host = format!("{p}-h");
+    let pod = format!("{p}-a");
+    let c = Cleanup {
+        hosts: vec![host.clone()],
+        names: vec![pod.clone(), format!("{pod}-b")],
+        dirs: vec![],
+    };
+    NetNs::create(&host).unwrap().persist();
+    (c, host, pod)
+}
+
 /// The host's state directory of pod `pod` (exactly one).
 fn state_dir_of(pod: &str) -> PathBuf {
     let d = state_dirs_with(pod);
@@ -460,15 +475,7 @@ fn state_dir_of(pod: &str) -> PathBuf {
 fn pod_state_is_private_and_another_user_cannot_take_the_lock() {
     use std::os::unix::fs::PermissionsExt;
     require_root();
-    let p = unique("pp");
-    let host = format!("{p}-h");
-    let pod = format!("{p}-a");
-    let _c = Cleanup {
-        hosts: vec![host.clone()],
-        names: vec![pod.clone()],
-        dirs: vec![],
-    };
-    NetNs::create(&host).unwrap().persist();
+    let (_c, host, pod) = host_with_names("pp");
     let o = nsfast(&["pod", "add", &pod, "--ip", "10.78.1.5/24", "--host", &host]);
     assert!(o.status.success(), "{}", text(&o));
     let dir = state_dir_of(&pod);
@@ -504,16 +511,8 @@ fn pod_state_is_private_and_another_user_cannot_take_the_lock() {
 fn a_held_host_lock_is_waited_for_boundedly_and_sigterm_ends_the_wait() {
     use std::time::Duration;
     require_root();
-    let p = unique("pw");
-    let host = format!("{p}-h");
-    let pod = format!("{p}-a");
-    let second = format!("{p}-b");
-    let _c = Cleanup {
-        hosts: vec![host.clone()],
-        names: vec![pod.clone(), second.clone()],
-        dirs: vec![],
-    };
-    NetNs::create(&host).unwrap().persist();
+    let (_c, host, pod) = host_with_names("pw");
+    let second = format!("{pod}-b");
     let o = nsfast(&["pod", "add", &pod, "--ip", "10.78.2.5/24", "--host", &host]);
     assert!(o.status.success(), "{}", text(&o));
     let lock = state_dir_of(&pod).join(".lock");
@@ -603,15 +602,7 @@ fn a_held_host_lock_is_waited_for_boundedly_and_sigterm_ends_the_wait() {
 #[test]
 fn pod_add_in_a_private_mount_namespace_is_refused_and_leaves_nothing() {
     require_root();
-    let p = unique("pm");
-    let host = format!("{p}-h");
-    let pod = format!("{p}-a");
-    let _c = Cleanup {
-        hosts: vec![host.clone()],
-        names: vec![pod.clone()],
-        dirs: vec![],
-    };
-    NetNs::create(&host).unwrap().persist();
+    let (_c, host, pod) = host_with_names("pm");
     let iproute2 = std::process::Command::new("ip")
         .arg("-V")
         .output()
