@@ -180,9 +180,24 @@ fn open_checked(
         } else {
             OFlag::empty()
         };
+    // RESOLVE_NO_SYMLINKS refuses a symbolic link in any component, not only the last as
+    // O_NOFOLLOW does (a parent directory swapped for a link would otherwise be followed).
+    // openat2 takes a mode only with O_CREAT/O_TMPFILE; kernels before 5.6 lack it.
+    let creates = flags.intersects(OFlag::O_CREAT | OFlag::O_TMPFILE);
+    let how = nix::fcntl::OpenHow::new()
+        .flags(flags)
+        .mode(if creates { mode } else { Mode::empty() })
+        .resolve(nix::fcntl::ResolveFlag::RESOLVE_NO_SYMLINKS);
     let r = match at {
-        Some(d) => nix::fcntl::openat(d, name, flags, mode),
-        None => nix::fcntl::open(name, flags, mode),
+        Some(d) => nix::fcntl::openat2(d, name, how),
+        None => nix::fcntl::openat2(nix::fcntl::AT_FDCWD, name, how),
+    };
+    let r = match r {
+        Err(Errno::ENOSYS) => match at {
+            Some(d) => nix::fcntl::openat(d, name, flags, mode),
+            None => nix::fcntl::open(name, flags, mode),
+        },
+        r => r,
     };
     let fd = r.map_err(|e| match e {
         Errno::ENOENT => OpenErr::Missing(io_err(e)),
@@ -886,6 +901,32 @@ mod tests {
         std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o666)).unwrap();
         let e = Lock::try_take(&f).unwrap_err();
         assert!(e.to_string().contains("writable by group or others"), "{e}");
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    /// A symbolic link in a parent component is refused too, not only in the last one.
+    #[test]
+    fn a_symlinked_parent_directory_is_refused() {
+        let d = scratch("parent-link");
+        let real = d.join("real");
+        std::fs::create_dir(&real).unwrap();
+        std::fs::set_permissions(&real, std::fs::Permissions::from_mode(0o700)).unwrap();
+        std::fs::create_dir(real.join("state")).unwrap();
+        std::fs::set_permissions(real.join("state"), std::fs::Permissions::from_mode(0o700))
+            .unwrap();
+        std::os::unix::fs::symlink(&real, d.join("link")).unwrap();
+        let via = d.join("link/state");
+        let r = open_checked(None, &via, &via, OFlag::O_RDONLY, Mode::empty(), true);
+        match r {
+            Err(OpenErr::Other(e)) => assert!(e.to_string().contains("symbolic link"), "{e}"),
+            Err(OpenErr::Missing(e)) => panic!("missing: {e}"),
+            Ok(_) => panic!(
+                "{} opened through a symbolic link in its parent",
+                via.display()
+            ),
+        }
+        let direct = real.join("state");
+        assert!(open_checked(None, &direct, &direct, OFlag::O_RDONLY, Mode::empty(), true).is_ok());
         std::fs::remove_dir_all(&d).unwrap();
     }
 
