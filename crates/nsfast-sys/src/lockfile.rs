@@ -262,14 +262,21 @@ mod tests {
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
+    /// A fresh directory `nsfast-<tag>-<pid>` in the temp dir, its `held.lock`, and that
+    /// lock taken (by an open file description of its own).
+    fn held_lock(tag: &str) -> (PathBuf, PathBuf, Flock<File>) {
+        let dir = std::env::temp_dir().join(format!("nsfast-{tag}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let p = dir.join("held.lock");
+        let held = lock_exclusive(open_private(&p).unwrap(), &p, Duration::from_secs(1)).unwrap();
+        (dir, p, held)
+    }
+
     /// A lock held by another open file description: the wait ends at the deadline and the
     /// error names this process (the holder).
     #[test]
     fn a_held_lock_times_out_naming_its_holder() {
-        let dir = std::env::temp_dir().join(format!("nsfast-lockwait-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let p = dir.join("held.lock");
-        let held = lock_exclusive(open_private(&p).unwrap(), &p, Duration::from_secs(1)).unwrap();
+        let (dir, p, held) = held_lock("lockwait");
         let t = Instant::now();
         let e = lock_exclusive(open_private(&p).unwrap(), &p, Duration::from_millis(300))
             .expect_err("held elsewhere");
@@ -290,10 +297,7 @@ mod tests {
     /// SIGTERM ends the wait for a held lock at once.
     #[test]
     fn sigterm_ends_the_wait() {
-        let dir = std::env::temp_dir().join(format!("nsfast-locksig-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let p = dir.join("held.lock");
-        let held = lock_exclusive(open_private(&p).unwrap(), &p, Duration::from_secs(1)).unwrap();
+        let (dir, p, held) = held_lock("locksig");
         let q = p.clone();
         let r = std::thread::spawn(move || {
             crate::signals::block_termination().unwrap();

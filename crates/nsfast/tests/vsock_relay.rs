@@ -820,6 +820,26 @@ fn over_the_cap_client_is_accepted_and_closed_at_once_with_a_log_line() {
         s.read_exact(&mut back).unwrap();
         assert_eq!(back, msg);
     };
+    // The client over the cap ends within a second (waited for up to 3 s); its address.
+    let closed_at_once = |s: &mut TcpStream, cap: &str| {
+        let me = s.local_addr().unwrap();
+        let took = time_to_end(s, Duration::from_secs(3))
+            .unwrap_or_else(|| panic!("the client over {cap} was not closed within 3 s"));
+        assert!(took < Duration::from_secs(1), "closed only after {took:?}");
+        me
+    };
+    // The relay's log has one "closed at once" line, naming `me` and saying `why`.
+    let one_closed_line = |log: &str, me: std::net::SocketAddr, why: &str| {
+        let lines: Vec<&str> = log
+            .lines()
+            .filter(|l| l.contains("closed at once"))
+            .collect();
+        assert_eq!(lines.len(), 1, "{log}");
+        assert!(
+            lines[0].contains(&format!("tcp {me}")) && lines[0].contains(why),
+            "{log}"
+        );
+    };
     // --max-children 1.
     let relay = Logged::new(w.relay(&[
         "tcp-listen:7033,bind=127.0.0.1",
@@ -831,23 +851,11 @@ fn over_the_cap_client_is_accepted_and_closed_at_once_with_a_log_line() {
     let mut held = tcp_connect(&w, 7033);
     round_trip(&mut held, b"first");
     let mut over = tcp_connect(&w, 7033);
-    let me = over.local_addr().unwrap();
-    let took = time_to_end(&mut over, Duration::from_secs(3))
-        .expect("the client over --max-children waited unserved for 3 s");
-    assert!(took < Duration::from_secs(1), "closed only after {took:?}");
+    let me = closed_at_once(&mut over, "--max-children");
     round_trip(&mut held, b"still served");
     drop((held, over));
     let (_, log) = stop_logged(relay);
-    let lines: Vec<&str> = log
-        .lines()
-        .filter(|l| l.contains("closed at once"))
-        .collect();
-    assert_eq!(lines.len(), 1, "{log}");
-    assert!(
-        lines[0].contains(&format!("tcp {me}"))
-            && lines[0].contains("all 1 --max-children slots are busy"),
-        "{log}"
-    );
+    one_closed_line(&log, me, "all 1 --max-children slots are busy");
     // --max-per-source 1: a second client from 127.0.0.1 is closed, one from 127.0.0.2
     // (another source) is served.
     let relay = Logged::new(w.relay(&[
@@ -860,10 +868,7 @@ fn over_the_cap_client_is_accepted_and_closed_at_once_with_a_log_line() {
     let mut held = tcp_connect(&w, 7034);
     round_trip(&mut held, b"first");
     let mut same = tcp_connect(&w, 7034);
-    let me = same.local_addr().unwrap();
-    let took = time_to_end(&mut same, Duration::from_secs(3))
-        .expect("the client over --max-per-source was not closed within 3 s");
-    assert!(took < Duration::from_secs(1), "closed only after {took:?}");
+    let me = closed_at_once(&mut same, "--max-per-source");
     let mut other =
         w.ns.run(|| {
             let s = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None)?;
@@ -880,15 +885,10 @@ fn over_the_cap_client_is_accepted_and_closed_at_once_with_a_log_line() {
     round_trip(&mut held, b"still served");
     drop((held, same, other));
     let (_, log) = stop_logged(relay);
-    let lines: Vec<&str> = log
-        .lines()
-        .filter(|l| l.contains("closed at once"))
-        .collect();
-    assert_eq!(lines.len(), 1, "{log}");
-    assert!(
-        lines[0].contains(&format!("tcp {me}"))
-            && lines[0].contains("ip 127.0.0.1 has 1 connections open (--max-per-source 1)"),
-        "{log}"
+    one_closed_line(
+        &log,
+        me,
+        "ip 127.0.0.1 has 1 connections open (--max-per-source 1)",
     );
 }
 
