@@ -5,7 +5,7 @@
 //! shortcut status`. `NSFAST_BIN` runs another build.
 
 mod common;
-use common::{nsfast_env, nsfast_ok, text};
+use common::{nft_in, nsfast_env, nsfast_ok, text};
 use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -1345,19 +1345,6 @@ fn a_socket_outliving_its_pod_never_counts_into_the_next_pod() {
     );
     assert_eq!(n["redirected_msgs"], 0, "{st}");
     assert_eq!(n["paired"], 0, "{st}");
-}
-
-/// Runs `nft ARGS` in namespace `ns`.
-fn nft_in(ns: &NetNs, args: &[&str]) {
-    let out = ns
-        .run(|| std::process::Command::new("nft").args(args).output())
-        .unwrap()
-        .unwrap_or_else(|e| panic!("run nft (nftables installed?): {e}"));
-    assert!(
-        out.status.success(),
-        "nft {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
 }
 
 /// A `--host-firewall` pod's TCP meets the host's netfilter rules with the shortcut enabled:

@@ -9,7 +9,6 @@
 mod common;
 use common::{nsfast, nsfast_ok, pod_mode_str};
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, UdpSocket};
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use nsfast_lab::pods::{self as topology, PodsSpec, Topology};
@@ -309,19 +308,7 @@ impl FwHost {
 
     /// Runs `nft ARGS` in the host namespace.
     fn nft(&self, args: &[&str]) -> String {
-        let out = self
-            .ns
-            .as_ref()
-            .unwrap()
-            .run(|| Command::new("nft").args(args).output())
-            .unwrap()
-            .unwrap_or_else(|e| panic!("run nft (nftables installed?): {e}"));
-        assert!(
-            out.status.success(),
-            "nft {args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8(out.stdout).unwrap()
+        common::nft_in(self.ns.as_ref().unwrap(), args)
     }
 
     /// Packets the drop rule has matched (its `counter`).

@@ -61,3 +61,17 @@ pub fn wait_for(what: &str, timeout: Duration, mut cond: impl FnMut() -> bool) {
         std::thread::sleep(Duration::from_millis(5));
     }
 }
+
+/// Runs `nft ARGS` in namespace `ns`, asserting success; its stdout.
+pub fn nft_in(ns: &nsfast_sys::netns::NetNs, args: &[&str]) -> String {
+    let out = ns
+        .run(|| Command::new("nft").args(args).output())
+        .unwrap()
+        .unwrap_or_else(|e| panic!("run nft (nftables installed?): {e}"));
+    assert!(
+        out.status.success(),
+        "nft {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
