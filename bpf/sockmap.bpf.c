@@ -18,11 +18,28 @@
  * socket in the cgroup is left alone (not even put into the SOCKHASH).
  */
 #include "nsfast.h"
+#include <bpf/bpf_tracing.h>
 #include "sockmap_key.h"
 #include "sockmap_maps.h"
 #include "sockmap_pair.h"
 
 char LICENSE[] SEC("license") = "Dual MIT/GPL";
+
+/* Bytes a receiver may have waiting in its shortcut queue before the sender's direction moves
+ * to TCP for good, where the receive window holds the sender back (user space may set it). */
+volatile const __u64 nsf_queue_limit = 16 << 20;
+
+#define NSF_MAY_READ 4 /* include/linux/fs.h */
+#define NSF_MSG_PEEK 2
+#define NSF_EINVAL 22
+
+/* The kernel types the tracing programs read (CO-RE: field offsets come from the running
+ * kernel's BTF at load). */
+struct sock;
+struct socket {
+	struct sock *sk;
+} __attribute__((preserve_access_index));
+struct file;
 
 NSF_INLINE void view_from_skops(struct bpf_sock_ops *skops, struct nsf_conn_view *v, __u32 active)
 {
@@ -104,6 +121,13 @@ NSF_INLINE void on_established(struct bpf_sock_ops *skops, __u32 active)
 		return;
 	}
 	nsf_count(NSF_STAT_SOCK_ADDED, 1);
+	{
+		/* Before pairing: a peer can redirect into this socket only once it is paired. */
+		struct nsf_rx rx = {};
+
+		if (bpf_map_update_elem(&nsf_rx, &cookie, &rx, BPF_NOEXIST) == 0)
+			st->flags |= NSF_SK_RX;
+	}
 
 	r = nsf_pair_tagged(&key, cookie, role, tag, &other_tag, &other_cookie);
 	if (r == NSF_PAIRED) {
@@ -134,6 +158,7 @@ NSF_INLINE void on_close(struct bpf_sock_ops *skops)
 	if (!st || (st->flags & NSF_SK_PAIRED))
 		return; /* a claimer (which enabled no close callback) owns no map entry */
 	nsf_unpair(&st->key, st->cookie);
+	bpf_map_delete_elem(&nsf_rx, &st->cookie);
 	nsf_count(NSF_STAT_CLOSED, 1);
 }
 
@@ -157,6 +182,17 @@ int nsf_sockops(struct bpf_sock_ops *skops)
 	return 1;
 }
 
+/* This direction moves from the shortcut to TCP (order-safe: the receiver reads its shortcut
+ * queue first). Its shortcut stretch ends at the current stream offset. */
+NSF_INLINE void nsf_leave_shortcut(struct nsf_sk_state *st, struct nsf_rx *rx)
+{
+	if (!(st->flags & NSF_SK_REDIRECTING))
+		return;
+	rx->s_end = rx->sent_total;
+	__sync_fetch_and_and(&rx->flags, ~NSF_RX_REDIR);
+	st->flags &= ~NSF_SK_REDIRECTING;
+}
+
 SEC("sk_msg")
 int nsf_sk_msg(struct sk_msg_md *msg)
 {
@@ -165,7 +201,10 @@ int nsf_sk_msg(struct sk_msg_md *msg)
 	struct nsf_sk_state *st = NULL;
 	__u64 size = msg->size;
 	__u64 peer_cookie;
-	int redirected = 0;
+	struct nsf_rx *rx = NULL;
+	__u32 fl;
+	enum nsf_stat fallback;
+	int redirected = 0, gated = 0;
 
 	if (!sk) {
 		__u32 zero = 0;
@@ -195,14 +234,58 @@ int nsf_sk_msg(struct sk_msg_md *msg)
 		st->flags |= NSF_SK_PEER_CACHED;
 	}
 	peer_cookie = st->peer;
+	rx = bpf_map_lookup_elem(&nsf_rx, &peer_cookie);
+	if (!rx) {
+		fallback = NSF_STAT_RX_MISSING;
+		goto to_tcp;
+	}
+	fl = rx->flags;
+	if (fl & NSF_RX_SPLICE) {
+		fallback = NSF_STAT_SPLICE_PASS;
+		goto to_tcp;
+	}
+	if (!(st->flags & NSF_SK_REDIRECTING)) {
+		if (!(fl & NSF_RX_READS_MSG) || rx->sent_total != rx->total_read) {
+			gated = 1;
+			goto on_tcp;
+		}
+		st->flags |= NSF_SK_REDIRECTING;
+		__sync_fetch_and_or(&rx->flags, NSF_RX_REDIR);
+	} else if (rx->sent_total - rx->total_read + size > nsf_queue_limit) {
+		/* The receiver fell behind: TCP's receive window holds the sender back until it
+		 * has read everything, then this direction redirects again. */
+		nsf_leave_shortcut(st, rx);
+		nsf_count(NSF_STAT_QUEUE_LIMIT, 1);
+		gated = 1;
+		goto on_tcp;
+	}
+	/* Counted before the redirect and the receiver's splice flag read after it, both with
+	 * full barriers (fetching atomics): either this send sees the flag and keeps TCP, or the
+	 * splice guard sees these bytes unread and refuses the splice. */
+	__sync_fetch_and_add(&rx->sent_total, size);
+	if (__sync_fetch_and_or(&rx->flags, 0) & NSF_RX_SPLICE) {
+		__sync_fetch_and_sub(&rx->sent_total, size);
+		fallback = NSF_STAT_SPLICE_PASS;
+		goto to_tcp;
+	}
 	if (bpf_msg_redirect_hash(msg, &nsf_sockhash, &peer_cookie, BPF_F_INGRESS) != SK_PASS) {
 		/* The peer left the map (closed): fall back to TCP rather than dropping. */
-		st->flags |= NSF_SK_TAINTED;
-		nsf_count(NSF_STAT_REDIRECT_FAILED, 1);
-		nsf_pod_count(st->pod_slot, NSF_POD_FALLBACKS, 1);
-		goto count;
+		__sync_fetch_and_sub(&rx->sent_total, size);
+		fallback = NSF_STAT_REDIRECT_FAILED;
+		goto to_tcp;
 	}
 	redirected = 1;
+	goto count;
+to_tcp:
+	/* For good: this direction never redirects again. */
+	st->flags |= NSF_SK_TAINTED;
+	nsf_count(fallback, 1);
+	nsf_pod_count(st->pod_slot, NSF_POD_FALLBACKS, 1);
+	if (rx)
+		nsf_leave_shortcut(st, rx);
+on_tcp:
+	if (rx)
+		__sync_fetch_and_add(&rx->sent_total, size);
 count:
 	if (st && st->pod_slot) {
 		struct nsf_pod_counters *pc = nsf_pod_counters(st->pod_slot);
@@ -222,9 +305,185 @@ count:
 			c->v[NSF_STAT_REDIRECT_MSGS] += 1;
 			c->v[NSF_STAT_REDIRECT_BYTES] += size;
 		} else {
+			if (gated) {
+				c->v[NSF_STAT_GATED_MSGS] += 1;
+				c->v[NSF_STAT_GATED_BYTES] += size;
+			}
 			c->v[NSF_STAT_PASS_MSGS] += 1;
 			c->v[NSF_STAT_PASS_BYTES] += size;
 		}
 	}
 	return SK_PASS;
+}
+
+/*
+ * Readers. recvmsg(2), read(2) and the rest of that family read the shortcut queue first, then
+ * TCP's; splice(2) and sendfile(2) from a TCP socket read TCP's receive queue only
+ * (tcp_read_sock), never the shortcut queue. So:
+ *  - a sender redirects only into a receiver seen returning from a recvmsg-family read, once it
+ *    has read everything sent so far (nsf_sk_msg), so a reader that only splices keeps TCP;
+ *  - a socket seen splicing gets NSF_RX_SPLICE, and its peer's next send moves that direction
+ *    to TCP for good;
+ *  - where the bpf LSM runs, the guard refuses (EINVAL) a splice or sendfile from a socket
+ *    whose shortcut queue holds bytes: splice would miss them and return later bytes first.
+ *    EINVAL is what splice(2) returns for a file that cannot splice; Go's io.Copy, HAProxy and
+ *    nsfast's relay then read with read(2), which returns the queued bytes first.
+ */
+NSF_INLINE struct nsf_rx *nsf_rx_of(struct nsf_sk_state *st)
+{
+	return bpf_map_lookup_elem(&nsf_rx, &st->cookie);
+}
+
+/* What waits in the shortcut queue of rx's socket (read after a full barrier): everything
+ * unread while its sender redirects, else what is unread of its last shortcut stretch. */
+NSF_INLINE __u64 nsf_rx_unread(struct nsf_rx *rx)
+{
+	__u32 fl = __sync_fetch_and_or(&rx->flags, 0);
+	__u64 read = rx->total_read;
+	__s64 n;
+
+	if (fl & NSF_RX_REDIR)
+		n = (__s64)(rx->sent_total - read);
+	else
+		n = (__s64)(rx->s_end - read);
+	return n > 0 ? (__u64)n : 0;
+}
+
+/* Marks st's socket as a splice reader; returns its unread shortcut bytes (1 when its nsf_rx
+ * entry was evicted: unknown counts as unread). */
+NSF_INLINE __u64 nsf_mark_splice(struct nsf_sk_state *st)
+{
+	struct nsf_rx *rx = nsf_rx_of(st);
+
+	if (!rx)
+		return (st->flags & NSF_SK_RX) ? 1 : 0;
+	if (!(__sync_fetch_and_or(&rx->flags, NSF_RX_SPLICE) & NSF_RX_SPLICE))
+		nsf_count(NSF_STAT_SPLICE_READERS, 1);
+	return nsf_rx_unread(rx);
+}
+
+/* A recvmsg-family read of sk returned ret (bytes, or a negative errno). */
+NSF_INLINE void nsf_rx_account(struct sock *sk, int ret, int flags)
+{
+	struct nsf_sk_state *st = bpf_sk_storage_get(&nsf_skstate, sk, 0, 0);
+	struct nsf_rx *rx;
+
+	if (!st)
+		return;
+	rx = nsf_rx_of(st);
+	if (!rx)
+		return;
+	if (ret > 0 && !(flags & NSF_MSG_PEEK))
+		__sync_fetch_and_add(&rx->total_read, (__u64)ret);
+	if (!(rx->flags & NSF_RX_READS_MSG))
+		__sync_fetch_and_or(&rx->flags, NSF_RX_READS_MSG);
+}
+
+/* sock_recvmsg()'s tracepoint (Linux 6.5 and later)... */
+SEC("tp_btf/sock_recv_length")
+int BPF_PROG(nsf_rx_read_tp, struct sock *sk, int ret, int flags)
+{
+	nsf_rx_account(sk, ret, flags);
+	return 0;
+}
+
+/* ... or its return, where the tracepoint is missing. */
+SEC("fexit/sock_recvmsg")
+int BPF_PROG(nsf_rx_read_fexit, struct socket *sock, void *m, int flags, int ret)
+{
+	struct sock *sk = sock->sk;
+
+	if (sk)
+		nsf_rx_account(sk, ret, flags);
+	return 0;
+}
+
+/* Marks the calling thread as inside splice(2)/sendfile(2) until the call returns. */
+NSF_INLINE void nsf_splicing_enter(void)
+{
+	__u64 id = bpf_get_current_pid_tgid();
+	__u32 one = 1;
+
+	bpf_map_update_elem(&nsf_splicing, &id, &one, BPF_ANY);
+}
+
+NSF_INLINE void nsf_splicing_exit(void)
+{
+	__u64 id = bpf_get_current_pid_tgid();
+
+	bpf_map_delete_elem(&nsf_splicing, &id);
+}
+
+SEC("fentry/do_splice")
+int BPF_PROG(nsf_splice_enter)
+{
+	nsf_splicing_enter();
+	return 0;
+}
+
+SEC("fexit/do_splice")
+int BPF_PROG(nsf_splice_exit)
+{
+	nsf_splicing_exit();
+	return 0;
+}
+
+/* Attached to the architecture's sendfile64 syscall entry point (user space names it). */
+SEC("fentry/sendfile")
+int BPF_PROG(nsf_sendfile_enter)
+{
+	nsf_splicing_enter();
+	return 0;
+}
+
+SEC("fexit/sendfile")
+int BPF_PROG(nsf_sendfile_exit)
+{
+	nsf_splicing_exit();
+	return 0;
+}
+
+/* Every splice/sendfile read of a TCP socket passes here. */
+SEC("fentry/tcp_splice_read")
+int BPF_PROG(nsf_splice_seen, struct socket *sock)
+{
+	struct nsf_sk_state *st;
+	struct sock *sk = sock->sk;
+
+	if (!sk)
+		return 0;
+	st = bpf_sk_storage_get(&nsf_skstate, sk, 0, 0);
+	if (st)
+		nsf_mark_splice(st);
+	return 0;
+}
+
+/* rw_verify_area() asks this before splice(2)/sendfile(2) read from a file, and before the
+ * read takes anything. */
+SEC("lsm/file_permission")
+int BPF_PROG(nsf_splice_guard, struct file *file, int mask, int ret)
+{
+	struct nsf_sk_state *st;
+	struct socket *sock;
+	struct sock *sk;
+	__u64 id;
+
+	if (ret != 0 || !(mask & NSF_MAY_READ))
+		return ret;
+	sock = bpf_sock_from_file(file);
+	if (!sock)
+		return 0;
+	sk = sock->sk;
+	if (!sk)
+		return 0;
+	st = bpf_sk_storage_get(&nsf_skstate, sk, 0, 0);
+	if (!st)
+		return 0;
+	id = bpf_get_current_pid_tgid();
+	if (!bpf_map_lookup_elem(&nsf_splicing, &id))
+		return 0; /* read(2), readv(2): they see the shortcut queue */
+	if (nsf_mark_splice(st) == 0)
+		return 0;
+	nsf_count(NSF_STAT_SPLICE_REFUSED, 1);
+	return -NSF_EINVAL;
 }

@@ -22,6 +22,13 @@
 #define NSF_SK_PAIRED  1
 #define NSF_SK_TAINTED 2 /* this direction used the kernel path once: never redirect again */
 #define NSF_SK_PEER_CACHED 4 /* nsf_sk_state.peer holds the peer's cookie */
+#define NSF_SK_RX 8 /* the socket has an nsf_rx entry (a missing one was evicted) */
+#define NSF_SK_REDIRECTING 16 /* this direction redirects now */
+
+/* nsf_rx.flags */
+#define NSF_RX_SPLICE 1 /* the socket was read with splice(2)/sendfile(2): never redirect into it */
+#define NSF_RX_READS_MSG 2 /* a recvmsg(2)-family read of the socket returned */
+#define NSF_RX_REDIR 4 /* its sender redirects (unread bytes up to sent_total may be in the shortcut queue) */
 
 /* Pending roles */
 #define NSF_ROLE_ACTIVE  1
@@ -42,6 +49,13 @@ enum nsf_stat {
 	NSF_STAT_REDIRECT_FAILED,
 	NSF_STAT_SKIPPED_PORT,
 	NSF_STAT_CLOSED,
+	NSF_STAT_SPLICE_READERS, /* receiving sockets seen reading with splice/sendfile */
+	NSF_STAT_SPLICE_PASS,    /* directions moved to TCP because their receiver splices */
+	NSF_STAT_SPLICE_REFUSED, /* splice/sendfile calls refused (EINVAL): shortcut bytes unread */
+	NSF_STAT_QUEUE_LIMIT,    /* times a direction moved to TCP because its receiver fell behind */
+	NSF_STAT_RX_MISSING,     /* directions kept on TCP: the receiver's nsf_rx entry was missing */
+	NSF_STAT_GATED_MSGS,     /* sends on TCP until the receiver is seen reading all of it */
+	NSF_STAT_GATED_BYTES,
 	NSF_STAT_MAX,
 };
 
@@ -64,6 +78,22 @@ struct nsf_sk_state {
 	__u32 flags;
 	__u32 pod_slot; /* pod mode: the socket's pod slot + 1 in nsf_pod_stats (0: none) */
 	struct nsf_pair_key key;
+};
+
+/*
+ * A receiving socket's side of the shortcut (nsf_rx value, keyed by the receiver's cookie),
+ * in offsets of its one sender's byte stream. The sender moves between TCP and the shortcut:
+ * shortcut -> TCP at any time (tcp_bpf_recvmsg empties the shortcut queue before it reads
+ * TCP's), TCP -> shortcut only when the receiver has returned from a recvmsg-family read and
+ * has read everything sent so far (total_read == sent_total), because otherwise the receiver
+ * would read the newer shortcut bytes first, and splice(2) never sees the shortcut queue.
+ */
+struct nsf_rx {
+	__u64 sent_total; /* bytes the sender sent, either way (added before each redirect) */
+	__u64 total_read; /* bytes the receiver's reads returned (recvmsg(2), read(2), ...) */
+	__u64 s_end;      /* stream offset where the sender's last shortcut stretch ended */
+	__u32 flags;      /* NSF_RX_* */
+	__u32 pad;
 };
 
 /* Pod mode: a pod's network namespace (nsf_pods value). */
@@ -120,6 +150,23 @@ struct {
 	__type(key, __u64);
 	__type(value, __u64);
 } nsf_peers SEC(".maps");
+
+/* receiving socket cookie -> what it was given and has read (LRU: a missing entry makes the
+ * sender keep TCP and the receiver's splice refused, never a hidden byte) */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, NSF_MAX_SOCKETS);
+	__type(key, __u64);
+	__type(value, struct nsf_rx);
+} nsf_rx SEC(".maps");
+
+/* thread (pid_tgid) -> inside splice(2) or sendfile(2): what the splice guard acts on */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 16384);
+	__type(key, __u64);
+	__type(value, __u32);
+} nsf_splicing SEC(".maps");
 
 /* per-socket state, reachable from sk_msg through msg->sk */
 struct {

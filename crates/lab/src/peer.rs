@@ -100,6 +100,36 @@ pub enum Mode {
         #[arg(long)]
         bytes: usize,
     },
+    /// Serve one connection: read RECV_FIRST bytes with read(2), the rest with splice(2) into a
+    /// pipe (as HAProxy, Go's io.Copy and splice relays do) until EOF; report the byte count and
+    /// SHA-256 of all of it.
+    SpliceServer {
+        #[arg(long)]
+        listen: SocketAddr,
+        #[arg(long, default_value_t = 0)]
+        recv_first: u64,
+    },
+    /// Serve one connection: read READ_FIRST bytes, then nothing for HOLD_MS, then read until
+    /// EOF; report the byte count and SHA-256.
+    HoldServer {
+        #[arg(long)]
+        listen: SocketAddr,
+        #[arg(long, default_value_t = 0)]
+        read_first: u64,
+        #[arg(long)]
+        hold_ms: u64,
+    },
+    /// Connect, send BYTES (ByteStream seed 5) as fast as the socket takes them, shut down the
+    /// write side and wait for EOF; report in `value` how many bytes the socket had taken after
+    /// FOR_MS (0: not measured), in `detail` the SHA-256 of all.
+    StreamClient {
+        #[arg(long)]
+        connect: SocketAddr,
+        #[arg(long)]
+        bytes: u64,
+        #[arg(long, default_value_t = 0)]
+        for_ms: u64,
+    },
     /// Connect and send BYTES, then wait for the server to close.
     SendClient {
         #[arg(long)]
@@ -231,6 +261,26 @@ async fn run(mode: Mode) -> Result<String> {
         Mode::HalfcloseClient { connect: a, bytes } => halfclose_client(a, bytes).await,
         Mode::FionreadServer { listen: a, bytes } => fionread_server(a, bytes).await,
         Mode::SendClient { connect: a, bytes } => send_client(a, bytes).await,
+        Mode::SpliceServer {
+            listen: a,
+            recv_first,
+        } => {
+            let l = listen(a).await?.into_std()?;
+            tokio::task::spawn_blocking(move || splice_server(l, recv_first)).await?
+        }
+        Mode::HoldServer {
+            listen: a,
+            read_first,
+            hold_ms,
+        } => {
+            let l = listen(a).await?.into_std()?;
+            tokio::task::spawn_blocking(move || hold_server(l, read_first, hold_ms)).await?
+        }
+        Mode::StreamClient {
+            connect: a,
+            bytes,
+            for_ms,
+        } => tokio::task::spawn_blocking(move || stream_client(a, bytes, for_ms)).await?,
         Mode::TagServer {
             listen: a,
             tag,
@@ -416,7 +466,11 @@ async fn halfclose_client(a: SocketAddr, bytes: u64) -> Result<String> {
 /// `fionread-server`: Accept one connection; wait until BYTES are queued, report FIONREAD, then read them.
 async fn fionread_server(a: SocketAddr, bytes: usize) -> Result<String> {
     let l = listen(a).await?;
-    let (s, _) = l.accept().await?;
+    let (mut s, _) = l.accept().await?;
+    // The hi/ok exchange first (see TAG_HELLO): the bytes after it take the shortcut.
+    let mut word = [0u8; 2];
+    s.read_exact(&mut word).await.context("reading hi")?;
+    s.write_all(TAG_ACK).await?;
     // Wait until all bytes are queued, then read FIONREAD before consuming anything.
     let deadline = Instant::now() + Duration::from_secs(10);
     let mut queued;
@@ -428,7 +482,6 @@ async fn fionread_server(a: SocketAddr, bytes: usize) -> Result<String> {
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let mut s = s;
     let mut buf = vec![0u8; bytes];
     s.read_exact(&mut buf).await?;
     let after = fionread(&s)?;
@@ -440,9 +493,13 @@ async fn fionread_server(a: SocketAddr, bytes: usize) -> Result<String> {
     })?)
 }
 
-/// `send-client`: Connect and send BYTES, then wait for the server to close.
+/// `send-client`: Connect, say hi and wait for ok (see TAG_HELLO), send BYTES, then wait for
+/// the server to close.
 async fn send_client(a: SocketAddr, bytes: u64) -> Result<String> {
     let mut s = connect(a).await?;
+    s.write_all(TAG_HELLO).await?;
+    let mut word = [0u8; 2];
+    s.read_exact(&mut word).await.context("reading ok")?;
     let mut buf = vec![0u8; bytes as usize];
     ByteStream::new(3).fill(&mut buf);
     s.write_all(&buf).await?;
@@ -455,12 +512,26 @@ async fn send_client(a: SocketAddr, bytes: u64) -> Result<String> {
     })?)
 }
 
-/// `tag-server`: Serve COUNT connections (0: forever): send TAG, then BYTES of stream, then close.
+/// The exchange before `tag-server` sends its payload: the client says "hi", the server answers
+/// "ok", the client says "go". Each end has then read everything sent to it, so the payload
+/// takes the shortcut (which redirects only into a receiver seen reading it all).
+const TAG_HELLO: &[u8; 2] = b"hi";
+const TAG_ACK: &[u8; 2] = b"ok";
+const TAG_GO: &[u8; 2] = b"go";
+
+/// `tag-server`: Serve COUNT connections (0: forever): after the hi/ok/go exchange send TAG,
+/// then BYTES of stream, then close.
 async fn tag_server(a: SocketAddr, tag: String, bytes: u64, count: u64) -> Result<String> {
     let l = listen(a).await?;
     let mut served = 0u64;
     while count == 0 || served < count {
         let (mut s, _) = l.accept().await?;
+        let mut word = [0u8; 2];
+        s.read_exact(&mut word).await.context("reading hi")?;
+        anyhow::ensure!(&word == TAG_HELLO, "expected {TAG_HELLO:?}, got {word:?}");
+        s.write_all(TAG_ACK).await?;
+        s.read_exact(&mut word).await.context("reading go")?;
+        anyhow::ensure!(&word == TAG_GO, "expected {TAG_GO:?}, got {word:?}");
         let tag = tag.clone();
         // Serve inline: the client connects from one fixed port, one at a time.
         let mut payload = tag.into_bytes();
@@ -502,6 +573,16 @@ async fn tag_client(
             .connect(a)
             .await
             .with_context(|| format!("iteration {i}: connect {a}"))?;
+        s.write_all(TAG_HELLO).await?;
+        let mut word = [0u8; 2];
+        s.read_exact(&mut word)
+            .await
+            .with_context(|| format!("iteration {i}: reading ok"))?;
+        anyhow::ensure!(
+            &word == TAG_ACK,
+            "iteration {i}: expected {TAG_ACK:?}, got {word:?}"
+        );
+        s.write_all(TAG_GO).await?;
         let mut got = Vec::new();
         s.read_to_end(&mut got).await?;
         let want_len = expect.len() + bytes as usize;
@@ -618,6 +699,142 @@ fn fionread(s: &TcpStream) -> Result<usize> {
         return Err(std::io::Error::last_os_error()).context("ioctl(FIONREAD)");
     }
     Ok(n as usize)
+}
+
+/// Accepts one connection on a (blocking) std listener.
+fn accept_blocking(l: std::net::TcpListener) -> Result<std::net::TcpStream> {
+    l.set_nonblocking(false)?;
+    let (s, _) = l.accept()?;
+    s.set_nonblocking(false)?;
+    Ok(s)
+}
+
+/// `splice-server`: see [`Mode::SpliceServer`].
+fn splice_server(l: std::net::TcpListener, recv_first: u64) -> Result<String> {
+    use std::io::Read;
+    let mut s = accept_blocking(l)?;
+    let mut h = Sha256::new();
+    let mut n = 0u64;
+    let mut buf = vec![0u8; 1 << 16];
+    while n < recv_first {
+        let want = (recv_first - n).min(buf.len() as u64) as usize;
+        let r = s.read(&mut buf[..want])?;
+        if r == 0 {
+            break;
+        }
+        h.update(&buf[..r]);
+        n += r as u64;
+    }
+    let (rd, wr) = nix::unistd::pipe()?;
+    let mut rd = std::fs::File::from(rd);
+    let mut spliced = 0u64;
+    loop {
+        let r = nix::fcntl::splice(
+            &s,
+            None,
+            &wr,
+            None,
+            1 << 16,
+            nix::fcntl::SpliceFFlags::empty(),
+        )
+        .context("splice(socket -> pipe)")?;
+        if r == 0 {
+            break;
+        }
+        let mut left = r;
+        while left > 0 {
+            let k = rd.read(&mut buf[..left.min(1 << 16)])?;
+            h.update(&buf[..k]);
+            left -= k;
+        }
+        n += r as u64;
+        spliced += r as u64;
+    }
+    Ok(serde_json::to_string(&Report {
+        ok: 1,
+        value: n,
+        detail: format!("{} spliced {spliced}", hex(&h.finalize())),
+        ..Default::default()
+    })?)
+}
+
+/// `hold-server`: see [`Mode::HoldServer`].
+fn hold_server(l: std::net::TcpListener, read_first: u64, hold_ms: u64) -> Result<String> {
+    use std::io::Read;
+    let mut s = accept_blocking(l)?;
+    let mut h = Sha256::new();
+    let mut n = 0u64;
+    let mut buf = vec![0u8; 1 << 16];
+    let mut held = false;
+    loop {
+        if !held && n >= read_first {
+            std::thread::sleep(Duration::from_millis(hold_ms));
+            held = true;
+        }
+        let want = if held {
+            buf.len()
+        } else {
+            (read_first - n).min(buf.len() as u64) as usize
+        };
+        let r = s.read(&mut buf[..want])?;
+        if r == 0 {
+            break;
+        }
+        h.update(&buf[..r]);
+        n += r as u64;
+    }
+    Ok(serde_json::to_string(&Report {
+        ok: 1,
+        value: n,
+        detail: hex(&h.finalize()),
+        ..Default::default()
+    })?)
+}
+
+/// `stream-client`: see [`Mode::StreamClient`].
+fn stream_client(a: SocketAddr, bytes: u64, for_ms: u64) -> Result<String> {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(a).with_context(|| format!("connect {a}"))?;
+    let mut stream = ByteStream::new(5);
+    let mut h = Sha256::new();
+    let mut buf = vec![0u8; 1 << 16];
+    let (mut left, mut pending) = (bytes, 0..0);
+    let start = Instant::now();
+    let mut taken_at_mark = None;
+    if for_ms > 0 {
+        s.set_nonblocking(true)?;
+    }
+    while left > 0 || !pending.is_empty() {
+        if pending.is_empty() {
+            let n = left.min(buf.len() as u64) as usize;
+            stream.fill(&mut buf[..n]);
+            h.update(&buf[..n]);
+            left -= n as u64;
+            pending = 0..n;
+        }
+        match s.write(&buf[pending.clone()]) {
+            Ok(k) => pending.start += k,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                if start.elapsed() >= Duration::from_millis(for_ms) && taken_at_mark.is_none() {
+                    taken_at_mark = Some(bytes - left - pending.len() as u64);
+                    s.set_nonblocking(false)?;
+                } else {
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+            }
+            Err(e) => return Err(e).context("write"),
+        }
+    }
+    s.set_nonblocking(false)?;
+    s.shutdown(std::net::Shutdown::Write)?;
+    let mut rest = Vec::new();
+    s.read_to_end(&mut rest)?;
+    Ok(serde_json::to_string(&Report {
+        ok: 1,
+        value: taken_at_mark.unwrap_or(0),
+        detail: hex(&h.finalize()),
+        ..Default::default()
+    })?)
 }
 
 fn hex(b: &[u8]) -> String {

@@ -17,6 +17,7 @@ pub fn attach(cgroup_dir: &Path) -> Result<(Box<dyn Any>, String), String> {
         cgroup: Some(cgroup_dir.to_path_buf()),
         ports: None,
         exclude_ports: None,
+        queue_limit: None,
     };
     let sc =
         nsfast_sockmap::Shortcut::attach(&opts).map_err(|e| nsfast_sys::report::error_chain(&e))?;

@@ -7,6 +7,7 @@
 //! nsfast-sockmap) and the pod shortcut (crate nsfast-pod) load that object.
 
 pub mod sockmap_abi;
+pub mod sockmap_readers;
 
 /// sockops + sk_msg programs and their maps (`bpf/sockmap.bpf.c`).
 pub static SOCKMAP: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/sockmap.bpf.o"));

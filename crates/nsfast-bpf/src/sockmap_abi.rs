@@ -7,6 +7,20 @@
 pub const PROG_SOCKOPS: &str = "nsf_sockops";
 pub const PROG_SK_MSG: &str = "nsf_sk_msg";
 
+/// The programs that watch how receivers read (`bpf/sockmap.bpf.c`, "Readers").
+pub const PROG_RX_READ_TP: &str = "nsf_rx_read_tp";
+pub const PROG_RX_READ_FEXIT: &str = "nsf_rx_read_fexit";
+pub const PROG_SPLICE_ENTER: &str = "nsf_splice_enter";
+pub const PROG_SPLICE_EXIT: &str = "nsf_splice_exit";
+pub const PROG_SENDFILE_ENTER: &str = "nsf_sendfile_enter";
+pub const PROG_SENDFILE_EXIT: &str = "nsf_sendfile_exit";
+pub const PROG_SPLICE_SEEN: &str = "nsf_splice_seen";
+pub const PROG_SPLICE_GUARD: &str = "nsf_splice_guard";
+/// The read-only global with the per-connection queue limit (bytes).
+pub const GLOBAL_QUEUE_LIMIT: &str = "nsf_queue_limit";
+/// Its default: 16 MiB.
+pub const DEFAULT_QUEUE_LIMIT: u64 = 16 << 20;
+
 /// Map names.
 pub const MAP_SOCKHASH: &str = "nsf_sockhash";
 pub const MAP_STATS: &str = "nsf_stats";
@@ -85,9 +99,16 @@ pub enum Stat {
     RedirectFailed,
     SkippedPort,
     Closed,
+    SpliceReaders,
+    SplicePass,
+    SpliceRefused,
+    QueueLimit,
+    RxMissing,
+    GatedMsgs,
+    GatedBytes,
 }
 
-pub const STAT_COUNT: u32 = 12;
+pub const STAT_COUNT: u32 = 19;
 
 /// struct nsf_counters: the one per-CPU value of `nsf_stats`.
 #[repr(C)]
@@ -239,7 +260,7 @@ mod tests {
         assert_eq!(std::mem::size_of::<ConnView>(), 64);
         assert_eq!(std::mem::size_of::<Pending>(), 16);
         assert_eq!(ConnView::default().to_bytes().len(), 64);
-        assert_eq!(Stat::Closed as u32 + 1, STAT_COUNT);
+        assert_eq!(Stat::GatedBytes as u32 + 1, STAT_COUNT);
         assert_eq!(std::mem::size_of::<PodEntry>(), 16);
         assert_eq!(PodStat::OptedOut as u32 + 1, POD_STAT_COUNT);
     }

@@ -69,6 +69,9 @@ pub struct EnabledState {
     pub cgroup_id: u64,
     pub host_id: u32,
     pub enabled_unix: u64,
+    /// Whether the splice guard is attached (nsfast_bpf::sockmap_readers).
+    #[serde(default)]
+    pub splice_guard: bool,
 }
 
 fn dir(host: &Host) -> PathBuf {
@@ -202,15 +205,19 @@ pub fn enable_locked(host: &Host, lock: &HostLock, cg: &Cgroup) -> Result<Enable
     create_dir_all_racy(&host.pin_dir())?;
     let nd = new_dir(host);
     fs::create_dir(&nd).map_err(PodError::io(format!("create {}", nd.display())))?;
-    let state = EnabledState {
+    let mut state = EnabledState {
         cgroup: cg.path().to_path_buf(),
         cgroup_id,
         host_id: host_id(host)?,
         enabled_unix: now_unix(),
+        splice_guard: false,
     };
-    if let Err(e) = build(host, lock, cg, &nd, &state) {
-        let _ = remove_pins(&nd);
-        return Err(e);
+    match build(host, lock, cg, &nd, &state) {
+        Ok(guard) => state.splice_guard = guard,
+        Err(e) => {
+            let _ = remove_pins(&nd);
+            return Err(e);
+        }
     }
     crash_point("shortcut-attach");
     write_state(host, &state)?;
@@ -234,15 +241,17 @@ pub fn enable_locked(host: &Host, lock: &HostLock, cg: &Cgroup) -> Result<Enable
 }
 
 /// Loads the object in pod mode, pins its maps in `nd`, registers the host's pods, attaches
-/// sk_msg to the SOCKHASH and sockops to the cgroup, and pins the link in `nd`.
+/// the reader programs (pinned as `rx-<program>`), sk_msg to the SOCKHASH and sockops to the
+/// cgroup, and pins the link in `nd`. Returns whether the splice guard is attached.
 fn build(
     host: &Host,
     lock: &HostLock,
     cg: &Cgroup,
     nd: &Path,
     state: &EnabledState,
-) -> Result<(), PodError> {
+) -> Result<bool, PodError> {
     let mut ebpf = EbpfLoader::new()
+        .override_global(abi::GLOBAL_QUEUE_LIMIT, &abi::DEFAULT_QUEUE_LIMIT, true)
         .load(nsfast_bpf::SOCKMAP)
         .map_err(|e| PodError::Load(Box::new(e)))?;
     {
@@ -273,6 +282,17 @@ fn build(
     }
     sync_in(host, lock, nd, state.host_id)?;
     crash_point("shortcut-maps");
+    let readers = nsfast_bpf::sockmap_readers::attach(&mut ebpf).map_err(|e| PodError::Io {
+        what: e.to_string(),
+        source: std::io::Error::from(std::io::ErrorKind::Unsupported),
+    })?;
+    for (name, link) in readers.links {
+        let p = nd.join(format!("rx-{name}"));
+        link.pin(&p).map_err(|e| PodError::Bpf {
+            what: format!("pin {}", p.display()),
+            source: Box::new(e),
+        })?;
+    }
     let sockhash_fd = {
         let map = ebpf
             .map(abi::MAP_SOCKHASH)
@@ -325,7 +345,7 @@ fn build(
         what: format!("pin {}", p.display()),
         source: Box::new(e),
     })?;
-    Ok(())
+    Ok(readers.splice_guard)
 }
 
 fn missing(what: &str) -> PodError {

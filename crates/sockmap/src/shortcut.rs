@@ -24,12 +24,17 @@ pub struct Options {
     pub ports: Option<PortList>,
     /// Connections to these server ports never take the shortcut.
     pub exclude_ports: Option<PortList>,
+    /// Bytes a receiver may have unread in its shortcut queue before that direction moves to
+    /// TCP (default [`abi::DEFAULT_QUEUE_LIMIT`]).
+    pub queue_limit: Option<u64>,
 }
 
 /// The attached shortcut. Dropping it detaches both programs; sockets already redirected keep
 /// their redirect until they close (the kernel keeps the maps alive while they hold them), so
 /// no queued byte is lost.
 pub struct Shortcut {
+    /// The reader programs' links (detached when dropped), dropped after `ebpf`'s programs.
+    readers: Option<nsfast_bpf::sockmap_readers::ReaderHooks>,
     ebpf: Option<Ebpf>,
     cgroup: Cgroup,
     cgroup_id: u64,
@@ -125,8 +130,9 @@ impl Shortcut {
     pub fn attach(opts: &Options) -> Result<Self, SockmapError> {
         let cgroup = resolve_cgroup(opts)?;
         check_not_attached(cgroup.path())?;
-        let (ebpf, cgroup_id) = Self::attach_to(&cgroup, opts)?;
+        let (ebpf, readers, cgroup_id) = Self::attach_to(&cgroup, opts)?;
         Ok(Self {
+            readers: Some(readers),
             ebpf: Some(ebpf),
             cgroup,
             cgroup_id,
@@ -135,14 +141,17 @@ impl Shortcut {
 
     /// Loads the object, writes its configuration, then attaches sk_msg and sockops, in that
     /// order. On error the `Ebpf` is dropped, which detaches what was attached.
-    fn attach_to(cgroup: &Cgroup, opts: &Options) -> Result<(Ebpf, u64), SockmapError> {
+    fn attach_to(
+        cgroup: &Cgroup,
+        opts: &Options,
+    ) -> Result<(Ebpf, nsfast_bpf::sockmap_readers::ReaderHooks, u64), SockmapError> {
         let cgroup_id = cgroup.id()?;
-        let mut ebpf = EbpfLoader::new()
-            .load(nsfast_bpf::SOCKMAP)
-            .map_err(|e| SockmapError::Load(Box::new(e)))?;
+        let mut ebpf = load(opts.queue_limit.unwrap_or(abi::DEFAULT_QUEUE_LIMIT))?;
         // Configuration before anything is attached.
         let port_mode = write_ports(&mut ebpf, opts)?;
         write_config(&mut ebpf, cgroup_id, port_mode)?;
+        // Read accounting before any socket can be redirected into.
+        let readers = nsfast_bpf::sockmap_readers::attach(&mut ebpf)?;
         // sk_msg on the sockhash first, so every socket sockops adds is covered at once.
         attach_sk_msg(&mut ebpf)?;
         attach_sockops(&mut ebpf, cgroup, cgroup_id, opts)?;
@@ -154,7 +163,12 @@ impl Shortcut {
                 nsfast_sys::kernel::release()
             );
         }
-        Ok((ebpf, cgroup_id))
+        Ok((ebpf, readers, cgroup_id))
+    }
+
+    /// Whether the splice guard is attached (see [`crate::readers`]).
+    pub fn splice_guard(&self) -> bool {
+        self.readers.as_ref().is_some_and(|r| r.splice_guard)
     }
 
     /// The cgroup the shortcut is attached to.
@@ -190,6 +204,7 @@ impl Shortcut {
     fn detach_inner(&mut self) -> Result<(), SockmapError> {
         if let Some(ebpf) = self.ebpf.take() {
             drop(ebpf);
+            drop(self.readers.take());
             info!(
                 "detached sockops from {} and sk_msg from its map",
                 self.cgroup.path().display()
@@ -203,6 +218,14 @@ impl Drop for Shortcut {
     fn drop(&mut self) {
         let _ = self.detach_inner();
     }
+}
+
+/// Loads the sockmap object with its per-connection queue limit (bytes).
+pub fn load(queue_limit: u64) -> Result<Ebpf, SockmapError> {
+    EbpfLoader::new()
+        .override_global(abi::GLOBAL_QUEUE_LIMIT, &queue_limit, true)
+        .load(nsfast_bpf::SOCKMAP)
+        .map_err(|e| SockmapError::Load(Box::new(e)))
 }
 
 /// Fills `nsf_ports` from `--ports` / `--exclude-ports`; returns the `port_mode` bits.

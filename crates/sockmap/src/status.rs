@@ -34,6 +34,19 @@ pub struct Stats {
     /// Tracked sockets that closed and owned map entries (the first end of each pair, or one
     /// left unpaired; the claiming end owns none and takes no close callback).
     pub closed: u64,
+    /// Receiving sockets seen reading with splice(2) or sendfile(2).
+    pub splice_readers: u64,
+    /// Directions moved to TCP because their receiver reads with splice(2)/sendfile(2).
+    pub splice_pass: u64,
+    /// splice(2)/sendfile(2) calls refused with EINVAL because shortcut bytes were unread.
+    pub splice_refused: u64,
+    /// Directions moved to TCP because their receiver fell behind by the queue limit.
+    pub queue_limit: u64,
+    /// Directions kept on TCP because the receiver's read counters were missing.
+    pub rx_missing: u64,
+    /// Sends kept on TCP until their receiver was seen reading (recvmsg) all of it.
+    pub gated_msgs: u64,
+    pub gated_bytes: u64,
 }
 
 /// Reads the counters and counts the sockets in the map.
@@ -65,6 +78,13 @@ where
         redirect_failed: get(Stat::RedirectFailed)?,
         skipped_port: get(Stat::SkippedPort)?,
         closed: get(Stat::Closed)?,
+        splice_readers: get(Stat::SpliceReaders)?,
+        splice_pass: get(Stat::SplicePass)?,
+        splice_refused: get(Stat::SpliceRefused)?,
+        queue_limit: get(Stat::QueueLimit)?,
+        rx_missing: get(Stat::RxMissing)?,
+        gated_msgs: get(Stat::GatedMsgs)?,
+        gated_bytes: get(Stat::GatedBytes)?,
     })
 }
 

@@ -6,7 +6,7 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::Subcommand;
 use nsfast_sockmap::{Options, Shortcut};
-use nsfast_sys::args::duration;
+use nsfast_sys::args::{duration, size};
 use nsfast_sys::ports::PortList;
 use tracing::info;
 
@@ -36,6 +36,12 @@ pub enum SockmapCmd {
         /// Connections to these server ports never take the shortcut.
         #[arg(long, value_name = "LIST", value_parser = PortList::arg("--exclude-ports"))]
         exclude_ports: Option<PortList>,
+        /// Bytes a receiver may leave unread in its shortcut queue, per connection and
+        /// direction; beyond it that direction moves to TCP for good, whose receive window then
+        /// holds the sender back (e.g. 4M, 64M).
+        #[arg(long, value_name = "SIZE", default_value = "16M",
+              value_parser = size::arg("--queue-limit", 64 << 10, 1 << 40))]
+        queue_limit: u64,
         /// Log the counters this often while running, e.g. 10 (seconds), 500ms, 1m; 0: only at
         /// exit (at most 24h).
         #[arg(long, value_name = "DURATION", default_value = "0",
@@ -54,6 +60,7 @@ pub fn run(cmd: SockmapCmd) -> anyhow::Result<()> {
             slice,
             ports,
             exclude_ports,
+            queue_limit,
             stats_interval,
         } => {
             let cgroup = match slice {
@@ -74,6 +81,7 @@ pub fn run(cmd: SockmapCmd) -> anyhow::Result<()> {
                     cgroup,
                     ports,
                     exclude_ports,
+                    queue_limit: Some(queue_limit),
                 },
                 stats_interval,
             )
@@ -110,13 +118,17 @@ fn run_shortcut(opts: Options, stats_interval: Duration) -> anyhow::Result<()> {
         if !stats_interval.is_zero() {
             if let Ok(s) = shortcut.stats() {
                 info!(
-                    "sockets {} pairs {} redirected {} msgs / {} bytes, passed {} msgs / {} bytes",
+                    "sockets {} pairs {} redirected {} msgs / {} bytes, passed {} msgs / {} bytes; \
+                     to TCP: {} splice readers, {} over the queue limit; {} splices refused",
                     s.sockets,
                     s.pairs,
                     s.redirected_msgs,
                     s.redirected_bytes,
                     s.passed_msgs,
-                    s.passed_bytes
+                    s.passed_bytes,
+                    s.splice_pass,
+                    s.queue_limit,
+                    s.splice_refused
                 );
             }
         }
