@@ -1,7 +1,9 @@
-//! The control-message walker behind `RecvBatch::recv` (recvmmsg): UDP_GRO segment sizes and
-//! IP_ORIGDSTADDR. The bytes are copied into an 8-byte-aligned buffer, as the real one is.
+//! The control-message iterator (`cmsg::Iter`) and, over it, the reader behind
+//! `RecvBatch::recv` (recvmmsg): UDP_GRO segment sizes and IP_ORIGDSTADDR. The bytes are copied
+//! into an 8-byte-aligned buffer, as the real one is.
 #![no_main]
 use libfuzzer_sys::fuzz_target;
+use nsfast_sys::cmsg;
 use nsfast_sys::udp::parse_cmsgs;
 
 fuzz_target!(|data: &[u8]| {
@@ -12,6 +14,17 @@ fuzz_target!(|data: &[u8]| {
         std::ptr::copy_nonoverlapping(data.as_ptr(), buf.as_mut_ptr().cast::<u8>(), data.len());
         std::slice::from_raw_parts(buf.as_ptr().cast::<u8>(), data.len())
     };
+    // Every payload lies inside the buffer, after its header, and the messages do not overlap.
+    let range = ctrl.as_ptr_range();
+    let mut end = range.start;
+    for c in cmsg::Iter::new(ctrl) {
+        let d = c.data.as_ptr_range();
+        assert!(
+            d.start > end && d.end <= range.end,
+            "payload outside the buffer"
+        );
+        end = d.end;
+    }
     let info = parse_cmsgs(ctrl);
     if let Some(s) = info.gro_stride {
         assert!(s > 0 && s <= i32::MAX as usize, "stride {s}");

@@ -15,7 +15,11 @@
 //! - [`lockfile`] — private lock files, locked with a bounded wait that SIGTERM ends and that names the holder.
 //! - [`sockinfo`] — socket cookie, family, receive memory, queue sizes, TCP bytes written.
 //! - [`sched`]   — CPU pinning (sched_setaffinity), allowed CPUs.
-//! - [`child`]   — pre_exec helpers for children (die with the parent).
+//! - [`child`]   — pre_exec helpers for children: die with the parent ([`child::die_with_parent`],
+//!   one `PR_SET_PDEATHSIG` for every child nsfast starts), CPU pinning.
+//! - [`syscall`] — [`syscall::cvt`]: a raw libc call's `-1`/`errno` as `io::Result`.
+//! - [`cmsg`]    — control messages: an encoder into a control buffer and a bounds-checked
+//!   iterator over a received one, yielding typed payloads (UDP GSO/GRO, zero-copy completions).
 //! - [`procstat`] — /proc/stat per-CPU times (softirq) and /proc/PID/stat CPU time.
 //! - [`probe`]   — kernel feature probe (netkit, TCX, BPF helpers, UDP GSO/GRO, vsock), each with a reason.
 //! - [`vsock`]   — minimal AF_VSOCK stream sockets (listen/accept/connect) over raw syscalls.
@@ -32,6 +36,7 @@ pub mod args;
 pub mod bpf;
 pub mod cgroup;
 pub mod child;
+pub mod cmsg;
 pub mod conntrack;
 pub mod kernel;
 pub mod lockfile;
@@ -47,6 +52,7 @@ pub mod report;
 pub mod sched;
 pub mod signals;
 pub mod sockinfo;
+pub mod syscall;
 pub mod systemd;
 pub mod udp;
 pub mod userns;

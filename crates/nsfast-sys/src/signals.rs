@@ -46,19 +46,4 @@ pub fn wait_termination_timeout(timeout: std::time::Duration) -> Option<Signal> 
     }
 }
 
-/// Makes `cmd`'s process receive `sig` when the thread that spawned it dies
-/// (`PR_SET_PDEATHSIG`), so a supervised child never outlives a killed supervisor.
-pub fn die_with_parent(cmd: &mut std::process::Command, sig: Signal) {
-    use std::os::unix::process::CommandExt;
-    let sig = sig as libc::c_int;
-    // SAFETY: the closure runs in the child between fork and exec and only calls prctl, which
-    // is async-signal-safe; it allocates nothing.
-    unsafe {
-        cmd.pre_exec(move || {
-            if libc::prctl(libc::PR_SET_PDEATHSIG, sig, 0, 0, 0) != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(())
-        });
-    }
-}
+pub use crate::child::die_with_parent;

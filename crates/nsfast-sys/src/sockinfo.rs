@@ -2,16 +2,9 @@
 //! cookie, the family, receive memory in use, bytes queued, TCP's bytes written, and the
 //! SO_RCVLOWAT "kick". Raw getsockopt/ioctl calls that nix does not wrap.
 
+use crate::syscall::cvt;
 use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd};
-
-fn cvt(r: libc::c_int) -> io::Result<libc::c_int> {
-    if r < 0 {
-        Err(io::Error::last_os_error())
-    } else {
-        Ok(r)
-    }
-}
 
 /// getsockopt into `buf`; returns the length the kernel wrote.
 fn getsockopt_raw(fd: BorrowedFd<'_>, level: i32, name: i32, buf: &mut [u8]) -> io::Result<usize> {

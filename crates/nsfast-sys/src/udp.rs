@@ -13,7 +13,9 @@ use std::net::{Ipv4Addr, SocketAddrV4};
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicBool, Ordering};
 
+use crate::cmsg::{self, Encoder};
 use crate::kernel::KernelVersion;
+use crate::syscall::cvt;
 
 /// Most segments the kernel accepts in one GSO send (UDP_MAX_SEGMENTS).
 pub const MAX_GSO_SEGMENTS: usize = 64;
@@ -24,14 +26,6 @@ pub const SLOT: usize = 65536;
 
 const UDP_SEGMENT: libc::c_int = 103;
 const UDP_GRO: libc::c_int = 104;
-
-fn cvt(r: libc::c_int) -> io::Result<libc::c_int> {
-    if r < 0 {
-        Err(io::Error::last_os_error())
-    } else {
-        Ok(r)
-    }
-}
 
 fn setsockopt_int(
     fd: RawFd,
@@ -169,7 +163,10 @@ pub struct RecvMeta {
     pub orig_dst: Option<SocketAddrV4>,
 }
 
+/// Receive control buffer per datagram: UDP_GRO and IP_ORIGDSTADDR fit.
 const CTRL: usize = 128;
+/// Send control buffer per message: one UDP_SEGMENT.
+const GSO_CTRL: usize = cmsg::space(size_of::<u16>());
 
 /// What the control messages of one received datagram say.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -180,46 +177,28 @@ pub struct CmsgInfo {
     pub orig_dst: Option<SocketAddrV4>,
 }
 
-/// Walks a control buffer as `recvmsg` filled it (`msg_control`, `msg_controllen` bytes).
-/// Every header and payload is checked against the buffer first: a header whose `cmsg_len`
-/// is shorter than itself or runs past the end stops the walk.
+/// Reads the control buffer of one received datagram as `recvmsg` filled it (`msg_control`,
+/// `msg_controllen` bytes), through the bounds-checked [`cmsg::Iter`].
 #[doc(hidden)]
 pub fn parse_cmsgs(ctrl: &[u8]) -> CmsgInfo {
-    // CMSG_ALIGN: headers and payloads start at multiples of size_t.
-    let align = |n: usize| n.checked_next_multiple_of(size_of::<usize>());
-    let hdr_len = size_of::<libc::cmsghdr>();
-    let data_off = align(hdr_len).unwrap_or(usize::MAX);
     let mut info = CmsgInfo::default();
-    let mut rest = ctrl;
-    while rest.len() >= data_off {
-        // SAFETY: `rest` holds at least one cmsghdr; it is plain data, read unaligned.
-        let c: libc::cmsghdr = unsafe { std::ptr::read_unaligned(rest.as_ptr().cast()) };
-        let len = c.cmsg_len as usize;
-        if len < data_off || len > rest.len() {
-            break;
-        }
-        let data = &rest[data_off..len];
-        match (c.cmsg_level, c.cmsg_type) {
-            (libc::SOL_UDP, UDP_GRO) if data.len() >= size_of::<libc::c_int>() => {
-                let s = libc::c_int::from_ne_bytes([data[0], data[1], data[2], data[3]]);
-                if s > 0 {
+    for c in cmsg::Iter::new(ctrl) {
+        match (c.level, c.ty) {
+            (libc::SOL_UDP, UDP_GRO) => {
+                if let Some(s) = c.decode::<libc::c_int>().filter(|&s| s > 0) {
                     info.gro_stride = Some(s as usize);
                 }
             }
-            (libc::SOL_IP, libc::IP_ORIGDSTADDR)
-                if data.len() >= size_of::<libc::sockaddr_in>() =>
-            {
-                // SAFETY: `data` holds at least a sockaddr_in (checked above); plain data,
-                // read unaligned.
-                let a: libc::sockaddr_in =
-                    unsafe { std::ptr::read_unaligned(data.as_ptr().cast()) };
-                if a.sin_family == libc::AF_INET as libc::sa_family_t {
+            (libc::SOL_IP, libc::IP_ORIGDSTADDR) => {
+                if let Some(a) = c
+                    .decode::<libc::sockaddr_in>()
+                    .filter(|a| a.sin_family == libc::AF_INET as libc::sa_family_t)
+                {
                     info.orig_dst = Some(sockaddr_v4(&a));
                 }
             }
             _ => {}
         }
-        rest = align(len).and_then(|next| rest.get(next..)).unwrap_or(&[]);
     }
     info
 }
@@ -228,7 +207,7 @@ pub fn parse_cmsgs(ctrl: &[u8]) -> CmsgInfo {
 pub struct RecvBatch {
     bufs: Vec<u8>,
     names: Vec<libc::sockaddr_in>,
-    ctrl: Vec<[u64; CTRL / 8]>,
+    ctrl: Vec<cmsg::Buf<CTRL>>,
     iovs: Vec<libc::iovec>,
     hdrs: Vec<libc::mmsghdr>,
     meta: Vec<RecvMeta>,
@@ -245,7 +224,7 @@ impl RecvBatch {
             bufs: vec![0; n * SLOT],
             // SAFETY: sockaddr_in is plain data; all-zero is valid.
             names: vec![unsafe { zeroed() }; n],
-            ctrl: vec![[0; CTRL / 8]; n],
+            ctrl: vec![cmsg::Buf::new(); n],
             // SAFETY: iovec is plain data; all-zero (null, 0) is valid.
             iovs: vec![unsafe { zeroed() }; n],
             // SAFETY: mmsghdr is plain data; all-zero is valid.
@@ -269,7 +248,7 @@ impl RecvBatch {
             h.msg_namelen = size_of::<libc::sockaddr_in>() as libc::socklen_t;
             h.msg_iov = &mut self.iovs[i];
             h.msg_iovlen = 1;
-            h.msg_control = self.ctrl[i].as_mut_ptr().cast();
+            h.msg_control = self.ctrl[i].0.as_mut_ptr().cast();
             h.msg_controllen = CTRL as _;
             h.msg_flags = 0;
             self.hdrs[i].msg_len = 0;
@@ -309,10 +288,7 @@ impl RecvBatch {
             }
             #[allow(clippy::unnecessary_cast)] // size_t on glibc, socklen_t on musl
             let clen = (self.hdrs[i].msg_hdr.msg_controllen as usize).min(CTRL);
-            // SAFETY: `ctrl[i]` is CTRL bytes of plain integers; viewing them as bytes is valid.
-            let ctrl =
-                unsafe { std::slice::from_raw_parts(self.ctrl[i].as_ptr().cast::<u8>(), clen) };
-            let info = parse_cmsgs(ctrl);
+            let info = parse_cmsgs(&self.ctrl[i].0[..clen]);
             if let Some(s) = info.gro_stride {
                 m.stride = s;
             }
@@ -350,7 +326,7 @@ pub struct SendBatch {
     iovs: Vec<libc::iovec>,
     msgs: Vec<Pending>,
     names: Vec<libc::sockaddr_in>,
-    ctrl: Vec<[u64; 4]>,
+    ctrl: Vec<cmsg::Buf<GSO_CTRL>>,
     hdrs: Vec<libc::mmsghdr>,
 }
 
@@ -524,7 +500,7 @@ impl SendBatch {
             let n = self.msgs.len() - start;
             // SAFETY: sockaddr_in / mmsghdr are plain data; all-zero is valid.
             self.names.resize(n, unsafe { zeroed() });
-            self.ctrl.resize(n, [0; 4]);
+            self.ctrl.resize(n, cmsg::Buf::new());
             // SAFETY: as above.
             self.hdrs.resize(n, unsafe { zeroed() });
             for k in 0..n {
@@ -539,21 +515,12 @@ impl SendBatch {
                     h.msg_hdr.msg_namelen = size_of::<libc::sockaddr_in>() as libc::socklen_t;
                 }
                 if m.seg != 0 && m.segments > 1 {
-                    let buf = &mut self.ctrl[k];
+                    let buf = &mut self.ctrl[k].0;
+                    let mut enc = Encoder::new(buf);
+                    enc.push(libc::SOL_UDP, UDP_SEGMENT, &(m.seg as u16))
+                        .expect("GSO_CTRL holds one UDP_SEGMENT message");
+                    h.msg_hdr.msg_controllen = enc.len() as _;
                     h.msg_hdr.msg_control = buf.as_mut_ptr().cast();
-                    // SAFETY: CMSG_SPACE is a pure computation.
-                    let space = unsafe { libc::CMSG_SPACE(size_of::<u16>() as u32) } as usize;
-                    debug_assert!(space <= size_of::<[u64; 4]>());
-                    h.msg_hdr.msg_controllen = space as _;
-                    // SAFETY: the control buffer is `space` bytes long (32 ≥ CMSG_SPACE(2)),
-                    // so the first header and its 2-byte payload fit.
-                    unsafe {
-                        let c = libc::CMSG_FIRSTHDR(&h.msg_hdr);
-                        (*c).cmsg_level = libc::SOL_UDP;
-                        (*c).cmsg_type = UDP_SEGMENT;
-                        (*c).cmsg_len = libc::CMSG_LEN(size_of::<u16>() as u32) as _;
-                        std::ptr::write_unaligned(libc::CMSG_DATA(c).cast::<u16>(), m.seg as u16);
-                    }
                 }
                 self.hdrs[k] = h;
             }

@@ -15,6 +15,10 @@ use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use nix::sys::signal::Signal;
+
+use crate::syscall::cvt;
+
 /// Errors naming the process or file involved.
 #[derive(Debug, thiserror::Error)]
 pub enum UsernsError {
@@ -117,31 +121,24 @@ impl Target {
         // and strings prepared before the fork; it allocates nothing.
         unsafe {
             cmd.pre_exec(move || {
-                let chk = |r: libc::c_int| {
-                    if r < 0 {
-                        Err(io::Error::last_os_error())
-                    } else {
-                        Ok(r)
-                    }
-                };
-                chk(libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM, 0, 0, 0))?;
-                chk(libc::setns(user, libc::CLONE_NEWUSER))?;
-                chk(libc::setns(mnt, libc::CLONE_NEWNS))?;
+                crate::child::die_with_parent_raw(Signal::SIGTERM)?;
+                cvt(libc::setns(user, libc::CLONE_NEWUSER))?;
+                cvt(libc::setns(mnt, libc::CLONE_NEWNS))?;
                 match &net_path {
                     Some(p) => {
-                        let fd = chk(libc::open(
+                        let fd = cvt(libc::open(
                             p.as_ptr(),
                             libc::O_RDONLY | libc::O_CLOEXEC | libc::O_NOFOLLOW,
                         ))?;
                         let r = libc::setns(fd, libc::CLONE_NEWNET);
                         libc::close(fd);
-                        chk(r)?;
+                        cvt(r)?;
                     }
                     None => {
-                        chk(libc::setns(net_fd, libc::CLONE_NEWNET))?;
+                        cvt(libc::setns(net_fd, libc::CLONE_NEWNET))?;
                     }
                 }
-                chk(libc::chdir(c"/".as_ptr()))?;
+                cvt(libc::chdir(c"/".as_ptr()))?;
                 Ok(())
             });
         }

@@ -4,6 +4,7 @@
 //! by itself; callers decide where that is allowed (inside test guests, never on a host whose
 //! vsock device belongs to someone else).
 
+use crate::syscall::cvt;
 use std::io::{self, Read, Write};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 
@@ -75,14 +76,6 @@ fn stream_socket() -> io::Result<OwnedFd> {
     }
     // SAFETY: fd was just returned by socket(2) and nothing else owns it.
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
-}
-
-fn cvt(r: libc::c_int) -> io::Result<libc::c_int> {
-    if r < 0 {
-        Err(io::Error::last_os_error())
-    } else {
-        Ok(r)
-    }
 }
 
 type NameFn =

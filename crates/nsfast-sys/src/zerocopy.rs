@@ -77,8 +77,8 @@ pub fn send(fd: BorrowedFd<'_>, buf: &[u8]) -> io::Result<usize> {
 pub fn read_completions(fd: BorrowedFd<'_>, out: &mut Vec<Completion>) -> io::Result<usize> {
     let mut read = 0;
     loop {
-        // u64 array: aligned for cmsghdr. Room for several control messages.
-        let mut cbuf = [0u64; 64];
+        // Room for several control messages.
+        let mut cbuf = crate::cmsg::Buf::<512>::new();
         let mut data = [0u8; 1];
         let mut iov = libc::iovec {
             iov_base: data.as_mut_ptr().cast(),
@@ -88,8 +88,8 @@ pub fn read_completions(fd: BorrowedFd<'_>, out: &mut Vec<Completion>) -> io::Re
         let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
         msg.msg_iov = &mut iov;
         msg.msg_iovlen = 1;
-        msg.msg_control = cbuf.as_mut_ptr().cast();
-        msg.msg_controllen = std::mem::size_of_val(&cbuf) as _;
+        msg.msg_control = cbuf.0.as_mut_ptr().cast();
+        msg.msg_controllen = cbuf.0.len() as _;
         // SAFETY: msg points at iov, data and cbuf, all alive and of the lengths given, for
         // the duration of the call.
         let r = unsafe {
@@ -110,36 +110,24 @@ pub fn read_completions(fd: BorrowedFd<'_>, out: &mut Vec<Completion>) -> io::Re
             return Err(e);
         }
         read += 1;
-        // SAFETY: msg was filled by recvmsg; CMSG_FIRSTHDR/NXTHDR only walk within
-        // msg_control..msg_controllen (which the kernel set to what it wrote).
-        let mut c = unsafe { libc::CMSG_FIRSTHDR(&msg) };
-        while !c.is_null() {
-            // SAFETY: c is a non-null header inside cbuf (see above).
-            let hdr = unsafe { &*c };
-            // SAFETY: CMSG_LEN is a pure computation on its argument.
-            let empty = unsafe { libc::CMSG_LEN(0) } as usize;
-            let len = (hdr.cmsg_len as usize).saturating_sub(empty);
-            if len >= std::mem::size_of::<libc::sock_extended_err>() {
-                // SAFETY: the header says at least size_of::<sock_extended_err>() data bytes
-                // follow it inside cbuf; read_unaligned copes with any alignment.
-                let ee: libc::sock_extended_err = unsafe {
-                    std::ptr::read_unaligned(libc::CMSG_DATA(c).cast::<libc::sock_extended_err>())
-                };
-                if ee.ee_origin == SO_EE_ORIGIN_ZEROCOPY {
-                    if ee.ee_errno != 0 {
-                        return Err(io::Error::from_raw_os_error(ee.ee_errno as i32));
-                    }
-                    out.push(Completion {
-                        lo: ee.ee_info,
-                        hi: ee.ee_data,
-                        copied: ee.ee_code & SO_EE_CODE_ZEROCOPY_COPIED != 0,
-                    });
-                } else if ee.ee_errno != 0 {
+        #[allow(clippy::unnecessary_cast)] // size_t on glibc, socklen_t on musl
+        let clen = (msg.msg_controllen as usize).min(cbuf.0.len());
+        for c in crate::cmsg::Iter::new(&cbuf.0[..clen]) {
+            let Some(ee) = c.decode::<libc::sock_extended_err>() else {
+                continue;
+            };
+            if ee.ee_origin == SO_EE_ORIGIN_ZEROCOPY {
+                if ee.ee_errno != 0 {
                     return Err(io::Error::from_raw_os_error(ee.ee_errno as i32));
                 }
+                out.push(Completion {
+                    lo: ee.ee_info,
+                    hi: ee.ee_data,
+                    copied: ee.ee_code & SO_EE_CODE_ZEROCOPY_COPIED != 0,
+                });
+            } else if ee.ee_errno != 0 {
+                return Err(io::Error::from_raw_os_error(ee.ee_errno as i32));
             }
-            // SAFETY: as for CMSG_FIRSTHDR: stays within msg's control buffer.
-            c = unsafe { libc::CMSG_NXTHDR(&msg, c) };
         }
     }
 }

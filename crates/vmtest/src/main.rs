@@ -911,7 +911,7 @@ fn start_helpers(
                 logs.join(format!("{profile}-helper{n}.err")),
             )?)
             .process_group(0);
-        qemu::die_with_parent(&mut cmd);
+        nsfast_sys::child::die_with_parent(&mut cmd, nix::sys::signal::Signal::SIGKILL);
         let child = cmd
             .spawn()
             .with_context(|| format!("starting helper {script:?} for boot profile {profile}"))?;

@@ -3,7 +3,6 @@
 
 use std::fs;
 use std::io::{BufRead, BufReader, Read, Write};
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
@@ -149,20 +148,6 @@ pub fn peer_command_line(kernel: &Path, initrd: &Path, accel: Accel) -> String {
     )
 }
 
-/// Makes a child die with the harness (SIGKILL when the parent thread exits).
-pub fn die_with_parent(cmd: &mut Command) {
-    // SAFETY: the closure runs between fork and exec and only calls prctl(2), which is
-    // async-signal-safe; it captures nothing.
-    unsafe {
-        cmd.pre_exec(|| {
-            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(())
-        });
-    }
-}
-
 fn kill(child: &mut Child) {
     // Child::kill signals exactly this child's PID.
     let _ = child.kill();
@@ -175,7 +160,7 @@ pub fn boot(spec: &BootSpec, run: &mut GuestRun) -> Result<Ending> {
     cmd.stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
-    die_with_parent(&mut cmd);
+    nsfast_sys::child::die_with_parent(&mut cmd, nix::sys::signal::Signal::SIGKILL);
     tracing::debug!("{:?}", cmd);
     let start = Instant::now();
     let mut child = cmd
