@@ -8,7 +8,7 @@ use hdrhistogram::Histogram;
 
 use crate::model::{Outcome, Sample};
 use crate::spec::{Placement, Workload};
-use crate::stats::{baseline, summarize};
+use crate::stats::{baseline, Row};
 
 /// The CSV header: one line per sample (`kind` = `sample`, one round) and one per summary
 /// figure (`kind` = `median`, over the rounds, with the table's spread).
@@ -28,8 +28,9 @@ fn opt(v: Option<f64>) -> String {
 }
 
 /// The CSV export: every sample (its ratio is to the baseline's figure in the same round),
-/// then every summary row (median, spread as in the table, median of the ratios).
-pub fn csv(outcome: &Outcome) -> String {
+/// then every row of `rows`, the outcome's summary (median, spread as in the table, median of
+/// the ratios).
+pub fn csv(outcome: &Outcome, rows: &[Row]) -> String {
     let base = baseline(&outcome.topologies);
     let mut out = String::new();
     let _ = writeln!(out, "{CSV_HEADER}");
@@ -59,7 +60,7 @@ pub fn csv(outcome: &Outcome) -> String {
             csv_field(s.error.as_deref().unwrap_or_default()),
         );
     }
-    for r in summarize(&outcome.samples, &outcome.topologies) {
+    for r in rows {
         let _ = writeln!(
             out,
             "median,,{},{},{},{},{},{},{},{}",
@@ -202,14 +203,14 @@ impl Targets {
         }
     }
 
-    /// Every file but the JSON document: (path, text).
-    pub fn files(&self, outcome: &Outcome, rows: &[crate::stats::Row]) -> Vec<(PathBuf, String)> {
+    /// Every file but the JSON document: (path, text); `rows` is the outcome's summary.
+    pub fn files(&self, outcome: &Outcome, rows: &[Row]) -> Vec<(PathBuf, String)> {
         let mut files = Vec::new();
         if let Some(base) = self.chart_base() {
             files.extend(crate::svg::charts(&base, rows, &outcome.machine));
         }
         if let Some(p) = &self.csv {
-            files.push((p.clone(), csv(outcome)));
+            files.push((p.clone(), csv(outcome, rows)));
         }
         if let Some(d) = &self.hgrm_dir {
             files.extend(hgrm(outcome).into_iter().map(|(n, t)| (d.join(n), t)));

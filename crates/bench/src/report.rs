@@ -8,7 +8,7 @@ use crate::cputime::irq_time_accounting;
 use crate::crosscheck::AGREEMENT;
 pub use crate::model::{format_utc, utc_now, Machine};
 use crate::model::{CrossCheck, Outcome};
-use crate::stats::{summarize, Row};
+use crate::stats::Row;
 
 /// The JSON document `--json` writes.
 #[derive(Debug, Serialize)]
@@ -18,16 +18,18 @@ pub struct Document<'a> {
     pub tool: &'static str,
     #[serde(flatten)]
     pub outcome: &'a Outcome,
-    pub summary: Vec<Row>,
+    /// `stats::summarize` of the outcome, computed once per run and shared with the table,
+    /// the charts and the CSV.
+    pub summary: &'a [Row],
 }
 
 impl<'a> Document<'a> {
-    pub fn new(outcome: &'a Outcome) -> Self {
+    pub fn new(outcome: &'a Outcome, summary: &'a [Row]) -> Self {
         Self {
             schema_version: nsfast_sys::out::SCHEMA_VERSION,
             tool: "nsfast bench",
             outcome,
-            summary: summarize(&outcome.samples, &outcome.topologies),
+            summary,
         }
     }
 
@@ -60,9 +62,9 @@ pub fn fmt_value(v: f64) -> String {
     }
 }
 
-/// The terminal table: one row per topology × workload, grouped by placement.
-pub fn table(outcome: &Outcome) -> String {
-    let rows = summarize(&outcome.samples, &outcome.topologies);
+/// The terminal table: one row per topology × workload, grouped by placement; `rows` is the
+/// outcome's summary (`stats::summarize`).
+pub fn table(outcome: &Outcome, rows: &[Row]) -> String {
     let base = crate::stats::baseline(&outcome.topologies);
     let c = &outcome.config;
     let mut out = String::new();

@@ -100,7 +100,8 @@ fn outcome() -> Outcome {
 #[test]
 fn json_parses_back_with_every_round() {
     let o = outcome();
-    let text = Document::new(&o).to_json();
+    let rows = summarize(&o.samples, &o.topologies);
+    let text = Document::new(&o, &rows).to_json();
     let v: serde_json::Value = serde_json::from_str(&text).expect("valid JSON");
     let samples: Vec<Sample> =
         serde_json::from_value(v["samples"].clone()).expect("samples parse back");
@@ -143,7 +144,8 @@ fn svg_is_well_formed_with_one_bar_per_topology() {
 #[test]
 fn table_has_a_row_per_topology_and_workload() {
     let o = outcome();
-    let t = report::table(&o);
+    let rows = summarize(&o.samples, &o.topologies);
+    let t = report::table(&o, &rows);
     assert!(t.contains("placement same-cpu"));
     for w in ["rr", "stream", "ping"] {
         assert!(t.lines().any(|l| l.starts_with(w)), "{t}");
@@ -175,7 +177,8 @@ fn idle_fast_path_samples_are_failed_rounds_with_their_evidence() {
         s.value = None;
         s.fast_path = Some(evidence.clone());
     }
-    let t = report::table(&o);
+    let summary = summarize(&o.samples, &o.topologies);
+    let t = report::table(&o, &summary);
     let rows: Vec<&str> = t.lines().filter(|l| l.contains(" routed ")).collect();
     assert_eq!(rows.len(), 3, "{t}");
     // rr is the first workload: its routed row is the first.
@@ -189,7 +192,8 @@ fn idle_fast_path_samples_are_failed_rounds_with_their_evidence() {
         "no figure and no CPU cost for an idle fast path: {row}"
     );
     assert!(!rows[1].contains("failed"), "{t}");
-    let v: serde_json::Value = serde_json::from_str(&Document::new(&o).to_json()).unwrap();
+    let v: serde_json::Value =
+        serde_json::from_str(&Document::new(&o, &summary).to_json()).unwrap();
     let s = v["samples"]
         .as_array()
         .unwrap()
@@ -204,8 +208,9 @@ fn idle_fast_path_samples_are_failed_rounds_with_their_evidence() {
 #[test]
 fn json_spread_equals_the_tables() {
     let o = outcome();
-    let t = report::table(&o);
-    let v: serde_json::Value = serde_json::from_str(&Document::new(&o).to_json()).unwrap();
+    let rows = summarize(&o.samples, &o.topologies);
+    let t = report::table(&o, &rows);
+    let v: serde_json::Value = serde_json::from_str(&Document::new(&o, &rows).to_json()).unwrap();
     let rows = v["summary"].as_array().unwrap();
     assert_eq!(rows.len(), 9);
     for r in rows {
@@ -249,7 +254,8 @@ pub fn table_row<'a>(table: &'a str, workload: &str, topology: &str) -> Option<&
 #[test]
 fn csv_and_hgrm_exports() {
     let o = outcome();
-    let csv = nsfast_bench::export::csv(&o);
+    let rows = summarize(&o.samples, &o.topologies);
+    let csv = nsfast_bench::export::csv(&o, &rows);
     let lines: Vec<&str> = csv.lines().collect();
     assert_eq!(lines[0], nsfast_bench::export::CSV_HEADER);
     assert_eq!(lines.len(), 1 + o.samples.len() + 9, "{csv}");

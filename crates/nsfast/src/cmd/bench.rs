@@ -269,7 +269,9 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
         }
         Ok(())
     };
-    say(report::table(&outcome))?;
+    // The summary, once: the table, the charts, the CSV and the JSON document all show it.
+    let summary = summarize(&outcome.samples, &outcome.topologies);
+    say(report::table(&outcome, &summary))?;
     say(format!(
         "run took {:.0} s\n",
         started.elapsed().as_secs_f64()
@@ -282,11 +284,11 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
         hgrm_dir: a.hgrm_dir.clone(),
     };
     let mut outcome = outcome;
-    let files = targets.files(&outcome, &summarize(&outcome.samples, &outcome.topologies));
+    let files = targets.files(&outcome, &summary);
     // The histograms are the .hgrm files' (the worker's report carries them); the JSON keeps
     // their percentiles and stays small.
     export::drop_histograms(&mut outcome);
-    let doc = Document::new(&outcome);
+    let doc = Document::new(&outcome, &summary);
     if let Some(path) = &targets.json_file {
         nsfast_bench::runner::write_file(path, &doc.to_json())?;
         say(format!("wrote {}\n", path.display()))?;
