@@ -2,7 +2,9 @@
 //!
 //! Module map:
 //! - [`pod`]       — `add` / `del` / `list` / `check`: namespaces, device pairs, addresses,
-//!   routes, attachments and endpoint entries, each undone on failure.
+//!   routes, attachments and endpoint entries, each undone on failure; split into
+//!   `options` (the request), `add` (plan, add under the lock), `build` (the steps and their
+//!   undo), `remove` (`del`, garbage collection) and `list` (`list`, `check`).
 //! - [`datapath`]  — load `bpf/pod.bpf.c` against a host's pinned maps; TCX and netkit
 //!   attachment and pinning, classic tc (clsact + cls_bpf) where TCX is missing; endpoint
 //!   table and counters.

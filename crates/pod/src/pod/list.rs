@@ -1,0 +1,128 @@
+//! `pod list` and `check`: a host's pods with their counters, and what of a pod's record
+//! the system no longer matches.
+
+use nsfast_sys::netns::NetNs;
+use serde::Serialize;
+use tracing::warn;
+
+use crate::abi;
+use crate::datapath;
+use crate::error::PodError;
+use crate::state::{AttachMethod, Datapath, Host, PodRecord};
+
+/// `pod list` output for one host.
+#[derive(Debug, Clone, Serialize)]
+pub struct Listing {
+    pub host: String,
+    #[serde(serialize_with = "crate::state::ser_records")]
+    pub pods: Vec<PodRecord>,
+    pub uplinks: Vec<datapath::Uplink>,
+    /// Datapath counters of the host (all its pods), by name.
+    pub counters: std::collections::BTreeMap<String, u64>,
+    /// Whether the pod shortcut is on for this host, and its per-pod counters (by pod name).
+    pub shortcut_enabled: bool,
+    pub shortcut: std::collections::BTreeMap<String, crate::shortcut::PodShortcutStats>,
+}
+
+/// Lists the pods of `host` with the host's datapath counters.
+pub fn list(host: Option<&str>) -> Result<Listing, PodError> {
+    let host = Host::open(host)?;
+    let pods = host.records()?;
+    let counters = abi::COUNTERS
+        .iter()
+        .map(|s| s.to_string())
+        .zip(datapath::counters(&host)?)
+        .collect();
+    Ok(Listing {
+        host: host.display.clone(),
+        uplinks: datapath::uplinks(&host),
+        pods,
+        counters,
+        shortcut_enabled: crate::shortcut::is_enabled(&host),
+        shortcut: crate::shortcut::pod_stats(&host).unwrap_or_else(|e| {
+            warn!("host {}: shortcut counters unreadable: {e}", host.display);
+            Default::default()
+        }),
+    })
+}
+
+/// Problems found by [`check`].
+pub fn check(host: &Host, r: &PodRecord) -> Vec<String> {
+    let mut bad = Vec::new();
+    match host
+        .netlink()
+        .map_err(|e| e.to_string())
+        .and_then(|nl| nl.link_index(&r.host_if).map_err(|e| e.to_string()))
+    {
+        Ok(i) if i == r.host_ifindex => {}
+        Ok(i) => bad.push(format!(
+            "host device {} has ifindex {i}, expected {}",
+            r.host_if, r.host_ifindex
+        )),
+        Err(e) => bad.push(format!("host device {}: {e}", r.host_if)),
+    }
+    for p in &r.link_pins {
+        if !p.exists() {
+            bad.push(format!("BPF link pin {} missing", p.display()));
+        }
+    }
+    for f in &r.tc_filters {
+        match datapath::tc_present(host, f) {
+            Ok(true) => {}
+            Ok(false) => bad.push(format!(
+                "tc filter {} prio {} handle {:#x} missing from {} ingress",
+                f.program, f.priority, f.handle, f.ifname
+            )),
+            Err(e) => bad.push(format!("query tc filters of {}: {e}", f.ifname)),
+        }
+    }
+    if r.datapath == Datapath::Veth && r.attach == AttachMethod::Tcx {
+        match datapath::tcx_ingress_programs(host, &r.host_if) {
+            Ok(v)
+                if v.iter()
+                    .any(|n| n == abi::kernel_name(abi::PROG_FROM_CONTAINER)) => {}
+            Ok(v) => bad.push(format!(
+                "{} has tcx ingress programs {v:?}, expected {}",
+                r.host_if,
+                abi::PROG_FROM_CONTAINER
+            )),
+            Err(e) => bad.push(format!("query {}: {e}", r.host_if)),
+        }
+    }
+    for ip in r.addrs() {
+        match datapath::endpoint_get(host, ip) {
+            Ok(Some(ep)) if ep.ifindex == r.host_ifindex => {}
+            Ok(_) => bad.push(format!("endpoint {ip} missing from the BPF map")),
+            Err(e) => bad.push(format!("endpoint map: {e}")),
+        }
+    }
+    match NetNs::open(&r.netns) {
+        Ok(ns) => match ns.netlink() {
+            Ok(nl) => {
+                if !r.ip.is_unspecified() {
+                    match nl.link_ipv4_addresses(&r.pod_if) {
+                        Ok(a) if a.contains(&(r.ip, r.prefix)) => {}
+                        Ok(a) => bad.push(format!(
+                            "pod device {} has addresses {a:?}, expected {}/{}",
+                            r.pod_if, r.ip, r.prefix
+                        )),
+                        Err(e) => bad.push(format!("pod device {}: {e}", r.pod_if)),
+                    }
+                }
+                if let (Some(ip6), Some(p6)) = (r.ip6, r.prefix6) {
+                    match nl.link_ipv6_addresses(&r.pod_if) {
+                        Ok(a) if a.contains(&(ip6, p6)) => {}
+                        Ok(a) => bad.push(format!(
+                            "pod device {} has IPv6 addresses {a:?}, expected {ip6}/{p6}",
+                            r.pod_if
+                        )),
+                        Err(e) => bad.push(format!("pod device {}: {e}", r.pod_if)),
+                    }
+                }
+            }
+            Err(e) => bad.push(format!("pod device {}: {e}", r.pod_if)),
+        },
+        Err(e) => bad.push(format!("pod namespace {}: {e}", r.netns)),
+    }
+    bad
+}
