@@ -613,6 +613,15 @@ fn run_kernels(
     if jobs > 1 {
         println!("vmtest: {jobs} kernels at a time");
     }
+    let run = KernelRun {
+        a,
+        suite,
+        busybox: &fetched.busybox,
+        init_script,
+        binaries,
+        build,
+        accel,
+    };
     let next = std::sync::Mutex::new(order.into_iter());
     let slots: Vec<std::sync::Mutex<Option<Result<KernelResult>>>> =
         (0..n).map(|_| std::sync::Mutex::new(None)).collect();
@@ -624,16 +633,7 @@ fn run_kernels(
                 let Some(i) = next.lock().expect("queue").next() else {
                     break;
                 };
-                let r = run_kernel(
-                    a,
-                    suite,
-                    &fetched.kernels[i],
-                    &fetched.busybox,
-                    init_script,
-                    binaries,
-                    build,
-                    accel,
-                );
+                let r = run_kernel(&run, &fetched.kernels[i]);
                 *slots[i].lock().expect("slot") = Some(r);
             });
         }
@@ -666,17 +666,32 @@ fn cost_order(suite: &GuestSuite, versions: impl Iterator<Item = MajorMinor>) ->
     cost.into_iter().map(|(i, _)| i).collect()
 }
 
-#[allow(clippy::too_many_arguments)]
-fn run_kernel(
-    a: &RunArgs,
-    suite: &GuestSuite,
-    k: &kernel::Kernel,
-    busybox: &Path,
-    init_script: &Path,
-    binaries: &[(String, PathBuf)],
-    build: &Path,
+/// What every kernel of a run shares: the options, the suite, the initramfs inputs, the build
+/// directory and the accelerator.
+struct KernelRun<'a> {
+    a: &'a RunArgs,
+    suite: &'a GuestSuite,
+    busybox: &'a Path,
+    init_script: &'a Path,
+    binaries: &'a [(String, PathBuf)],
+    build: &'a Path,
     accel: Accel,
-) -> Result<KernelResult> {
+}
+
+/// One boot profile's guest on one kernel: the profile, its label in messages (`LABEL`, or
+/// `LABEL/PROFILE` for a profile other than `default`), its tests and the kernel's log
+/// directory.
+struct ProfileRun<'a> {
+    kernel: &'a kernel::Kernel,
+    profile: &'a str,
+    tag: String,
+    tests: Vec<&'a GuestTest>,
+    logs: &'a Path,
+}
+
+/// Runs the suite on kernel `k`: one guest per boot profile, each with the profile's
+/// applicable tests (the others are skipped with their reason).
+fn run_kernel(run: &KernelRun<'_>, k: &kernel::Kernel) -> Result<KernelResult> {
     let t0 = Instant::now();
     let mut res = KernelResult {
         label: k.spec.label.clone(),
@@ -689,7 +704,36 @@ fn run_kernel(
         problems: Vec::new(),
         modules: Vec::new(),
     };
-    // Group applicable tests by boot profile; one guest per profile.
+    let groups = group_tests(run.suite, k, &mut res);
+    let logs = run.build.join("logs").join(&k.spec.label);
+    fs::create_dir_all(&logs)?;
+    for (profile, tests) in groups {
+        let tag = if profile == "default" {
+            k.spec.label.clone()
+        } else {
+            format!("{}/{profile}", k.spec.label)
+        };
+        let p = ProfileRun {
+            kernel: k,
+            profile,
+            tag,
+            tests,
+            logs: &logs,
+        };
+        let cpio = build_initramfs(run, &p, &mut res)?;
+        run_profile(run, &p, &cpio, &mut res)?;
+    }
+    res.secs = t0.elapsed().as_secs_f64();
+    Ok(res)
+}
+
+/// The tests that apply to `k`, by boot profile (one guest per profile); the others go into
+/// `res` as skipped, with their reason.
+fn group_tests<'a>(
+    suite: &'a GuestSuite,
+    k: &kernel::Kernel,
+    res: &mut KernelResult,
+) -> BTreeMap<&'a str, Vec<&'a GuestTest>> {
     let mut groups: BTreeMap<&str, Vec<&GuestTest>> = BTreeMap::new();
     for t in &suite.tests {
         match t.skip_reason(k.version) {
@@ -699,187 +743,237 @@ fn run_kernel(
             None => groups.entry(t.boot.as_str()).or_default().push(t),
         }
     }
-    let logs = build.join("logs").join(&k.spec.label);
-    fs::create_dir_all(&logs)?;
-    for (profile, tests) in groups {
-        let tag = if profile == "default" {
-            k.spec.label.clone()
+    groups
+}
+
+/// Builds the initramfs of profile `p` (its tests, the suite's modules and binaries, the
+/// profile's peer) and notes in `res` which modules it holds. Returns the cpio's path.
+fn build_initramfs(
+    run: &KernelRun<'_>,
+    p: &ProfileRun<'_>,
+    res: &mut KernelResult,
+) -> Result<PathBuf> {
+    let (k, profile, tag) = (p.kernel, p.profile, &p.tag);
+    let tests_txt: String = p
+        .tests
+        .iter()
+        .map(|t| format!("{}\t{}\t{}\n", t.name, t.timeout, t.command))
+        .collect();
+    let payload = initramfs::Payload {
+        busybox: run.busybox.to_path_buf(),
+        init_script: run.init_script.to_path_buf(),
+        binaries: run.binaries.to_vec(),
+        modules: run.suite.modules.clone(),
+        tests: tests_txt,
+        peer: run.suite.boots[profile].peer.clone(),
+    };
+    let img_dir = run.build.join("initramfs");
+    fs::create_dir_all(&img_dir)?;
+    let cpio = img_dir.join(format!("{}-{profile}.cpio", k.spec.label));
+    let notes = initramfs::build(
+        k,
+        &payload,
+        &img_dir.join(format!("{}-{profile}.root", k.spec.label)),
+        &cpio,
+    )?;
+    res.modules = notes
+        .iter()
+        .map(|n| format!("{}:{}", n.name, n.fate))
+        .collect();
+    let absent: Vec<_> = notes
+        .iter()
+        .filter(|n| n.fate == "absent")
+        .map(|n| n.name.as_str())
+        .collect();
+    println!(
+        "vmtest: kernel {tag}: {} (initramfs {:.1} MiB{})",
+        k.release,
+        fs::metadata(&cpio)?.len() as f64 / 1048576.0,
+        if absent.is_empty() {
+            String::new()
         } else {
-            format!("{}/{profile}", k.spec.label)
-        };
-        let tests_txt: String = tests
-            .iter()
-            .map(|t| format!("{}\t{}\t{}\n", t.name, t.timeout, t.command))
-            .collect();
-        let payload = initramfs::Payload {
-            busybox: busybox.to_path_buf(),
-            init_script: init_script.to_path_buf(),
-            binaries: binaries.to_vec(),
-            modules: suite.modules.clone(),
-            tests: tests_txt,
-            peer: suite.boots[profile].peer.clone(),
-        };
-        let img_dir = build.join("initramfs");
-        fs::create_dir_all(&img_dir)?;
-        let cpio = img_dir.join(format!("{}-{profile}.cpio", k.spec.label));
-        let notes = initramfs::build(
-            k,
-            &payload,
-            &img_dir.join(format!("{}-{profile}.root", k.spec.label)),
-            &cpio,
-        )?;
-        res.modules = notes
-            .iter()
-            .map(|n| format!("{}:{}", n.name, n.fate))
-            .collect();
-        let absent: Vec<_> = notes
-            .iter()
-            .filter(|n| n.fate == "absent")
-            .map(|n| n.name.as_str())
-            .collect();
-        println!(
-            "vmtest: kernel {tag}: {} (initramfs {:.1} MiB{})",
-            k.release,
-            fs::metadata(&cpio)?.len() as f64 / 1048576.0,
-            if absent.is_empty() {
-                String::new()
+            format!("; modules not in this kernel: {}", absent.join(", "))
+        }
+    );
+    Ok(cpio)
+}
+
+/// Boots profile `p`'s guest from `cpio` with the profile's host helpers running, and
+/// records in `res` how the boot ended and each test's verdict.
+fn run_profile(
+    run: &KernelRun<'_>,
+    p: &ProfileRun<'_>,
+    cpio: &Path,
+    res: &mut KernelResult,
+) -> Result<()> {
+    let (k, profile, tag) = (p.kernel, p.profile, &p.tag);
+    let profile_def = &run.suite.boots[profile];
+    let run_dir = run.build.join("run").join(tag.replace('/', "-"));
+    let _ = fs::remove_dir_all(&run_dir);
+    fs::create_dir_all(&run_dir)?;
+    // {peer-qemu} before {run}: a peer's command line names no {run} of its own.
+    let peer_qemu = qemu::peer_command_line(&k.vmlinuz, cpio, run.accel);
+    let subst = |s: &str| {
+        s.replace("{peer-qemu}", &peer_qemu)
+            .replace("{run}", &run_dir.to_string_lossy())
+    };
+    let helpers = match start_helpers(profile_def, &subst, p.logs, profile) {
+        Ok(h) => h,
+        Err(e) => {
+            res.problems.push(format!("guest {tag}: {e:#}"));
+            for t in &p.tests {
+                res.tests.insert(
+                    t.name.clone(),
+                    Verdict::Fail("not run: boot profile setup failed".into()),
+                );
+            }
+            return Ok(());
+        }
+    };
+    let spec = boot_spec(
+        run,
+        p,
+        cpio,
+        profile_def.qemu_args.iter().map(|s| subst(s)).collect(),
+    );
+    let (spec, g, ending) = boot(run.a, tag, spec)?;
+    drop(helpers);
+    res.accel = Some(spec.accel);
+    res.boot_secs = res.boot_secs.or(g.init_after);
+    fs::write(
+        p.logs.join(format!("{profile}-dmesg.log")),
+        g.dmesg.join("\n") + "\n",
+    )?;
+    note_ending(tag, &spec, &g, &ending, res);
+    judge_tests(p, &g, res);
+    Ok(())
+}
+
+/// The guest of profile `p`: the run's CPUs and memory, the profile's extra QEMU arguments,
+/// and a time limit of the tests' budget plus `--init-timeout` and a minute (or `--vm-timeout`).
+fn boot_spec(
+    run: &KernelRun<'_>,
+    p: &ProfileRun<'_>,
+    cpio: &Path,
+    extra_args: Vec<String>,
+) -> BootSpec {
+    let a = run.a;
+    let test_budget: u64 = p.tests.iter().map(|t| u64::from(t.timeout)).sum();
+    let vm_timeout = a.vm_timeout.unwrap_or(a.init_timeout + test_budget + 60);
+    BootSpec {
+        label: p.tag.clone(),
+        kernel: p.kernel.vmlinuz.clone(),
+        initrd: cpio.to_path_buf(),
+        accel: run.accel,
+        cpus: a.cpus,
+        mem_mb: a.mem,
+        extra_args,
+        timeout: Duration::from_secs(vm_timeout),
+        init_timeout: Duration::from_secs(
+            if run.accel == Accel::Kvm && a.accel == AccelChoice::Auto {
+                30
             } else {
-                format!("; modules not in this kernel: {}", absent.join(", "))
-            }
+                a.init_timeout
+            },
+        ),
+        log: p.logs.join(format!("{}-console.log", p.profile)),
+        echo: !a.quiet,
+        verbose: a.verbose,
+    }
+}
+
+/// Boots `spec`: once more under TCG when an automatic KVM choice reaches no /init, and once
+/// more when the kernel stops before /init. Returns the spec of the last boot, what the guest
+/// reported and how it ended.
+fn boot(a: &RunArgs, tag: &str, mut spec: BootSpec) -> Result<(BootSpec, GuestRun, Ending)> {
+    let mut g = GuestRun::default();
+    let mut ending = qemu::boot(&spec, &mut g)?;
+    if ending == Ending::NoInit && spec.accel == Accel::Kvm && a.accel == AccelChoice::Auto {
+        println!(
+            "vmtest: kernel {tag}: no /init under KVM within {} s; retrying under TCG",
+            spec.init_timeout.as_secs()
         );
+        spec.accel = Accel::Tcg;
+        spec.init_timeout = Duration::from_secs(a.init_timeout);
+        g = GuestRun::default();
+        ending = qemu::boot(&spec, &mut g)?;
+    }
+    if g.init_after.is_none() && matches!(ending, Ending::Exited { .. }) {
+        // The kernel died while booting, before /init ran any test (7.2 under TCG can
+        // hit "Oops: int3" in sched_clock_cpu during an initcall, a code-patching race of
+        // multi-threaded TCG): boot it once more.
+        println!(
+            "vmtest: kernel {tag}: the guest stopped before /init (last console line: {:?}); \
+             booting it once more",
+            g.last_line
+        );
+        let first = spec.log.with_extension("first-boot.log");
+        let _ = fs::rename(&spec.log, &first);
+        g = GuestRun::default();
+        ending = qemu::boot(&spec, &mut g)?;
+    }
+    Ok((spec, g, ending))
+}
 
-        let profile_def = &suite.boots[profile];
-        let run_dir = build.join("run").join(tag.replace('/', "-"));
-        let _ = fs::remove_dir_all(&run_dir);
-        fs::create_dir_all(&run_dir)?;
-        // {peer-qemu} before {run}: a peer's command line names no {run} of its own.
-        let peer_qemu = qemu::peer_command_line(&k.vmlinuz, &cpio, accel);
-        let subst = |s: &str| {
-            s.replace("{peer-qemu}", &peer_qemu)
-                .replace("{run}", &run_dir.to_string_lossy())
-        };
-        let helpers = match start_helpers(profile_def, &subst, &logs, profile) {
-            Ok(h) => h,
-            Err(e) => {
-                res.problems.push(format!("guest {tag}: {e:#}"));
-                for t in &tests {
-                    res.tests.insert(
-                        t.name.clone(),
-                        Verdict::Fail("not run: boot profile setup failed".into()),
-                    );
-                }
-                continue;
-            }
-        };
-        let test_budget: u64 = tests.iter().map(|t| u64::from(t.timeout)).sum();
-        let vm_timeout = a.vm_timeout.unwrap_or(a.init_timeout + test_budget + 60);
-        let mut spec = BootSpec {
-            label: tag.clone(),
-            kernel: k.vmlinuz.clone(),
-            initrd: cpio.clone(),
-            accel,
-            cpus: a.cpus,
-            mem_mb: a.mem,
-            extra_args: profile_def.qemu_args.iter().map(|s| subst(s)).collect(),
-            timeout: Duration::from_secs(vm_timeout),
-            init_timeout: Duration::from_secs(
-                if accel == Accel::Kvm && a.accel == AccelChoice::Auto {
-                    30
-                } else {
-                    a.init_timeout
-                },
-            ),
-            log: logs.join(format!("{profile}-console.log")),
-            echo: !a.quiet,
-            verbose: a.verbose,
-        };
-        let mut g = GuestRun::default();
-        let mut ending = qemu::boot(&spec, &mut g)?;
-        if ending == Ending::NoInit && spec.accel == Accel::Kvm && a.accel == AccelChoice::Auto {
-            println!(
-                "vmtest: kernel {tag}: no /init under KVM within {} s; retrying under TCG",
-                spec.init_timeout.as_secs()
-            );
-            spec.accel = Accel::Tcg;
-            spec.init_timeout = Duration::from_secs(a.init_timeout);
-            g = GuestRun::default();
-            ending = qemu::boot(&spec, &mut g)?;
+/// Notes in `res` what went wrong with guest `tag` beyond its tests: a boot that timed out or
+/// failed, a guest that stopped early, kernel trouble, failed module loads.
+fn note_ending(tag: &str, spec: &BootSpec, g: &GuestRun, ending: &Ending, res: &mut KernelResult) {
+    let vm_timeout = spec.timeout.as_secs();
+    match ending {
+        Ending::NoInit => res.problems.push(format!(
+            "TIMEOUT: guest {tag} did not reach /init within {} s (last console line: {:?}; log {})",
+            spec.init_timeout.as_secs(),
+            g.last_line,
+            spec.log.display()
+        )),
+        Ending::TimedOut => res.problems.push(format!(
+            "TIMEOUT: guest {tag} did not power off within {vm_timeout} s{} (last console line: {:?})",
+            g.current
+                .as_ref()
+                .map(|(n, _)| format!("; test {n:?} was running"))
+                .unwrap_or_default(),
+            g.last_line
+        )),
+        Ending::Exited { success: false, status } => {
+            res.problems.push(format!("qemu exited with {status} (see {})", spec.log.display()))
         }
-        if g.init_after.is_none() && matches!(ending, Ending::Exited { .. }) {
-            // The kernel died while booting, before /init ran any test (7.2 under TCG can
-            // hit "Oops: int3" in sched_clock_cpu during an initcall, a code-patching race of
-            // multi-threaded TCG): boot it once more.
-            println!(
-                "vmtest: kernel {tag}: the guest stopped before /init (last console line: {:?}); \
-                 booting it once more",
-                g.last_line
-            );
-            let first = spec.log.with_extension("first-boot.log");
-            let _ = fs::rename(&spec.log, &first);
-            g = GuestRun::default();
-            ending = qemu::boot(&spec, &mut g)?;
-        }
-        drop(helpers);
-        res.accel = Some(spec.accel);
-        res.boot_secs = res.boot_secs.or(g.init_after);
-        fs::write(
-            logs.join(format!("{profile}-dmesg.log")),
-            g.dmesg.join("\n") + "\n",
-        )?;
-
-        match &ending {
-            Ending::NoInit => res.problems.push(format!(
-                "TIMEOUT: guest {tag} did not reach /init within {} s (last console line: {:?}; log {})",
-                spec.init_timeout.as_secs(),
-                g.last_line,
-                spec.log.display()
-            )),
-            Ending::TimedOut => res.problems.push(format!(
-                "TIMEOUT: guest {tag} did not power off within {vm_timeout} s{} (last console line: {:?})",
-                g.current
-                    .as_ref()
-                    .map(|(n, _)| format!("; test {n:?} was running"))
-                    .unwrap_or_default(),
-                g.last_line
-            )),
-            Ending::Exited { success: false, status } => {
-                res.problems.push(format!("qemu exited with {status} (see {})", spec.log.display()))
-            }
-            Ending::Exited { .. } => {}
-        }
-        if g.init_after.is_some() && !g.done && matches!(ending, Ending::Exited { .. }) {
-            res.problems.push(format!(
-                "guest {tag} stopped before finishing its tests (last console line: {:?})",
-                g.last_line
-            ));
-        }
-        for p in &g.kernel_problems {
-            res.problems.push(format!("kernel trouble in {tag}: {p}"));
-        }
-        for (m, ok, detail) in &g.modules {
-            if !ok {
-                res.problems
-                    .push(format!("modprobe {m} failed in {tag}: {detail}"));
-            }
-        }
-        for t in &tests {
-            let v = match g.results.get(&t.name) {
-                // Exit code 0 is not enough: the output must show what the line checked.
-                Some(r) if r.pass => match checks::judge(&t.checks, &r.output) {
-                    Ok(shown) => {
-                        println!("vmtest: {tag} {}: PASS ({shown}; {:.0} s)", t.name, r.secs);
-                        Verdict::Pass
-                    }
-                    Err(why) => Verdict::Fail(format!("exit code 0, but {why}")),
-                },
-                Some(r) => Verdict::Fail(r.detail.clone()),
-                None => Verdict::Fail("no result (guest stopped or timed out first)".into()),
-            };
-            res.tests.insert(t.name.clone(), v);
+        Ending::Exited { .. } => {}
+    }
+    if g.init_after.is_some() && !g.done && matches!(ending, Ending::Exited { .. }) {
+        res.problems.push(format!(
+            "guest {tag} stopped before finishing its tests (last console line: {:?})",
+            g.last_line
+        ));
+    }
+    for p in &g.kernel_problems {
+        res.problems.push(format!("kernel trouble in {tag}: {p}"));
+    }
+    for (m, ok, detail) in &g.modules {
+        if !ok {
+            res.problems
+                .push(format!("modprobe {m} failed in {tag}: {detail}"));
         }
     }
-    res.secs = t0.elapsed().as_secs_f64();
-    Ok(res)
+}
+
+/// Each of `p`'s tests' verdict from what the guest reported, into `res`.
+fn judge_tests(p: &ProfileRun<'_>, g: &GuestRun, res: &mut KernelResult) {
+    let tag = &p.tag;
+    for t in &p.tests {
+        let v = match g.results.get(&t.name) {
+            // Exit code 0 is not enough: the output must show what the line checked.
+            Some(r) if r.pass => match checks::judge(&t.checks, &r.output) {
+                Ok(shown) => {
+                    println!("vmtest: {tag} {}: PASS ({shown}; {:.0} s)", t.name, r.secs);
+                    Verdict::Pass
+                }
+                Err(why) => Verdict::Fail(format!("exit code 0, but {why}")),
+            },
+            Some(r) => Verdict::Fail(r.detail.clone()),
+            None => Verdict::Fail("no result (guest stopped or timed out first)".into()),
+        };
+        res.tests.insert(t.name.clone(), v);
+    }
 }
 
 /// Starts the host helpers of a boot profile, each under `sh -c` in its own process group,
