@@ -591,17 +591,15 @@ const SYSTEM: &[&str] = &[
     "nsfast-vsock",
     "nsfast-vpnrelay",
 ];
-const TEST_WORLDS: &[&str] = &["nsfast-testsupport", "nsfast-lab"];
+const TEST_WORLDS: &[&str] = &["nsfast-lab"];
 
-#[test]
-fn crate_layering() {
-    let pkgs = packages();
-    assert!(
-        pkgs.iter().any(|p| p.name == "nsfast-sockmap") && pkgs.iter().any(|p| p.name == "nsfast"),
-        "cargo metadata lists no nsfast crates: is the scan broken?"
-    );
+/// A layering violation: (package, dependency, why).
+type Violation = (String, String, &'static str);
+
+/// The layering violations of `pkgs` that [`LAYER_EXCEPTIONS`] does not except.
+fn layering_violations(pkgs: &[Package]) -> BTreeSet<Violation> {
     let mut violations = BTreeSet::new();
-    for p in &pkgs {
+    for p in pkgs {
         if TEST_WORLDS.contains(&p.name.as_str()) {
             continue;
         }
@@ -629,6 +627,28 @@ fn crate_layering() {
             }
         }
     }
+    violations
+}
+
+#[test]
+fn crate_layering() {
+    let pkgs = packages();
+    // Every crate the rules name exists: a renamed or removed crate must leave the lists,
+    // or its rule checks nothing.
+    let names: BTreeSet<&str> = pkgs.iter().map(|p| p.name.as_str()).collect();
+    let named = SYSTEM
+        .iter()
+        .chain(TEST_WORLDS)
+        .copied()
+        .chain(LAYER_EXCEPTIONS.iter().flat_map(|(p, d, _)| [*p, *d]))
+        .chain(LAYER_ALLOW.iter().flat_map(|(p, d, _)| [*p, *d]))
+        .chain(["nsfast", "nsfast-bench"]);
+    let missing: Vec<&str> = named.filter(|n| !names.contains(n)).collect();
+    assert!(
+        missing.is_empty(),
+        "the layering rules name crates cargo metadata does not list: {missing:?} (workspace: {names:?})"
+    );
+    let violations = layering_violations(&pkgs);
     let mut failures = Vec::new();
     for (p, d, why) in &violations {
         if !LAYER_ALLOW.iter().any(|(ap, ad, _)| ap == p && ad == d) {
@@ -647,6 +667,54 @@ fn crate_layering() {
         "crate layering (see docs/architecture.md):\n  {}",
         failures.join("\n  ")
     );
+}
+
+/// The layering check itself, on made-up packages: what it must flag, and what it must let
+/// through (dev-dependencies, bench on the lab, the documented cni -> pod exception).
+#[test]
+fn layering_check_flags_what_breaks_the_rules() {
+    let pkg = |name: &str, deps: &[(&str, &str)]| Package {
+        name: name.into(),
+        dir: PathBuf::new(),
+        deps: deps
+            .iter()
+            .map(|(d, k)| (d.to_string(), k.to_string()))
+            .collect(),
+    };
+    let pkgs = [
+        pkg(
+            "nsfast-vsock",
+            &[("nsfast-sockmap", "normal"), ("nsfast-lab", "dev")],
+        ),
+        pkg("nsfast-pod", &[("nsfast-lab", "normal")]),
+        pkg(
+            "nsfast",
+            &[("nsfast-lab", "normal"), ("nsfast-bench", "normal")],
+        ),
+        pkg(
+            "nsfast-sockmap",
+            &[("nsfast-lab", "build"), ("nsfast-sys", "normal")],
+        ),
+        pkg(
+            "nsfast-bench",
+            &[("nsfast-lab", "normal"), ("nsfast-pod", "normal")],
+        ),
+        pkg("nsfast-cni", &[("nsfast-pod", "normal")]),
+        pkg("nsfast-lab", &[("nsfast-pod", "normal")]),
+    ];
+    let got: BTreeSet<(String, String)> = layering_violations(&pkgs)
+        .into_iter()
+        .map(|(p, d, _)| (p, d))
+        .collect();
+    let want: BTreeSet<(String, String)> = [
+        ("nsfast-vsock", "nsfast-sockmap"),
+        ("nsfast-pod", "nsfast-lab"),
+        ("nsfast", "nsfast-lab"),
+    ]
+    .into_iter()
+    .map(|(p, d)| (p.to_string(), d.to_string()))
+    .collect();
+    assert_eq!(got, want);
 }
 
 /// The scanner itself: the path forms it must see, and what it must not.
