@@ -1,6 +1,6 @@
 //! The control-message iterator (`cmsg::Iter`) and, over it, the reader behind
-//! `RecvBatch::recv` (recvmmsg): UDP_GRO segment sizes and IP_ORIGDSTADDR. The bytes are copied
-//! into an 8-byte-aligned buffer, as the real one is.
+//! `RecvBatch::recv` (recvmmsg): UDP_GRO segment sizes, IP_ORIGDSTADDR and SO_MARK. The bytes
+//! are copied into an 8-byte-aligned buffer, as the real one is.
 #![no_main]
 use libfuzzer_sys::fuzz_target;
 use nsfast_sys::cmsg;

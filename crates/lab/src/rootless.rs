@@ -36,6 +36,10 @@ pub const GLUETUN_IP: Ipv4Addr = Ipv4Addr::new(172, 30, 0, 2);
 /// A second container on the same bridge (plain RootlessKit worlds only).
 pub const GLUETUN2_IP: Ipv4Addr = Ipv4Addr::new(172, 30, 0, 3);
 pub const BRIDGE: &str = "br-vpn";
+/// The bridge port (host-side veth in the rootless namespace) of the "gluetun" container.
+pub const GLUETUN_PORT: &str = "vb0";
+/// The bridge port of the second container ([`GLUETUN2_IP`]).
+pub const GLUETUN2_PORT: &str = "vb1";
 pub const VPN_PORT: u16 = 51820;
 
 fn run(cmd: &mut Command) -> anyhow::Result<Output> {
@@ -257,15 +261,15 @@ unshare --net={g2} true
 ip link add {br} type bridge
 ip addr add 172.30.0.1/24 dev {br}
 ip link set {br} up
-ip link add vg0 type veth peer name vb0
+ip link add vg0 type veth peer name {p1}
 ip link set vg0 netns {g}
-ip link set vb0 master {br}
-ip link set vb0 up
+ip link set {p1} master {br}
+ip link set {p1} up
 nsenter --net={g} sh -c 'ip link set lo up; ip addr add {gip}/24 dev vg0; ip link set vg0 up; ip route add default via 172.30.0.1'
-ip link add vg0 type veth peer name vb1
+ip link add vg0 type veth peer name {p2}
 ip link set vg0 netns {g2}
-ip link set vb1 master {br}
-ip link set vb1 up
+ip link set {p2} master {br}
+ip link set {p2} up
 nsenter --net={g2} sh -c 'ip link set lo up; ip addr add {gip2}/24 dev vg0; ip link set vg0 up; ip route add default via 172.30.0.1'
 echo 1 > /proc/sys/net/ipv4/ip_forward
 nft add table ip nat
@@ -278,6 +282,8 @@ nft add rule ip nat post ip saddr 172.30.0.0/24 oifname != {br} masquerade
             br = BRIDGE,
             gip = GLUETUN_IP,
             gip2 = GLUETUN2_IP,
+            p1 = GLUETUN_PORT,
+            p2 = GLUETUN2_PORT,
         );
         w.rootless_sh(&script)
             .context("setting up the rootless network")?;
@@ -724,6 +730,20 @@ pub fn client(ns: &NetNs, port: u16, server: SocketAddrV4) -> io::Result<UdpSock
     let s = ns
         .run(|| -> io::Result<UdpSocket> {
             let s = UdpSocket::bind((Ipv4Addr::UNSPECIFIED, port))?;
+            s.connect(server)?;
+            Ok(s)
+        })
+        .map_err(|e| io::Error::other(e.to_string()))??;
+    s.set_read_timeout(Some(Duration::from_millis(300)))?;
+    Ok(s)
+}
+
+/// A client socket in `ns` bound to `local` (an address the namespace holds), connected to
+/// `server`.
+pub fn client_from(ns: &NetNs, local: SocketAddrV4, server: SocketAddrV4) -> io::Result<UdpSocket> {
+    let s = ns
+        .run(|| -> io::Result<UdpSocket> {
+            let s = UdpSocket::bind(local)?;
             s.connect(server)?;
             Ok(s)
         })

@@ -43,6 +43,7 @@ pub mod lockfile;
 pub mod logging;
 pub mod net;
 pub mod netns;
+pub mod nftables;
 pub mod out;
 pub mod pidfd;
 pub mod ports;

@@ -95,6 +95,15 @@ pub fn set_transparent(fd: BorrowedFd<'_>) -> io::Result<()> {
     setsockopt_int(fd.as_raw_fd(), libc::SOL_IP, libc::IP_TRANSPARENT, 1)
 }
 
+/// `SO_RCVMARK` (Linux ≥ 5.19; not in every libc build yet).
+const SO_RCVMARK: libc::c_int = 75;
+
+/// `SO_RCVMARK`: deliver each datagram's packet mark (`skb->mark`) as a control message
+/// (`SOL_SOCKET`/`SO_MARK`). Fails with ENOPROTOOPT on kernels before 5.19.
+pub fn set_recv_mark(fd: BorrowedFd<'_>) -> io::Result<()> {
+    setsockopt_int(fd.as_raw_fd(), libc::SOL_SOCKET, SO_RCVMARK, 1)
+}
+
 /// `IP_RECVORIGDSTADDR`: deliver each datagram's original destination as a control message.
 pub fn set_recv_orig_dst(fd: BorrowedFd<'_>) -> io::Result<()> {
     setsockopt_int(fd.as_raw_fd(), libc::SOL_IP, libc::IP_RECVORIGDSTADDR, 1)
@@ -161,6 +170,8 @@ pub struct RecvMeta {
     pub src: Option<SocketAddrV4>,
     /// The original destination (with `IP_RECVORIGDSTADDR`).
     pub orig_dst: Option<SocketAddrV4>,
+    /// The packet mark (with [`set_recv_mark`]).
+    pub mark: Option<u32>,
 }
 
 /// Receive control buffer per datagram: UDP_GRO and IP_ORIGDSTADDR fit.
@@ -175,6 +186,8 @@ pub struct CmsgInfo {
     pub gro_stride: Option<usize>,
     /// `IP_ORIGDSTADDR`: the datagram's original destination.
     pub orig_dst: Option<SocketAddrV4>,
+    /// `SO_MARK` (with `SO_RCVMARK`): the datagram's packet mark.
+    pub mark: Option<u32>,
 }
 
 /// Reads the control buffer of one received datagram as `recvmsg` filled it (`msg_control`,
@@ -187,6 +200,11 @@ pub fn parse_cmsgs(ctrl: &[u8]) -> CmsgInfo {
             (libc::SOL_UDP, UDP_GRO) => {
                 if let Some(s) = c.decode::<libc::c_int>().filter(|&s| s > 0) {
                     info.gro_stride = Some(s as usize);
+                }
+            }
+            (libc::SOL_SOCKET, libc::SO_MARK) => {
+                if let Some(m) = c.decode::<u32>() {
+                    info.mark = Some(m);
                 }
             }
             (libc::SOL_IP, libc::IP_ORIGDSTADDR) => {
@@ -280,6 +298,7 @@ impl RecvBatch {
                 stride: len,
                 src: None,
                 orig_dst: None,
+                mark: None,
             };
             if self.hdrs[i].msg_hdr.msg_namelen as usize >= size_of::<libc::sockaddr_in>()
                 && self.names[i].sin_family == libc::AF_INET as libc::sa_family_t
@@ -293,6 +312,7 @@ impl RecvBatch {
                 m.stride = s;
             }
             m.orig_dst = info.orig_dst;
+            m.mark = info.mark;
             self.meta[i] = m;
         }
         Ok(got)
@@ -764,6 +784,46 @@ mod tests {
             Some(SocketAddrV4::new(Ipv4Addr::new(10, 201, 0, 2), 51820))
         );
         assert_eq!(parse_cmsgs(&[]), CmsgInfo::default());
+    }
+
+    #[test]
+    fn cmsgs_give_the_packet_mark() {
+        let mut buf = cmsg(
+            libc::SOL_IP,
+            libc::IP_ORIGDSTADDR,
+            &sin(Ipv4Addr::new(10, 201, 0, 2), 51820),
+        );
+        buf.extend(cmsg(libc::SOL_SOCKET, libc::SO_MARK, &7u32.to_ne_bytes()));
+        let info = parse_cmsgs(&buf);
+        assert_eq!(info.mark, Some(7));
+        assert!(info.orig_dst.is_some());
+        // A mark payload shorter than a u32 is no mark.
+        let short = cmsg(libc::SOL_SOCKET, libc::SO_MARK, &[7, 0]);
+        assert_eq!(parse_cmsgs(&short).mark, None);
+    }
+
+    /// A datagram on loopback carries the mark its sender set (SO_MARK needs CAP_NET_ADMIN,
+    /// so this runs only as root); without SO_RCVMARK there is no mark message.
+    #[test]
+    fn recv_batch_reports_the_packet_mark() {
+        if !nix::unistd::geteuid().is_root() {
+            eprintln!("skipped: SO_MARK needs CAP_NET_ADMIN");
+            return;
+        }
+        let rx = UdpSocket::bind((Ipv4Addr::LOCALHOST, 0)).unwrap();
+        rx.set_read_timeout(Some(std::time::Duration::from_secs(2)))
+            .unwrap();
+        let tx = UdpSocket::bind((Ipv4Addr::LOCALHOST, 0)).unwrap();
+        nix::sys::socket::setsockopt(&tx, nix::sys::socket::sockopt::Mark, &0x2a).unwrap();
+        let mut batch = RecvBatch::new(2);
+        tx.send_to(b"unmarked view", rx.local_addr().unwrap())
+            .unwrap();
+        assert_eq!(batch.recv(rx.as_fd()).unwrap(), 1);
+        assert_eq!(batch.get(0).1.mark, None);
+        set_recv_mark(rx.as_fd()).unwrap();
+        tx.send_to(b"marked", rx.local_addr().unwrap()).unwrap();
+        assert_eq!(batch.recv(rx.as_fd()).unwrap(), 1);
+        assert_eq!(batch.get(0).1.mark, Some(0x2a));
     }
 
     /// Found by fuzz/fuzz_targets/udp_cmsg.rs (fuzz/corpus/udp_cmsg/regress-len-past-end):

@@ -17,9 +17,11 @@ use std::time::{Duration, Instant};
 
 use nsfast_sys::conntrack::{Conntrack, Entry};
 use nsfast_sys::net::{NetError, Netlink, PortRule};
+use nsfast_sys::nftables::Nftables;
 use nsfast_sys::udp;
 use socket2::{Domain, Protocol, Socket, Type};
 
+use crate::client::{self, Client, Keying, Refusal};
 use crate::config::Config;
 use crate::flow::{Flow, Offloads};
 
@@ -141,6 +143,10 @@ pub(crate) fn remove_rules(nl: &Netlink, cfg: &Config) -> Result<usize, ChildErr
     // The hand-back rules of refused flows: those flows stay on Docker's path anyway.
     nl.delete_port_rules(&cfg.bridge, MAIN_TABLE, cfg.handback_priority())
         .map_err(err(format!("delete hand-back rules of {}", cfg.bridge)))?;
+    // The port-mark table (absent when the kernel could not take it: nothing to do then).
+    if let Err(e) = Nftables::open().and_then(|mut t| t.delete_table(&port_mark_table(cfg))) {
+        tracing::debug!("port-mark table {}: {e}", port_mark_table(cfg));
+    }
     // The route is shared by all bridges using this table: keep it while other rules use it.
     let others = nl
         .count_any_rules_to_table(cfg.rule)
@@ -150,6 +156,41 @@ pub(crate) fn remove_rules(nl: &Netlink, cfg: &Config) -> Result<usize, ChildErr
             .map_err(err(format!("local route in table {}", cfg.rule)))?;
     }
     Ok(n)
+}
+
+/// The bridge-family nf_tables table that marks the bridge's frames with their port.
+pub(crate) fn port_mark_table(cfg: &Config) -> String {
+    format!("vpnrelay-{}", cfg.bridge)
+}
+
+/// Sets up what tells clients apart by bridge port (see [`crate::client`]): the port-mark
+/// table and `SO_RCVMARK` on every listener. Where the kernel refuses either, clients are
+/// told apart by source address, with a warning.
+fn port_keying(cfg: &Config, subnets: &[(Ipv4Addr, u8)], listeners: &[UdpSocket]) -> Keying {
+    let marks = listeners
+        .iter()
+        .try_for_each(|l| udp::set_recv_mark(l.as_fd()))
+        .map_err(|e| format!("SO_RCVMARK (Linux >= 5.19): {e}"))
+        .and_then(|()| {
+            Nftables::open()
+                .and_then(|mut t| t.set_port_marks(&port_mark_table(cfg), subnets))
+                .map_err(|e| e.to_string())
+        });
+    match marks {
+        Ok(()) => {
+            tracing::info!(
+                "clients are told apart by bridge port (nf_tables bridge table {} marks frames with their port)",
+                port_mark_table(cfg)
+            );
+            Keying::Port
+        }
+        Err(e) => {
+            tracing::warn!(
+                "cannot learn the bridge port of a datagram ({e}): the per-client quota goes by source address, which a container with CAP_NET_RAW can forge"
+            );
+            Keying::Address
+        }
+    }
 }
 
 fn listener(port: u16, sockbuf: usize) -> Result<UdpSocket, ChildError> {
@@ -316,6 +357,14 @@ const MAIN_TABLE: u32 = 254;
 struct HandedBack {
     /// When to look again whether it is still used and whether it could come back.
     recheck: Instant,
+    /// The client it counts against.
+    client: Client,
+}
+
+/// A flow in the relay and the client it counts against.
+struct Open {
+    client: Client,
+    flow: Flow,
 }
 
 /// Running totals of the relay (closed flows included).
@@ -334,12 +383,19 @@ struct Relay<'a> {
     subnets: Vec<(Ipv4Addr, u8)>,
     ctl: BorrowedFd<'a>,
     offloads: Offloads,
-    flows: HashMap<(SocketAddrV4, SocketAddrV4), Flow>,
+    /// What clients are told apart by.
+    keying: Keying,
+    /// The bridge's interface index (ports are the links whose master it is).
+    bridge_index: Option<u32>,
+    /// Interface indexes seen in marks: the port's name, or `None` when the index is not a
+    /// port of the bridge (bounded: cleared when it grows past 256).
+    ports: HashMap<u32, Option<String>>,
+    flows: HashMap<(SocketAddrV4, SocketAddrV4), Open>,
     /// Refused flows now on Docker's path (bounded: [`crate::config::MAX_HANDED_BACK`]).
     handed: HashMap<(SocketAddrV4, SocketAddrV4), HandedBack>,
     /// Clients whose excess flows were dropped, and until when that is not logged again
     /// (bounded by the number of clients on the bridge; cleared when it grows past 256).
-    drop_logged: HashMap<Ipv4Addr, Instant>,
+    drop_logged: HashMap<Client, Instant>,
     totals: Totals,
     next_id: u64,
     parent_timeout: Duration,
@@ -357,24 +413,77 @@ fn udp_tuple(client: SocketAddrV4, server: SocketAddrV4) -> nsfast_sys::conntrac
 }
 
 impl Relay<'_> {
-    fn flows_of(&self, client: Ipv4Addr) -> usize {
-        self.flows.keys().filter(|(c, _)| *c.ip() == client).count()
+    /// The name of bridge port `index`, or `None` when it is not a port of the bridge.
+    fn port(&mut self, index: u32) -> Option<String> {
+        if let Some(p) = self.ports.get(&index) {
+            return p.clone();
+        }
+        let name = match self.nl.link_by_index(index) {
+            Ok(Some((name, master))) if master.is_some() && master == self.bridge_index => {
+                Some(name)
+            }
+            Ok(_) => None,
+            Err(e) => {
+                // Not cached: the next datagram asks again.
+                tracing::warn!("link {index}: {e}");
+                return None;
+            }
+        };
+        if self.ports.len() > 256 {
+            self.ports.clear();
+        }
+        self.ports.insert(index, name.clone());
+        name
     }
 
-    /// Why a new flow from `client` would be refused now, if it would.
-    fn refusal(&self, client: SocketAddrV4) -> Option<String> {
-        if self.flows.len() >= self.cfg.max_flows {
-            return Some(format!("flow limit reached ({} flows)", self.cfg.max_flows));
+    /// The client a datagram from `src` with packet mark `mark` counts against.
+    fn client_of(&mut self, mark: Option<u32>, src: Ipv4Addr) -> Client {
+        let mut known = false;
+        if let (Keying::Port, Some(m)) = (self.keying, mark) {
+            known = m != 0 && self.port(m).is_some();
         }
-        let held = self.flows_of(*client.ip());
-        if held >= self.cfg.max_flows_per_client {
-            return Some(format!(
-                "client {} holds {held} flows (VPNRELAY_MAX_FLOWS_PER_CLIENT={})",
-                client.ip(),
+        client::of_datagram(self.keying, mark, src, |_| known)
+    }
+
+    /// The port's name of a [`Client::Port`], as the log and the stats show it.
+    fn port_name(&self, c: &Client) -> Option<String> {
+        match c {
+            Client::Port(i) => Some(
+                self.ports
+                    .get(i)
+                    .cloned()
+                    .flatten()
+                    .unwrap_or_else(|| format!("ifindex {i}")),
+            ),
+            _ => None,
+        }
+    }
+
+    /// `port vb0`, `an unknown bridge port`, `client 172.30.0.2`.
+    fn describe(&self, c: &Client) -> String {
+        match c {
+            Client::Port(_) => format!("port {}", self.port_name(c).unwrap_or_default()),
+            Client::UnknownPort => "an unknown bridge port".into(),
+            Client::Address(a) => format!("client {a}"),
+        }
+    }
+
+    /// Why a new flow of `client` would be refused now, if it would.
+    fn refusal(&self, client: &Client) -> Option<String> {
+        let why = client::refusal(
+            self.flows.values().map(|o| &o.client),
+            self.cfg.max_flows,
+            self.cfg.max_flows_per_client,
+            client,
+        )?;
+        Some(match why {
+            Refusal::TableFull => format!("flow limit reached ({} flows)", self.cfg.max_flows),
+            Refusal::QuotaFull(held) => format!(
+                "{} holds {held} flows (VPNRELAY_MAX_FLOWS_PER_CLIENT={})",
+                self.describe(client),
                 self.cfg.max_flows_per_client
-            ));
-        }
-        None
+            ),
+        })
     }
 
     fn handback_rule(&self, client: SocketAddrV4, server: SocketAddrV4) -> PortRule {
@@ -393,13 +502,9 @@ impl Relay<'_> {
     /// local delivery to the relay) reset, so its next datagram is forwarded and NATed as if
     /// the relay were not there. Bounded; beyond the bounds the flow is dropped (logged once
     /// per client and idle period).
-    fn hand_back(&mut self, key: (SocketAddrV4, SocketAddrV4), why: &str) {
+    fn hand_back(&mut self, key: (SocketAddrV4, SocketAddrV4), who: Client, why: &str) {
         let (client, server) = key;
-        let of_client = self
-            .handed
-            .keys()
-            .filter(|(c, _)| c.ip() == client.ip())
-            .count();
+        let of_client = self.handed.values().filter(|h| h.client == who).count();
         let full = if self.handed.len() >= crate::config::MAX_HANDED_BACK {
             Some(format!(
                 "{} refused flows already on Docker's path",
@@ -408,7 +513,7 @@ impl Relay<'_> {
         } else if of_client >= crate::config::MAX_HANDED_BACK_PER_CLIENT {
             Some(format!(
                 "{of_client} refused flows of {} already on Docker's path",
-                client.ip()
+                self.describe(&who)
             ))
         } else {
             None
@@ -426,12 +531,12 @@ impl Relay<'_> {
             if self.drop_logged.len() > 256 {
                 self.drop_logged.clear();
             }
-            let due = self.drop_logged.get(client.ip()).is_none_or(|&t| t <= now);
+            let due = self.drop_logged.get(&who).is_none_or(|&t| t <= now);
             if due {
-                self.drop_logged.insert(*client.ip(), now + self.cfg.idle);
+                self.drop_logged.insert(who, now + self.cfg.idle);
                 tracing::warn!(
                     "{why}: refusing flow {client} -> {server} and dropping it ({e}); further drops of {} are not logged for {} s",
-                    client.ip(),
+                    self.describe(&who),
                     self.cfg.idle.as_secs()
                 );
             }
@@ -445,6 +550,7 @@ impl Relay<'_> {
             key,
             HandedBack {
                 recheck: Instant::now() + self.cfg.idle,
+                client: who,
             },
         );
         self.totals.handed_back += 1;
@@ -485,7 +591,7 @@ impl Relay<'_> {
             .handed
             .iter()
             .filter(|(_, h)| h.recheck <= now)
-            .map(|(k, _)| *k)
+            .map(|(k, h)| (*k, h.client))
             .collect();
         if due.is_empty() {
             return;
@@ -495,7 +601,7 @@ impl Relay<'_> {
             .map(|v| v.into_iter().map(|e| e.orig).collect())
             .map_err(|e| tracing::warn!("conntrack dump: {e}"))
             .ok();
-        for key in due {
+        for (key, who) in due {
             let used = live
                 .as_ref()
                 .is_none_or(|l| l.contains(&udp_tuple(key.0, key.1)));
@@ -506,7 +612,7 @@ impl Relay<'_> {
                     key.1
                 );
                 self.take_back(key, false);
-            } else if self.refusal(key.0).is_none() {
+            } else if self.refusal(&who).is_none() {
                 tracing::info!(
                     "room in the relay again: moving flow {} -> {} back from Docker's path",
                     key.0,
@@ -519,7 +625,13 @@ impl Relay<'_> {
         }
     }
 
-    fn datagram(&mut self, data: &[u8], client: SocketAddrV4, server: SocketAddrV4) {
+    fn datagram(
+        &mut self,
+        data: &[u8],
+        client: SocketAddrV4,
+        server: SocketAddrV4,
+        mark: Option<u32>,
+    ) {
         // A datagram still matching a NATed conntrack entry during the hand-over arrives
         // with the rootless namespace's own address as source: not a client of the bridge.
         if !self.subnets.is_empty()
@@ -535,16 +647,17 @@ impl Relay<'_> {
             return;
         }
         let key = (client, server);
-        if let Some(f) = self.flows.get(&key) {
-            f.forward(data);
+        if let Some(o) = self.flows.get(&key) {
+            o.flow.forward(data);
             return;
         }
         if self.handed.contains_key(&key) {
             // Sent before its hand-back rule went in: the flow is on Docker's path now.
             return;
         }
-        if let Some(why) = self.refusal(client) {
-            self.hand_back(key, &why);
+        let who = self.client_of(mark, *client.ip());
+        if let Some(why) = self.refusal(&who) {
+            self.hand_back(key, who, &why);
             return;
         }
         self.next_id += 1;
@@ -566,12 +679,19 @@ impl Relay<'_> {
         match Flow::start(client, server, host_local, local, host, self.offloads) {
             Ok(f) => {
                 tracing::info!(
-                    "flow {client} -> {server} (host socket {host_local}; {} flow(s))",
-                    self.flows.len() + 1
+                    "flow {client} -> {server} (host socket {host_local}; {} flow(s); from {})",
+                    self.flows.len() + 1,
+                    self.describe(&who)
                 );
                 f.forward(data);
                 self.totals.flows_opened += 1;
-                self.flows.insert(key, f);
+                self.flows.insert(
+                    key,
+                    Open {
+                        client: who,
+                        flow: f,
+                    },
+                );
             }
             Err(e) => tracing::warn!("flow {client} -> {server}: threads: {e}"),
         }
@@ -600,13 +720,13 @@ impl Relay<'_> {
         let gone: Vec<_> = self
             .flows
             .iter()
-            .filter(|(_, f)| f.idle() >= idle || f.is_dead())
+            .filter(|(_, o)| o.flow.idle() >= idle || o.flow.is_dead())
             .map(|(k, _)| *k)
             .collect();
         let closing: Vec<(Flow, String)> = gone
             .into_iter()
             .filter_map(|k| self.flows.remove(&k))
-            .map(|f| {
+            .map(|Open { flow: f, .. }| {
                 let why = if f.is_dead() {
                     "forwarding error".to_string()
                 } else {
@@ -628,7 +748,7 @@ impl Relay<'_> {
         let flows: Vec<serde_json::Value> = self
             .flows
             .values()
-            .map(|f| {
+            .map(|Open { client, flow: f }| {
                 let (ud, ub) = f.up.get();
                 let (dd, db) = f.down.get();
                 t.up.0 += ud;
@@ -637,6 +757,7 @@ impl Relay<'_> {
                 t.down.1 += db;
                 serde_json::json!({
                     "client": f.client.to_string(),
+                    "port": self.port_name(client),
                     "server": f.server.to_string(),
                     "host_socket": f.host_local.to_string(),
                     "up_datagrams": ud, "up_bytes": ub,
@@ -646,14 +767,48 @@ impl Relay<'_> {
             .collect();
         let handed: Vec<serde_json::Value> = self
             .handed
-            .keys()
-            .map(|(c, s)| serde_json::json!({"client": c.to_string(), "server": s.to_string()}))
+            .iter()
+            .map(|((c, s), h)| {
+                serde_json::json!({
+                    "client": c.to_string(),
+                    "port": self.port_name(&h.client),
+                    "server": s.to_string(),
+                })
+            })
+            .collect();
+        // Each client with its flows, refused flows and the source addresses of both.
+        let mut clients: std::collections::BTreeMap<
+            Client,
+            (usize, usize, std::collections::BTreeSet<Ipv4Addr>),
+        > = Default::default();
+        for ((c, _), o) in &self.flows {
+            let e = clients.entry(o.client).or_default();
+            e.0 += 1;
+            e.2.insert(*c.ip());
+        }
+        for ((c, _), h) in &self.handed {
+            let e = clients.entry(h.client).or_default();
+            e.1 += 1;
+            e.2.insert(*c.ip());
+        }
+        let clients: Vec<serde_json::Value> = clients
+            .iter()
+            .map(|(c, (flows, handed, addrs))| {
+                serde_json::json!({
+                    "port": self.port_name(c),
+                    "ifindex": match c { Client::Port(i) => Some(*i), _ => None },
+                    "addresses": addrs.iter().map(|a| a.to_string()).collect::<Vec<_>>(),
+                    "flows": flows,
+                    "handed_back": handed,
+                })
+            })
             .collect();
         serde_json::json!({
             "schema_version": nsfast_sys::out::SCHEMA_VERSION,
             "bridge": self.cfg.bridge,
             "max_flows": self.cfg.max_flows,
             "max_flows_per_client": self.cfg.max_flows_per_client,
+            "client_key": self.keying.as_str(),
             "flows_open": self.flows.len(),
             "flows_opened": t.flows_opened,
             "refused_handed_back": t.handed_back,
@@ -662,6 +817,7 @@ impl Relay<'_> {
             "down_datagrams": t.down.0, "down_bytes": t.down.1,
             "flows": flows,
             "handed_back": handed,
+            "clients": clients,
         })
         .to_string()
     }
@@ -688,6 +844,8 @@ fn relay(cfg: &Config, ctl: BorrowedFd<'_>) -> Result<(), ChildError> {
         .collect::<Result<_, _>>()?;
     // Bound until the parent answers; a dead parent must not leave us waiting.
     udp::set_recv_timeout(ctl, PARENT_TIMEOUT).map_err(ChildError::Control)?;
+    let keying = port_keying(cfg, &subnets, &listeners);
+    let bridge_index = nl.link_index(&cfg.bridge).ok();
     let handed = take_over(&nl, cfg, &subnets)?;
     let offloads = offloads(cfg);
     send_msg(
@@ -708,6 +866,9 @@ fn relay(cfg: &Config, ctl: BorrowedFd<'_>) -> Result<(), ChildError> {
         subnets: subnets.clone(),
         ctl,
         offloads,
+        keying,
+        bridge_index,
+        ports: HashMap::new(),
         flows: HashMap::new(),
         handed: HashMap::new(),
         drop_logged: HashMap::new(),
@@ -769,7 +930,8 @@ fn serve(r: &mut Relay<'_>, listeners: &[UdpSocket]) -> nix::sys::signal::Signal
                         continue;
                     };
                     let data = data.to_vec();
-                    r.datagram(&data, client, server);
+                    let mark = meta.mark;
+                    r.datagram(&data, client, server, mark);
                 }
             }
         }
@@ -790,7 +952,7 @@ fn hand_back(
 ) -> Result<(), ChildError> {
     let (cfg, ctl) = (r.cfg, r.ctl);
     let rules = remove_rules(r.nl, cfg);
-    let flows: Vec<Flow> = r.flows.drain().map(|(_, f)| f).collect();
+    let flows: Vec<Flow> = r.flows.drain().map(|(_, o)| o.flow).collect();
     flows.iter().for_each(Flow::signal_stop);
     for f in flows {
         r.close(f, "relay stopping");

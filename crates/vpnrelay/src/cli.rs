@@ -127,8 +127,9 @@ struct Target {
     bridge: String,
     /// UDP ports of the VPN servers, e.g. 51820 or 1194,51820-51830.
     ports: String,
-    /// Flows one client (container) address may hold in the relay; its further flows keep
-    /// Docker's normal path (slirp4netns), so one container cannot take every slot.
+    /// Flows one client (container: its bridge port, whatever its source addresses) may hold
+    /// in the relay; its further flows keep Docker's normal path (slirp4netns), so one
+    /// container cannot take every slot.
     #[arg(
         long,
         env = "VPNRELAY_MAX_FLOWS_PER_CLIENT",

@@ -16,7 +16,8 @@ pub const DEFAULT_FLOWS_PER_CLIENT: usize = 8;
 /// Most refused flows handed back to Docker's path at once (one `ip rule` each; every rule is
 /// consulted by each routing lookup in the rootless namespace, so keep it small).
 pub const MAX_HANDED_BACK: usize = 128;
-/// Most refused flows of one client handed back at once; beyond that they are dropped.
+/// Most refused flows of one client (bridge port) handed back at once; beyond that they are
+/// dropped.
 pub const MAX_HANDED_BACK_PER_CLIENT: usize = 64;
 /// Default idle timeout of a flow.
 pub const DEFAULT_IDLE: Duration = Duration::from_secs(180);
@@ -53,7 +54,8 @@ pub struct Config {
     pub no_gso: bool,
     pub idle: Duration,
     pub max_flows: usize,
-    /// Flows one client address may hold in the relay; more go to Docker's normal path.
+    /// Flows one client (bridge port, [`crate::client`]) may hold in the relay; more go to
+    /// Docker's normal path.
     pub max_flows_per_client: usize,
 }
 

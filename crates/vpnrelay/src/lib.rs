@@ -18,6 +18,7 @@
 
 pub mod child;
 pub mod cli;
+pub mod client;
 pub mod config;
 pub mod flow;
 pub mod host;

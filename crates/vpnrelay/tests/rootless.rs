@@ -6,15 +6,15 @@
 //! (wireguard-go wireguard-tools iperf3 for the WireGuard test).
 
 use std::io::{BufRead, BufReader};
-use std::net::SocketAddrV4;
+use std::net::{Ipv4Addr, SocketAddrV4};
 use std::path::PathBuf;
 use std::process::{Child, Stdio};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
 use nsfast_lab::rootless::{
-    self as testbed, Echo, Pinger, World, WorldOpts, BRIDGE, GLUETUN2_IP, GLUETUN_IP, SERVER_IP,
-    VPN_PORT,
+    self as testbed, Echo, Pinger, World, WorldOpts, BRIDGE, GLUETUN2_IP, GLUETUN2_PORT,
+    GLUETUN_IP, GLUETUN_PORT, SERVER_IP, VPN_PORT,
 };
 
 /// One world at a time: the tests share 2 cores and the tenant.
@@ -854,6 +854,151 @@ fn one_container_cannot_starve_another() {
     );
     // The refused flows keep working on Docker's path.
     assert!(ping_retry(&socks[63], "after", 3).is_some());
+}
+
+/// The per-client quota belongs to the bridge port, not to the source address: container A
+/// (port vb0) sends from eight addresses of its own (`ip addr add` inside its namespace), two
+/// flows from each; it holds 8 flows in the relay (the default quota) and its other 8 keep
+/// Docker's path. Container B (port vb1) then gets its full quota of 8 into the relay. The
+/// stats file names each client by its port with the addresses seen from it.
+#[test]
+fn forged_source_addresses_share_their_ports_quota() {
+    let _s = serial();
+    let w = build(false);
+    let echo = Echo::start(&w.server, server()).unwrap();
+    let forged: Vec<Ipv4Addr> = (10..18).map(|i| Ipv4Addr::new(172, 30, 0, i)).collect();
+    let adds: Vec<String> = forged
+        .iter()
+        .map(|a| format!("ip addr add {a}/24 dev vg0"))
+        .collect();
+    w.rootless_sh(&format!(
+        "nsenter --net={} sh -c '{}'",
+        w.gluetun_path().display(),
+        adds.join(" && ")
+    ))
+    .expect("eight more addresses in container A");
+    let mut relay = Proc::spawn(&w, &["transparent", BRIDGE, "51820"], &[]);
+    relay
+        .wait_line("relay running", Duration::from_secs(15))
+        .unwrap_or_else(|| panic!("relay did not start; log {:#?}", relay.log()));
+    let g = w.gluetun_ns().unwrap();
+    let socks: Vec<_> = forged
+        .iter()
+        .flat_map(|&a| (0..2u16).map(move |j| SocketAddrV4::new(a, 43000 + j)))
+        .map(|local| testbed::client_from(&g, local, server()).unwrap())
+        .collect();
+    let answered: Vec<String> = socks
+        .iter()
+        .enumerate()
+        .map(|(i, s)| {
+            ping_retry(s, &format!("forged {i}"), 6).unwrap_or_else(|| {
+                panic!(
+                    "flow {i} of container A got no echo; log {:#?}",
+                    relay.log()
+                )
+            })
+        })
+        .collect();
+    let hosts: Vec<SocketAddrV4> = forged
+        .iter()
+        .flat_map(|a| relayed(&relay, &format!("{a}:")))
+        .collect();
+    assert_eq!(
+        hosts.len(),
+        8,
+        "A's flows in the relay (one quota for its port, whatever the source); log {:#?}",
+        relay.log()
+    );
+    assert_eq!(
+        relay.count("refusing flow 172.30.0.1"),
+        8,
+        "{:#?}",
+        relay.log()
+    );
+    let via_relay = answered
+        .iter()
+        .filter(|p| {
+            let src = echo
+                .source_of(p.as_bytes())
+                .expect("server saw the payload");
+            hosts.contains(&src)
+        })
+        .count();
+    assert_eq!(
+        (via_relay, answered.len() - via_relay),
+        (8, 8),
+        "A's flows through (the relay, slirp4netns)"
+    );
+
+    // Container B still gets its own full quota.
+    let g2 = w.gluetun2_ns().unwrap();
+    let b: Vec<_> = (0..8u16)
+        .map(|i| testbed::client(&g2, 43100 + i, server()).unwrap())
+        .collect();
+    for (i, s) in b.iter().enumerate() {
+        let p = ping_retry(s, &format!("b{i}"), 6)
+            .unwrap_or_else(|| panic!("flow {i} of B got no echo; log {:#?}", relay.log()));
+        let line = relay
+            .wait_line(
+                &format!(
+                    "flow {GLUETUN2_IP}:{} -> 10.201.0.2:51820 (host socket",
+                    43100 + i as u16
+                ),
+                Duration::from_secs(5),
+            )
+            .unwrap_or_else(|| panic!("B's flow {i} was not relayed; log {:#?}", relay.log()));
+        assert_eq!(
+            echo.source_of(p.as_bytes()),
+            Some(logged_host_source(&line))
+        );
+    }
+    assert_eq!(relay.count(&format!("refusing flow {GLUETUN2_IP}:")), 0);
+
+    // The stats name each client by its port, with the addresses seen from it.
+    let client_of = |s: &serde_json::Value, port: &str| {
+        s["clients"]
+            .as_array()
+            .and_then(|c| c.iter().find(|c| c["port"] == port).cloned())
+    };
+    let mut want_a: Vec<String> = forged.iter().map(|a| a.to_string()).collect();
+    want_a.sort();
+    assert!(
+        wait_until(Duration::from_secs(5), || w.relay_stats().is_some_and(
+            |s| {
+                let addrs = |c: &serde_json::Value| {
+                    let mut v: Vec<String> = c["addresses"]
+                        .as_array()
+                        .map(|a| {
+                            a.iter()
+                                .filter_map(|x| x.as_str().map(String::from))
+                                .collect()
+                        })
+                        .unwrap_or_default();
+                    v.sort();
+                    v
+                };
+                s["flows_open"] == 16
+                    && s["refused_handed_back"] == 8
+                    && client_of(&s, GLUETUN_PORT).is_some_and(|c| {
+                        c["flows"] == 8 && c["handed_back"] == 8 && addrs(&c) == want_a
+                    })
+                    && client_of(&s, GLUETUN2_PORT).is_some_and(|c| {
+                        c["flows"] == 8 && addrs(&c) == vec![GLUETUN2_IP.to_string()]
+                    })
+            }
+        )),
+        "stats {:#?}",
+        w.relay_stats()
+    );
+    let tables = || w.rootless_sh("nft list tables bridge").unwrap();
+    assert!(tables().contains("vpnrelay-br-vpn"), "{}", tables());
+    assert!(relay.term().success());
+    let rules = w.rules().unwrap();
+    assert!(
+        !rules.contains("4820") && !rules.contains("from 172.30.0."),
+        "rules left: {rules}"
+    );
+    assert!(!tables().contains("vpnrelay"), "table left: {}", tables());
 }
 
 /// Started as root, every daemon command refuses at once with one error line and changes

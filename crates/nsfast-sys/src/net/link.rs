@@ -66,6 +66,32 @@ impl Netlink {
         self.run(|h| index_of(h, name))
     }
 
+    /// Link number `index`: its name and the index of its master (a bridge port's bridge),
+    /// or `None` when there is no such link.
+    pub fn link_by_index(&self, index: u32) -> Result<Option<(String, Option<u32>)>, NetError> {
+        use netlink_packet_route::link::LinkAttribute;
+        self.run(|h| async move {
+            let mut links = h.link().get().match_index(index).execute();
+            let msg = match links.try_next().await {
+                Ok(Some(msg)) => msg,
+                Ok(None) => return Ok(None),
+                Err(rtnetlink::Error::NetlinkError(e)) if e.raw_code() == -libc::ENODEV => {
+                    return Ok(None)
+                }
+                Err(e) => return Err(nl(format!("get link {index}"))(e)),
+            };
+            let (mut name, mut master) = (None, None);
+            for a in msg.attributes {
+                match a {
+                    LinkAttribute::IfName(n) => name = Some(n),
+                    LinkAttribute::Controller(m) => master = Some(m),
+                    _ => {}
+                }
+            }
+            Ok(name.map(|n| (n, master)))
+        })
+    }
+
     /// Whether link `name` exists.
     pub fn link_exists(&self, name: &str) -> Result<bool, NetError> {
         match self.link_index(name) {
