@@ -19,7 +19,7 @@ RELEASE_BIN := target/release/nsfast
 
 # Debian packages the build and the tests need.
 DEB_BUILD := clang-19 llvm-19 libbpf-dev linux-libc-dev pkg-config make gcc
-DEB_TEST  := iproute2 bpftool sockperf iperf3 procps python3 containernetworking-plugins rootlesskit slirp4netns uidmap nftables iptables util-linux passwd busybox-static wireguard-go wireguard-tools conntrack podman runc
+DEB_TEST  := haproxy golang-go iproute2 bpftool sockperf iperf3 procps python3 containernetworking-plugins rootlesskit slirp4netns uidmap nftables iptables util-linux passwd busybox-static wireguard-go wireguard-tools conntrack podman runc
 DEB_VM    := qemu-system-x86 kmod xz-utils debian-archive-keyring binutils libc-bin socat nftables
 # Packages `make deb` and `make test-install` use (man-db renders, binutils strips and reads ELF,
 # zsh/fish check the completions, lintian checks the .deb).

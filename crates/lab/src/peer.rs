@@ -825,10 +825,22 @@ fn stream_client(a: SocketAddr, bytes: u64, for_ms: u64) -> Result<String> {
             Err(e) => return Err(e).context("write"),
         }
     }
-    s.set_nonblocking(false)?;
     s.shutdown(std::net::Shutdown::Write)?;
-    let mut rest = Vec::new();
-    s.read_to_end(&mut rest)?;
+    // Wait for EOF polling a non-blocking socket, as event-driven programs do: a blocking
+    // read of a socket in the sockmap can return EAGAIN when a FIN without data wakes it
+    // (tcp_bpf_recvmsg; docs/sockmap.md, "What keeps TCP, and why").
+    s.set_nonblocking(true)?;
+    let mut rest = [0u8; 4096];
+    loop {
+        match s.read(&mut rest) {
+            Ok(0) => break,
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                std::thread::sleep(Duration::from_millis(1))
+            }
+            Err(e) => return Err(e).context("read until EOF"),
+        }
+    }
     Ok(serde_json::to_string(&Report {
         ok: 1,
         value: taken_at_mark.unwrap_or(0),
