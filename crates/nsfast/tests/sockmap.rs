@@ -1038,6 +1038,13 @@ fn through_proxy(
     }
 }
 
+/// Transfers per proxy test (default 100); NSFAST_TEST_PROXY_RUNS lowers it for TCG guests.
+fn proxy_runs() -> u32 {
+    nsfast_lab::env_number("NSFAST_TEST_PROXY_RUNS")
+        .map(|n| n as u32)
+        .unwrap_or(100)
+}
+
 /// A scratch directory under /tmp, removed on drop.
 struct TmpDir(PathBuf);
 
@@ -1060,7 +1067,7 @@ impl Drop for TmpDir {
 
 /// A Debian program the test needs (make deps installs it).
 fn program(name: &str) -> PathBuf {
-    for d in ["/usr/sbin", "/usr/bin", "/usr/lib/go/bin"] {
+    for d in ["/usr/sbin", "/usr/bin", "/usr/lib/go/bin", "/bin"] {
         let p = Path::new(d).join(name);
         if p.exists() {
             return p;
@@ -1102,7 +1109,7 @@ fn haproxy_with_splice_is_byte_exact() {
         &args(&["-db", "-f", &cfg]),
     );
     peer::wait_listening(&w.server, p);
-    through_proxy(&w, &cg, 5500, 5501, 100, 1 << 20);
+    through_proxy(&w, &cg, 5500, 5501, proxy_runs(), 1 << 20);
     let st = sc.stats().unwrap();
     eprintln!("haproxy: {st:?}");
     assert_eq!((st.tainted, st.redirect_failed), (0, 0), "{st:?}");
@@ -1179,7 +1186,7 @@ func main() {
         &args(&[&p.to_string(), &b.to_string()]),
     );
     peer::wait_listening(&w.server, p);
-    through_proxy(&w, &cg, 5510, 5511, 100, 1 << 20);
+    through_proxy(&w, &cg, 5510, 5511, proxy_runs(), 1 << 20);
     let st = sc.stats().unwrap();
     eprintln!("go proxy: {st:?}");
     assert_eq!((st.tainted, st.redirect_failed), (0, 0), "{st:?}");
@@ -1207,7 +1214,7 @@ fn nsfast_splice_relay_is_byte_exact() {
         ]),
     );
     peer::wait_listening(&w.server, p);
-    through_proxy(&w, &cg, 5520, 5521, 100, 1 << 20);
+    through_proxy(&w, &cg, 5520, 5521, proxy_runs(), 1 << 20);
     let st = sc.stats().unwrap();
     eprintln!("nsfast relay: {st:?}");
     assert_eq!((st.tainted, st.redirect_failed), (0, 0), "{st:?}");
