@@ -146,6 +146,7 @@ impl FastPath {
                     ("redirected_bytes".to_string(), s.redirected_bytes),
                     ("redirected_msgs".to_string(), s.redirected_msgs),
                     ("passed_bytes".to_string(), s.passed_bytes),
+                    ("gated_bytes".to_string(), s.gated_bytes),
                     ("pairs".to_string(), s.pairs),
                     ("tainted".to_string(), s.tainted),
                     ("redirect_failed".to_string(), s.redirect_failed),
@@ -188,6 +189,23 @@ impl FastPath {
                     .collect())
             }
         }
+    }
+
+    /// The evidence of a measurement of `w` between two readings. A crr connection through a
+    /// shortcut exchanges one request and one reply, both sent before their receiver has read
+    /// anything, so they stay on TCP (docs/sockmap.md, "What keeps TCP"): what the shortcut
+    /// does for crr is pairing each connection, and its pair count is the evidence.
+    pub fn evidence_for(&self, w: Workload, before: &Reading, after: &Reading) -> Evidence {
+        let mut e = self.evidence(before, after);
+        if w == Workload::Crr && matches!(self, FastPath::Sockmap | FastPath::PodShortcut { .. }) {
+            let d = after
+                .get("pairs")
+                .copied()
+                .unwrap_or(0)
+                .saturating_sub(before.get("pairs").copied().unwrap_or(0));
+            e.carried = BTreeMap::from([("pairs".to_string(), d)]);
+        }
+        e
     }
 
     /// The evidence between two readings.

@@ -378,6 +378,24 @@ fn serve_stream(
     c: &mut ServerCounts,
     stop: &AtomicBool,
 ) -> io::Result<()> {
+    // The client's hello first, then its go-ahead: as iperf3's data connection starts with a
+    // cookie the server reads before the control channel starts the test. (A shortcut
+    // redirects only into a receiver seen reading everything sent to it.)
+    let mut hello = [0u8; 1];
+    loop {
+        match s.read(&mut hello) {
+            Ok(0) => return Ok(()),
+            Ok(_) => break,
+            Err(e) if timed_out(&e) || e.kind() == ErrorKind::Interrupted => {
+                if stop.load(Ordering::Relaxed) {
+                    return Ok(());
+                }
+            }
+            Err(e) if e.kind() == ErrorKind::ConnectionReset => return Ok(()),
+            Err(e) => return Err(e),
+        }
+    }
+    s.write_all(&hello)?;
     // Read in the client's write size, as iperf3's server does.
     let mut buf = vec![0u8; sizes.stream_write as usize];
     loop {
@@ -468,6 +486,11 @@ pub fn run_client_to(
         }
         Workload::Stream => {
             let mut s = connect(addr, false).map_err(io_err("connect to"))?;
+            // Hello and go-ahead (see serve_stream), before the clock starts.
+            s.write_all(&[0x5a]).map_err(io_err("send to"))?;
+            let mut ack = [0u8; 1];
+            s.read_exact(&mut ack)
+                .map_err(io_err("read the go-ahead from"))?;
             let buf = vec![0xa5u8; sizes.stream_write as usize];
             start = Instant::now();
             let deadline = start + duration;

@@ -520,12 +520,17 @@ fn failed_sample(
 struct FastPathWatch<'a> {
     b: &'a Built,
     fast_path: Option<&'a FastPath>,
+    workload: Workload,
 }
 
 impl<'a> FastPathWatch<'a> {
     fn new(b: &'a Built, w: Workload) -> Self {
         let fast_path = b.fast_path.as_ref().filter(|f| f.applies(w));
-        Self { b, fast_path }
+        Self {
+            b,
+            fast_path,
+            workload: w,
+        }
     }
 
     fn error(&self, detail: String) -> BenchError {
@@ -551,7 +556,7 @@ impl<'a> FastPathWatch<'a> {
         let after = f
             .read_after(&self.b.extras, before)
             .map_err(|d| self.error(d))?;
-        Ok(Some(f.evidence(before, &after)))
+        Ok(Some(f.evidence_for(self.workload, before, &after)))
     }
 }
 

@@ -101,8 +101,8 @@ pub enum Mode {
         bytes: usize,
     },
     /// Serve one connection: read RECV_FIRST bytes with read(2), the rest with splice(2) into a
-    /// pipe (as HAProxy, Go's io.Copy and splice relays do) until EOF; report the byte count and
-    /// SHA-256 of all of it.
+    /// pipe (as HAProxy, Go's io.Copy and splice relays do) until EOF, falling back to read(2)
+    /// when splice says EINVAL (reported in `failed`); report the byte count and SHA-256.
     SpliceServer {
         #[arg(long)]
         listen: SocketAddr,
@@ -728,16 +728,23 @@ fn splice_server(l: std::net::TcpListener, recv_first: u64) -> Result<String> {
     let (rd, wr) = nix::unistd::pipe()?;
     let mut rd = std::fs::File::from(rd);
     let mut spliced = 0u64;
+    let mut refused = false;
     loop {
-        let r = nix::fcntl::splice(
+        let r = match nix::fcntl::splice(
             &s,
             None,
             &wr,
             None,
             1 << 16,
             nix::fcntl::SpliceFFlags::empty(),
-        )
-        .context("splice(socket -> pipe)")?;
+        ) {
+            // "This file cannot splice": read the rest, as Go's io.Copy and HAProxy do.
+            Err(nix::errno::Errno::EINVAL) => {
+                refused = true;
+                break;
+            }
+            r => r.context("splice(socket -> pipe)")?,
+        };
         if r == 0 {
             break;
         }
@@ -750,9 +757,20 @@ fn splice_server(l: std::net::TcpListener, recv_first: u64) -> Result<String> {
         n += r as u64;
         spliced += r as u64;
     }
+    if refused {
+        loop {
+            let r = s.read(&mut buf)?;
+            if r == 0 {
+                break;
+            }
+            h.update(&buf[..r]);
+            n += r as u64;
+        }
+    }
     Ok(serde_json::to_string(&Report {
         ok: 1,
         value: n,
+        failed: u64::from(refused),
         detail: format!("{} spliced {spliced}", hex(&h.finalize())),
         ..Default::default()
     })?)
