@@ -967,7 +967,9 @@ fn a_receiver_that_stops_reading_holds_the_sender_back() {
         "{} bytes queued, bound {bound}: {st:?}",
         cr.value
     );
-    assert!(st.queue_limit >= 1, "{st:?}");
+    // Held back by the queue limit, or (when the receiver stopped while that direction was
+    // still on TCP, as in slow TCG guests) by TCP's window.
+    assert!(st.queue_limit >= 1 || st.gated_bytes > 0, "{st:?}");
     assert_eq!(sr.value, bytes);
     assert_eq!(sr.detail, stream_sha(bytes), "the receiver got other bytes");
     assert_eq!(cr.detail, sr.detail);
