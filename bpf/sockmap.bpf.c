@@ -25,8 +25,9 @@
 
 char LICENSE[] SEC("license") = "Dual MIT/GPL";
 
-/* Bytes a receiver may have waiting in its shortcut queue before the sender's direction moves
- * to TCP for good, where the receive window holds the sender back (user space may set it). */
+/* Bytes a receiver may leave unread before its sender's direction moves to TCP, whose receive
+ * window then holds the sender back until the receiver has read everything (user space may
+ * set it). */
 volatile const __u64 nsf_queue_limit = 16 << 20;
 
 #define NSF_MAY_READ 4 /* include/linux/fs.h */

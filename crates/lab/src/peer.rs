@@ -709,22 +709,33 @@ fn accept_blocking(l: std::net::TcpListener) -> Result<std::net::TcpStream> {
     Ok(s)
 }
 
-/// `splice-server`: see [`Mode::SpliceServer`].
-fn splice_server(l: std::net::TcpListener, recv_first: u64) -> Result<String> {
-    use std::io::Read;
-    let mut s = accept_blocking(l)?;
-    let mut h = Sha256::new();
+/// Reads up to `limit` bytes (u64::MAX: until EOF) from `r` through `buf` into `h`; returns how
+/// many it read (fewer only at EOF).
+fn read_hashing(
+    r: &mut impl std::io::Read,
+    h: &mut Sha256,
+    buf: &mut [u8],
+    limit: u64,
+) -> Result<u64> {
     let mut n = 0u64;
-    let mut buf = vec![0u8; 1 << 16];
-    while n < recv_first {
-        let want = (recv_first - n).min(buf.len() as u64) as usize;
-        let r = s.read(&mut buf[..want])?;
-        if r == 0 {
+    while n < limit {
+        let want = (limit - n).min(buf.len() as u64) as usize;
+        let k = r.read(&mut buf[..want])?;
+        if k == 0 {
             break;
         }
-        h.update(&buf[..r]);
-        n += r as u64;
+        h.update(&buf[..k]);
+        n += k as u64;
     }
+    Ok(n)
+}
+
+/// `splice-server`: see [`Mode::SpliceServer`].
+fn splice_server(l: std::net::TcpListener, recv_first: u64) -> Result<String> {
+    let mut s = accept_blocking(l)?;
+    let mut h = Sha256::new();
+    let mut buf = vec![0u8; 1 << 16];
+    let mut n = read_hashing(&mut s, &mut h, &mut buf, recv_first)?;
     let (rd, wr) = nix::unistd::pipe()?;
     let mut rd = std::fs::File::from(rd);
     let mut spliced = 0u64;
@@ -743,29 +754,17 @@ fn splice_server(l: std::net::TcpListener, recv_first: u64) -> Result<String> {
                 refused = true;
                 break;
             }
-            r => r.context("splice(socket -> pipe)")?,
+            r => r.context("splice(socket -> pipe)")? as u64,
         };
         if r == 0 {
             break;
         }
-        let mut left = r;
-        while left > 0 {
-            let k = rd.read(&mut buf[..left.min(1 << 16)])?;
-            h.update(&buf[..k]);
-            left -= k;
-        }
-        n += r as u64;
-        spliced += r as u64;
+        read_hashing(&mut rd, &mut h, &mut buf, r)?;
+        n += r;
+        spliced += r;
     }
     if refused {
-        loop {
-            let r = s.read(&mut buf)?;
-            if r == 0 {
-                break;
-            }
-            h.update(&buf[..r]);
-            n += r as u64;
-        }
+        n += read_hashing(&mut s, &mut h, &mut buf, u64::MAX)?;
     }
     Ok(serde_json::to_string(&Report {
         ok: 1,
@@ -778,29 +777,12 @@ fn splice_server(l: std::net::TcpListener, recv_first: u64) -> Result<String> {
 
 /// `hold-server`: see [`Mode::HoldServer`].
 fn hold_server(l: std::net::TcpListener, read_first: u64, hold_ms: u64) -> Result<String> {
-    use std::io::Read;
     let mut s = accept_blocking(l)?;
     let mut h = Sha256::new();
-    let mut n = 0u64;
     let mut buf = vec![0u8; 1 << 16];
-    let mut held = false;
-    loop {
-        if !held && n >= read_first {
-            std::thread::sleep(Duration::from_millis(hold_ms));
-            held = true;
-        }
-        let want = if held {
-            buf.len()
-        } else {
-            (read_first - n).min(buf.len() as u64) as usize
-        };
-        let r = s.read(&mut buf[..want])?;
-        if r == 0 {
-            break;
-        }
-        h.update(&buf[..r]);
-        n += r as u64;
-    }
+    let mut n = read_hashing(&mut s, &mut h, &mut buf, read_first)?;
+    std::thread::sleep(Duration::from_millis(hold_ms));
+    n += read_hashing(&mut s, &mut h, &mut buf, u64::MAX)?;
     Ok(serde_json::to_string(&Report {
         ok: 1,
         value: n,

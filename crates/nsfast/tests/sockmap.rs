@@ -988,8 +988,9 @@ fn sysctl_max(name: &str) -> u64 {
 
 /// `runs` transfers of `bytes` from a stream-client through the proxy listening on
 /// `proxy_port` (started by the caller) to a fresh backend on `backend_port`, each checked
-/// byte-exact at the backend.
+/// byte-exact at the backend; then no direction of `sc` may have fallen back for good.
 fn through_proxy(
+    sc: &Shortcut,
     w: &VethPair,
     cg: &TestCgroup,
     proxy_port: u16,
@@ -1036,6 +1037,9 @@ fn through_proxy(
         );
         assert_eq!(sr.detail, want, "run {run}: the backend got other bytes");
     }
+    let st = sc.stats().unwrap();
+    eprintln!("{st:?}");
+    assert_eq!((st.tainted, st.redirect_failed), (0, 0), "{st:?}");
 }
 
 /// Transfers per proxy test (default 100); NSFAST_TEST_PROXY_RUNS lowers it for TCG guests.
@@ -1109,10 +1113,7 @@ fn haproxy_with_splice_is_byte_exact() {
         &args(&["-db", "-f", &cfg]),
     );
     peer::wait_listening(&w.server, p);
-    through_proxy(&w, &cg, 5500, 5501, proxy_runs(), 1 << 20);
-    let st = sc.stats().unwrap();
-    eprintln!("haproxy: {st:?}");
-    assert_eq!((st.tainted, st.redirect_failed), (0, 0), "{st:?}");
+    through_proxy(&sc, &w, &cg, 5500, 5501, proxy_runs(), 1 << 20);
 }
 
 #[test]
@@ -1186,10 +1187,7 @@ func main() {
         &args(&[&p.to_string(), &b.to_string()]),
     );
     peer::wait_listening(&w.server, p);
-    through_proxy(&w, &cg, 5510, 5511, proxy_runs(), 1 << 20);
-    let st = sc.stats().unwrap();
-    eprintln!("go proxy: {st:?}");
-    assert_eq!((st.tainted, st.redirect_failed), (0, 0), "{st:?}");
+    through_proxy(&sc, &w, &cg, 5510, 5511, proxy_runs(), 1 << 20);
 }
 
 #[test]
@@ -1214,8 +1212,5 @@ fn nsfast_splice_relay_is_byte_exact() {
         ]),
     );
     peer::wait_listening(&w.server, p);
-    through_proxy(&w, &cg, 5520, 5521, proxy_runs(), 1 << 20);
-    let st = sc.stats().unwrap();
-    eprintln!("nsfast relay: {st:?}");
-    assert_eq!((st.tainted, st.redirect_failed), (0, 0), "{st:?}");
+    through_proxy(&sc, &w, &cg, 5520, 5521, proxy_runs(), 1 << 20);
 }
