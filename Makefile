@@ -17,9 +17,10 @@ SHELL := /bin/bash
 CARGO ?= cargo
 RELEASE_BIN := target/release/nsfast
 
-# Debian packages the build and the tests need.
+# Debian packages the build and the tests need (prometheus: promtool and a real server for
+# crates/integration-test/tests/metrics.rs).
 DEB_BUILD := clang-19 llvm-19 libbpf-dev linux-libc-dev pkg-config make gcc
-DEB_TEST  := haproxy golang-go iproute2 bpftool sockperf iperf3 procps python3 containernetworking-plugins rootlesskit slirp4netns uidmap nftables iptables util-linux passwd busybox-static wireguard-go wireguard-tools conntrack podman runc
+DEB_TEST  := haproxy bird2 golang-go iproute2 bpftool sockperf iperf3 procps python3 containernetworking-plugins rootlesskit slirp4netns uidmap nftables iptables util-linux passwd busybox-static wireguard-go wireguard-tools conntrack podman runc prometheus
 DEB_VM    := qemu-system-x86 kmod xz-utils debian-archive-keyring binutils libc-bin socat nftables
 # Packages `make deb` and `make test-install` use (man-db renders, binutils strips and reads ELF,
 # zsh/fish check the completions, lintian checks the .deb).
@@ -106,7 +107,8 @@ test-vm: deps
 # --- install / package ------------------------------------------------------------------------
 # `make install` installs what `make build` built (it builds only when a binary is missing, so
 # it runs as any user who can write $(DESTDIR)$(PREFIX)); man pages and completions are
-# generated from the clap definitions by the built binary (`nsfast __gen-docs`).
+# generated from the clap definitions by the built binary (`nsfast __gen-docs`), naming the
+# documentation where it is installed: README.md and docs/*.md under DOCDIR.
 PREFIX  ?= /usr/local
 DESTDIR ?=
 BINDIR  := $(PREFIX)/bin
@@ -129,9 +131,9 @@ DEB_FILE = build/nsfast_$(VERSION)_$(DEB_ARCH).deb
 install:
 	@for b in $(SHIP_BINS); do [ -x $$b ] || { echo "nsfast: $$b missing: building"; $(MAKE) build || exit 1; break; }; done
 	@set -e; d="$(DESTDIR)"; gen=$$(mktemp -d); trap 'rm -rf "$$gen"' EXIT; \
-	$(RELEASE_BIN) __gen-docs --man-dir "$$gen/man" --completions-dir "$$gen/comp" >/dev/null; \
+	$(RELEASE_BIN) __gen-docs --man-dir "$$gen/man" --completions-dir "$$gen/comp" --doc-dir $(DOCDIR) >/dev/null; \
 	install -d "$$d$(BINDIR)" "$$d$(CNIDIR)" "$$d$(MANDIR)/man1" "$$d$(MANDIR)/man8" "$$d$(UNITDIR)" \
-		"$$d$(USERUNITDIR)" "$$d$(DOCDIR)" "$$d$(BASHDIR)" "$$d$(ZSHDIR)" "$$d$(FISHDIR)"; \
+		"$$d$(USERUNITDIR)" "$$d$(DOCDIR)/docs" "$$d$(BASHDIR)" "$$d$(ZSHDIR)" "$$d$(FISHDIR)"; \
 	install -m755 target/release/nsfast target/release/vpnrelay "$$d$(BINDIR)/"; \
 	install -m755 target/release/nsfast-cni "$$d$(CNIDIR)/"; \
 	install -m644 "$$gen"/man/*.8 dist/man/*.8 "$$d$(MANDIR)/man8/"; \
@@ -143,7 +145,8 @@ install:
 		sed 's|@BINDIR@|$(BINDIR)|g' dist/systemd/$$u > "$$d$(UNITDIR)/$$u"; chmod 644 "$$d$(UNITDIR)/$$u"; done; \
 	sed 's|@BINDIR@|$(BINDIR)|g' dist/systemd/vpnrelay@.service > "$$d$(USERUNITDIR)/vpnrelay@.service"; \
 	chmod 644 "$$d$(USERUNITDIR)/vpnrelay@.service"; \
-	install -m644 examples/cni/10-nsfast.conflist dist/systemd/nsfast-vsock-bridge.default "$$d$(DOCDIR)/"; \
+	install -m644 examples/cni/10-nsfast.conflist dist/systemd/nsfast-vsock-bridge.default dist/bird/bird.conf README.md "$$d$(DOCDIR)/"; \
+	install -m644 docs/*.md "$$d$(DOCDIR)/docs/"; \
 	echo "nsfast: installed nsfast and vpnrelay into $$d$(BINDIR), man pages into $$d$(MANDIR), units into $$d$(UNITDIR) and $$d$(USERUNITDIR)"; \
 	echo "nsfast: installed the CNI plugin into $(CNIDIR)/nsfast-cni: add $(CNIDIR) to your runtime's CNI plugin path (cni_plugin_dirs, bin_dir)"
 
@@ -179,7 +182,7 @@ test-install: deps build
 FUZZ_SECS ?= 600
 FUZZ_CI_SECS ?= 15
 fuzz-ci: deps
-	fuzz/run.sh -t $(FUZZ_CI_SECS)
+	FUZZ_CODEGEN_UNITS=16 fuzz/run.sh -t $(FUZZ_CI_SECS)
 
 fuzz: deps
 	fuzz/run.sh -t $(FUZZ_SECS) $(if $(FUZZ_MERGE),--merge)

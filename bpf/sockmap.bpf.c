@@ -32,6 +32,14 @@ volatile const __u64 nsf_queue_limit = 16 << 20;
 
 #define NSF_MAY_READ 4 /* include/linux/fs.h */
 #define NSF_MSG_PEEK 2
+#define NSF_MSG_OOB 1
+#define NSF_MSG_WAITALL 0x100
+#define NSF_SOL_SOCKET 1
+#define NSF_SOL_TCP 6
+#define NSF_SO_RCVLOWAT 18
+#define NSF_SO_ZEROCOPY 60
+#define NSF_TCP_ULP 31
+#define NSF_ENOPROTOOPT 92
 #define NSF_EINVAL 22
 
 /* The kernel types the tracing programs read (CO-RE: field offsets come from the running
@@ -107,6 +115,16 @@ NSF_INLINE void on_established(struct bpf_sock_ops *skops, __u32 active)
 	st = bpf_sk_storage_get(&nsf_skstate, sk, 0, BPF_SK_STORAGE_GET_F_CREATE);
 	if (!st) {
 		nsf_count(NSF_STAT_SOCK_ADD_FAILED, 1);
+		return;
+	}
+	if (st->flags & NSF_SK_NO_SHORTCUT) {
+		/* An option set before (or inherited from the listener) that the shortcut cannot
+		 * honour: the connection keeps TCP, untouched. */
+		nsf_count(NSF_STAT_KEPT_TCP, 1);
+		nsf_pod_count(tag, NSF_POD_FALLBACKS, 1);
+		__builtin_memcpy(&st->key, &key, sizeof(key));
+		nsf_kept_log(st, bpf_get_socket_cookie(skops), st->kept_reason, st->kept_pid,
+			     st->kept_comm);
 		return;
 	}
 	cookie = bpf_get_socket_cookie(skops);
@@ -219,6 +237,10 @@ int nsf_sk_msg(struct sk_msg_md *msg)
 	st = bpf_sk_storage_get(&nsf_skstate, sk, 0, 0);
 	if (!st || (st->flags & NSF_SK_TAINTED))
 		goto count;
+	if (st->flags & NSF_SK_KEEP_TCP) {
+		fallback = NSF_STAT_KEPT_TCP;
+		goto to_tcp_counted;
+	}
 	if (!(st->flags & NSF_SK_PEER_CACHED)) {
 		__u64 *peer = bpf_map_lookup_elem(&nsf_peers, &st->cookie);
 
@@ -244,6 +266,10 @@ int nsf_sk_msg(struct sk_msg_md *msg)
 	if (fl & NSF_RX_SPLICE) {
 		fallback = NSF_STAT_SPLICE_PASS;
 		goto to_tcp;
+	}
+	if (fl & NSF_RX_KEEP_TCP) {
+		fallback = NSF_STAT_KEPT_TCP;
+		goto to_tcp_counted;
 	}
 	if (!(st->flags & NSF_SK_REDIRECTING)) {
 		if (!(fl & NSF_RX_READS_MSG) || rx->sent_total != rx->total_read) {
@@ -278,10 +304,11 @@ int nsf_sk_msg(struct sk_msg_md *msg)
 	redirected = 1;
 	goto count;
 to_tcp:
-	/* For good: this direction never redirects again. */
-	st->flags |= NSF_SK_TAINTED;
 	nsf_count(fallback, 1);
 	nsf_pod_count(st->pod_slot, NSF_POD_FALLBACKS, 1);
+to_tcp_counted:
+	/* For good: this direction never redirects again. */
+	st->flags |= NSF_SK_TAINTED;
 	if (rx)
 		nsf_leave_shortcut(st, rx);
 on_tcp:
@@ -358,8 +385,10 @@ NSF_INLINE __u64 nsf_mark_splice(struct nsf_sk_state *st)
 
 	if (!rx)
 		return (st->flags & NSF_SK_RX) ? 1 : 0;
-	if (!(__sync_fetch_and_or(&rx->flags, NSF_RX_SPLICE) & NSF_RX_SPLICE))
+	if (!(__sync_fetch_and_or(&rx->flags, NSF_RX_SPLICE) & NSF_RX_SPLICE)) {
 		nsf_count(NSF_STAT_SPLICE_READERS, 1);
+		nsf_kept_log_current(st, NSF_KEPT_SPLICE);
+	}
 	return nsf_rx_unread(rx);
 }
 
@@ -376,8 +405,84 @@ NSF_INLINE void nsf_rx_account(struct sock *sk, int ret, int flags)
 		return;
 	if (ret > 0 && !(flags & NSF_MSG_PEEK))
 		__sync_fetch_and_add(&rx->total_read, (__u64)ret);
+	if (flags & (NSF_MSG_WAITALL | NSF_MSG_OOB)) {
+		/* The shortcut's queue returns what it holds without waiting for the rest and has
+		 * no urgent byte: a receiver that reads this way keeps TCP. Seen before its first
+		 * read returns, its sender has not redirected yet. */
+		if (!(__sync_fetch_and_or(&rx->flags, NSF_RX_KEEP_TCP) & NSF_RX_KEEP_TCP)) {
+			nsf_count(NSF_STAT_KEPT_TCP, 1);
+			nsf_kept_log_current(st, (flags & NSF_MSG_OOB) ? NSF_KEPT_OOB
+								       : NSF_KEPT_WAITALL);
+		}
+	}
 	if (!(rx->flags & NSF_RX_READS_MSG))
 		__sync_fetch_and_or(&rx->flags, NSF_RX_READS_MSG);
+}
+
+/*
+ * Socket options the shortcut cannot honour: SO_RCVLOWAT (the shortcut's queue is readable at
+ * one byte), TCP_ULP (kTLS must see the bytes as TCP does) and SO_ZEROCOPY (a send through
+ * the shortcut is copied and gets no completion). Set before the connection is established
+ * (or on its listener), the connection never joins; set on a connection in the shortcut,
+ * the directions it concerns move to TCP for good. SO_ZEROCOPY there is refused with
+ * ENOPROTOOPT, as a kernel without zero-copy answers (its sends cannot leave the shortcut's
+ * copy path), so the application copies as it would there.
+ */
+SEC("cgroup/setsockopt")
+int nsf_setsockopt(struct bpf_sockopt *ctx)
+{
+	struct bpf_sock *sk = ctx->sk;
+	struct nsf_sk_state *st;
+	struct nsf_rx *rx;
+	__s32 level = ctx->level, name = ctx->optname;
+	int in = 0, out = 0, zc = 0;
+	__u32 reason;
+
+	if (!sk)
+		return 1;
+	if (level == NSF_SOL_SOCKET && name == NSF_SO_RCVLOWAT) {
+		in = 1;
+		reason = NSF_KEPT_RCVLOWAT;
+	} else if (level == NSF_SOL_SOCKET && name == NSF_SO_ZEROCOPY) {
+		out = zc = 1;
+		reason = NSF_KEPT_ZEROCOPY;
+	} else if (level == NSF_SOL_TCP && name == NSF_TCP_ULP) {
+		in = out = 1;
+		reason = NSF_KEPT_ULP;
+	} else {
+		return 1;
+	}
+	if (sk->protocol != 6 /* IPPROTO_TCP */)
+		return 1;
+	st = bpf_sk_storage_get(&nsf_skstate, sk, 0, BPF_SK_STORAGE_GET_F_CREATE);
+	if (!st)
+		return 1;
+	if (!st->cookie) {
+		/* Not (yet) in the shortcut: it never joins. */
+		if (!(st->flags & NSF_SK_NO_SHORTCUT)) {
+			st->flags |= NSF_SK_NO_SHORTCUT;
+			st->kept_pid = (__u32)(bpf_get_current_pid_tgid() >> 32);
+			st->kept_reason = reason;
+			bpf_get_current_comm(st->kept_comm, sizeof(st->kept_comm));
+		}
+		return 1;
+	}
+	if (zc) {
+		bpf_set_retval(-NSF_ENOPROTOOPT);
+		return 0;
+	}
+	if (out && !(st->flags & NSF_SK_KEEP_TCP)) {
+		st->flags |= NSF_SK_KEEP_TCP;
+		nsf_count(NSF_STAT_KEPT_TCP, 1);
+		nsf_kept_log_current(st, reason);
+	}
+	rx = nsf_rx_of(st);
+	if (in && rx && !(__sync_fetch_and_or(&rx->flags, NSF_RX_KEEP_TCP) & NSF_RX_KEEP_TCP)) {
+		nsf_count(NSF_STAT_KEPT_TCP, 1);
+		if (!out)
+			nsf_kept_log_current(st, reason);
+	}
+	return 1;
 }
 
 /* sock_recvmsg()'s tracepoint (Linux 6.5 and later)... */

@@ -44,6 +44,10 @@ if [ ! -x build/tools/bin/cargo-fuzz ] ||
 fi
 export PATH="$PWD/build/tools/bin:$PATH"
 fuzz=("$CARGO" "+$TOOLCHAIN" fuzz)
+# FUZZ_CODEGEN_UNITS=N: codegen units per crate (cargo-fuzz's default is 1). `make fuzz-ci` sets
+# 16, as cargo-fuzz suggests for faster builds: its runs are 15 s, so build time dominates.
+build_flags=(--debug-assertions)
+[ -z "${FUZZ_CODEGEN_UNITS:-}" ] || build_flags+=(--codegen-units "$FUZZ_CODEGEN_UNITS")
 
 all=$("${fuzz[@]}" list)
 [ ${#targets[@]} -gt 0 ] || read -r -a targets <<<"$(echo $all)"
@@ -57,7 +61,7 @@ if [ ! -e fuzz/Cargo.lock ] || [ Cargo.lock -nt fuzz/Cargo.lock ]; then
     cp Cargo.lock fuzz/Cargo.lock
 fi
 # One build for all targets: release, debug assertions and overflow checks on, AddressSanitizer.
-if ! "${fuzz[@]}" build --debug-assertions; then
+if ! "${fuzz[@]}" build "${build_flags[@]}"; then
     echo "fuzz: FAILED: the fuzz targets do not build" >&2
     exit 1
 fi
@@ -68,7 +72,7 @@ run_one() {
     local rc=0 runs eps cov new unit
     mkdir -p "$work" "$art"
     rm -f "build/fuzz/logs/$t.failed"
-    "${fuzz[@]}" run --debug-assertions "$t" "$work" "fuzz/corpus/$t" -- \
+    "${fuzz[@]}" run "${build_flags[@]}" "$t" "$work" "fuzz/corpus/$t" -- \
         -max_total_time="$secs" -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 \
         -artifact_prefix="$art/" >"$log" 2>&1 || rc=$?
     # (A crash on a seed comes before any stats: these may find nothing.)
@@ -90,7 +94,7 @@ run_one() {
     printf 'fuzz: %-18s ok  %9s runs %7s exec/s  cov %5s  %4s inputs found  0 crashes  (%s s)\n' \
         "$t" "${runs:-?}" "${eps:-?}" "${cov:-?}" "$new" "$secs"
     if [ "$merge" = 1 ] && [ "$new" -gt 0 ]; then
-        "${fuzz[@]}" run --debug-assertions "$t" "fuzz/corpus/$t" "$work" -- -merge=1 >>"$log" 2>&1
+        "${fuzz[@]}" run "${build_flags[@]}" "$t" "fuzz/corpus/$t" "$work" -- -merge=1 >>"$log" 2>&1
         echo "fuzz: $t: merged into fuzz/corpus/$t ($(find "fuzz/corpus/$t" -type f | wc -l) inputs)"
     fi
 }

@@ -42,6 +42,7 @@
 #include <linux/pkt_cls.h>
 
 #include "pod_endpoints.h"
+#include "pod_policy.h"
 
 /* From linux/if_arp.h, which pulls in libc headers. */
 #define ARPHRD_ETHER 1
@@ -221,6 +222,16 @@ NSF_INLINE int nsf_ip6_is_gateway(const struct in6_addr *a)
 {
 	return a->in6_u.u6_addr32[0] == NSF_GW6_W0 && a->in6_u.u6_addr32[1] == 0 &&
 	       a->in6_u.u6_addr32[2] == 0 && a->in6_u.u6_addr32[3] == NSF_GW6_W3;
+}
+
+/* The length bpf_fib_lookup checks against the route's MTU: the packet's own, or 0 for a
+ * GSO packet. A GSO packet's IP length is that of all its segments together (a pod's TCP
+ * hands its device up to 64 KB at a time), which fails the MTU check (FRAG_NEEDED) although
+ * every segment fits; with 0 the helper checks the skb against the egress device instead
+ * (is_skb_forwardable, which lets a GSO skb through, as the stack's forwarding does). */
+NSF_INLINE __u16 nsf_fib_tot_len(const struct __sk_buff *skb, __u16 len)
+{
+	return skb->gso_size ? 0 : len;
 }
 
 /* Routing is a hop: the IPv6 hop limit at `l3` minus one (no header checksum); -1 if it
@@ -556,7 +567,7 @@ NSF_INLINE long nsf_from_pod6(struct __sk_buff *skb, __u32 l2, int netkit, long 
 	fib.family = AF_INET6;
 	fib.flowinfo = *(__be32 *)ip6 & bpf_htonl(0x0fffffff);
 	fib.l4_protocol = ip6->nexthdr;
-	fib.tot_len = bpf_ntohs(ip6->payload_len) + sizeof(*ip6);
+	fib.tot_len = nsf_fib_tot_len(skb, bpf_ntohs(ip6->payload_len) + sizeof(*ip6));
 	__builtin_memcpy(fib.ipv6_src, &ip6->saddr, 16);
 	__builtin_memcpy(fib.ipv6_dst, &ip6->daddr, 16);
 	fib.ifindex = skb->ingress_ifindex ? skb->ingress_ifindex : skb->ifindex;
@@ -664,6 +675,16 @@ NSF_INLINE long nsf_from_pod(struct __sk_buff *skb, __u32 l2, int netkit, long p
 		return NSF_DROP;
 	}
 
+	/* NetworkPolicy: the source's egress, and the destination's ingress if it is a local
+	 * pod (lib/pod_policy.h). Every destination: pods, the wire and the host alike. (The
+	 * endpoint is looked up again after: a map value kept across the check does not verify.) */
+	if (!nsf_pol_check4(skb, ip, 1, nsf_endpoint(ip->daddr) != 0))
+		return NSF_DROP;
+	data = (void *)(long)skb->data;
+	data_end = (void *)(long)skb->data_end;
+	ip = data + l2;
+	if ((void *)(ip + 1) > data_end)
+		return NSF_DROP;
 	ep = nsf_endpoint(ip->daddr);
 	if (ep) {
 		if ((src->flags | ep->flags) & NSF_EP_HOST_FW) {
@@ -685,7 +706,7 @@ NSF_INLINE long nsf_from_pod(struct __sk_buff *skb, __u32 l2, int netkit, long p
 	fib.family = AF_INET;
 	fib.tos = ip->tos;
 	fib.l4_protocol = ip->protocol;
-	fib.tot_len = bpf_ntohs(ip->tot_len);
+	fib.tot_len = nsf_fib_tot_len(skb, bpf_ntohs(ip->tot_len));
 	fib.ipv4_src = ip->saddr;
 	fib.ipv4_dst = ip->daddr;
 	fib.ifindex = skb->ingress_ifindex ? skb->ingress_ifindex : skb->ifindex;
@@ -746,6 +767,14 @@ NSF_INLINE long nsf_from_wire(struct __sk_buff *skb)
 		nsf_count(NSF_CNT_SPOOFED);
 		return TC_ACT_SHOT;
 	}
+	/* NetworkPolicy: the destination pod's ingress (lib/pod_policy.h). */
+	if (!nsf_pol_check4(skb, ip, 0, 1))
+		return TC_ACT_SHOT;
+	data = (void *)(long)skb->data;
+	data_end = (void *)(long)skb->data_end;
+	ip = data + ETH_HLEN;
+	if ((void *)(ip + 1) > data_end)
+		return TC_ACT_OK;
 	/* Every pod, netkit L3 included: L3 netkit devices are Ethernet devices too (IFF_NOARP),
 	 * and the peer redirect scrubs the frame to PACKET_HOST, so bpf_redirect_peer delivers it
 	 * as for veth (checked on 6.12 and 7.2). */

@@ -24,11 +24,15 @@
 #define NSF_SK_PEER_CACHED 4 /* nsf_sk_state.peer holds the peer's cookie */
 #define NSF_SK_RX 8 /* the socket has an nsf_rx entry (a missing one was evicted) */
 #define NSF_SK_REDIRECTING 16 /* this direction redirects now */
+/* Set by nsf_setsockopt: the socket uses an option the shortcut cannot honour. */
+#define NSF_SK_NO_SHORTCUT 32 /* set before the connection was established: never joins */
+#define NSF_SK_KEEP_TCP 64    /* its sends keep TCP for good */
 
 /* nsf_rx.flags */
 #define NSF_RX_SPLICE 1 /* the socket was read with splice(2)/sendfile(2): never redirect into it */
 #define NSF_RX_READS_MSG 2 /* a recvmsg(2)-family read of the socket returned */
 #define NSF_RX_REDIR 4 /* its sender redirects (unread bytes up to sent_total may be in the shortcut queue) */
+#define NSF_RX_KEEP_TCP 8 /* it reads in a way the shortcut cannot honour (MSG_WAITALL, SO_RCVLOWAT, kTLS) */
 
 /* Pending roles */
 #define NSF_ROLE_ACTIVE  1
@@ -56,6 +60,7 @@ enum nsf_stat {
 	NSF_STAT_RX_MISSING,     /* directions kept on TCP: the receiver's nsf_rx entry was missing */
 	NSF_STAT_GATED_MSGS,     /* sends on TCP until the receiver is seen reading all of it */
 	NSF_STAT_GATED_BYTES,
+	NSF_STAT_KEPT_TCP,       /* sockets kept on TCP for an option or read flag (nsf_setsockopt, MSG_WAITALL) */
 	NSF_STAT_MAX,
 };
 
@@ -72,12 +77,43 @@ struct nsf_pending {
 	__u32 tag; /* pod mode: the first end's pod slot + 1 (0: none) */
 };
 
+/* Why a connection keeps TCP (nsf_kept_event.reason). */
+enum nsf_kept_reason {
+	NSF_KEPT_RCVLOWAT = 1, /* SO_RCVLOWAT */
+	NSF_KEPT_ZEROCOPY,     /* SO_ZEROCOPY */
+	NSF_KEPT_ULP,          /* TCP_ULP (kTLS) */
+	NSF_KEPT_WAITALL,      /* a read with MSG_WAITALL */
+	NSF_KEPT_OOB,          /* a read with MSG_OOB */
+	NSF_KEPT_SPLICE,       /* a splice(2)/sendfile(2) read */
+};
+
 struct nsf_sk_state {
 	__u64 cookie;
 	__u64 peer; /* valid with NSF_SK_PEER_CACHED */
 	__u32 flags;
 	__u32 pod_slot; /* pod mode: the socket's pod slot + 1 in nsf_pod_stats (0: none) */
 	struct nsf_pair_key key;
+	/* With NSF_SK_NO_SHORTCUT: who set the option and which (logged when the connection is
+	 * established, the first moment its addresses are known). */
+	__u32 kept_pid;
+	__u32 kept_reason;
+	char kept_comm[16];
+};
+
+/*
+ * The last NSF_KEPT_SLOTS connections that kept TCP, one event per connection end and reason,
+ * for `sockmap run` to log and the status commands to show. Event n (from nsf_kept_head) goes
+ * to slot n % NSF_KEPT_SLOTS; its seq is n + 1 once complete (0 while written).
+ */
+#define NSF_KEPT_SLOTS 64
+
+struct nsf_kept_event {
+	__u64 seq;
+	__u64 cookie; /* the socket that keeps TCP */
+	struct nsf_pair_key key; /* its connection (ISNs included) */
+	__u32 pid; /* the process that set the option or made the read (its tgid) */
+	__u32 reason; /* enum nsf_kept_reason */
+	char comm[16];
 };
 
 /*
@@ -171,7 +207,9 @@ struct {
 /* per-socket state, reachable from sk_msg through msg->sk */
 struct {
 	__uint(type, BPF_MAP_TYPE_SK_STORAGE);
-	__uint(map_flags, BPF_F_NO_PREALLOC);
+	/* BPF_F_CLONE: an accepted socket inherits its listener's state, so an option set on the
+	 * listener (which the accepted socket inherits too) keeps it off the shortcut. */
+	__uint(map_flags, BPF_F_NO_PREALLOC | BPF_F_CLONE);
 	__type(key, int);
 	__type(value, struct nsf_sk_state);
 } nsf_skstate SEC(".maps");
@@ -189,6 +227,21 @@ struct {
 	__type(key, __u32);
 	__type(value, struct nsf_config);
 } nsf_config SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, NSF_KEPT_SLOTS);
+	__type(key, __u32);
+	__type(value, struct nsf_kept_event);
+} nsf_kept SEC(".maps");
+
+/* The number of nsf_kept events written so far. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, __u64);
+} nsf_kept_head SEC(".maps");
 
 /* server port -> NSF_PORT_* bits */
 struct {
@@ -245,6 +298,41 @@ NSF_INLINE void nsf_count(enum nsf_stat idx, __u64 n)
 
 	if (c && idx < NSF_STAT_MAX)
 		c->v[idx] += n;
+}
+
+/* Records that the socket of st (cookie, its connection key) keeps TCP for reason, caused by
+ * process pid/comm. */
+NSF_INLINE void nsf_kept_log(const struct nsf_sk_state *st, __u64 cookie, __u32 reason, __u32 pid,
+			     const char comm[16])
+{
+	__u32 zero = 0, slot;
+	__u64 *head = bpf_map_lookup_elem(&nsf_kept_head, &zero);
+	struct nsf_kept_event *e;
+	__u64 n;
+
+	if (!head)
+		return;
+	n = __sync_fetch_and_add(head, 1);
+	slot = (__u32)(n % NSF_KEPT_SLOTS);
+	e = bpf_map_lookup_elem(&nsf_kept, &slot);
+	if (!e)
+		return;
+	e->seq = 0;
+	e->cookie = cookie;
+	__builtin_memcpy(&e->key, &st->key, sizeof(e->key));
+	e->pid = pid;
+	e->reason = reason;
+	__builtin_memcpy(e->comm, comm, sizeof(e->comm));
+	__sync_fetch_and_add(&e->seq, n + 1);
+}
+
+/* nsf_kept_log for the calling process (process context only: syscalls, their tracepoints). */
+NSF_INLINE void nsf_kept_log_current(const struct nsf_sk_state *st, __u32 reason)
+{
+	char comm[16] = {};
+
+	bpf_get_current_comm(comm, sizeof(comm));
+	nsf_kept_log(st, st->cookie, reason, (__u32)(bpf_get_current_pid_tgid() >> 32), comm);
 }
 
 /* Whether connections to server port `port` take the shortcut. */

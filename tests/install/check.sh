@@ -7,9 +7,10 @@
 #     (the user gets a copy of the files `install` reads, so the repo may be unreadable for it;
 #     CARGO=false makes any rebuild attempt fail): binaries, man pages (`man -l --warnings`
 #     renders each without a warning), completions (bash/zsh/fish -n where the shell exists),
-#     units, docs.
+#     units, docs (README.md, docs/*.md).
 #  3. `make deb`: lintian reports no error (skipped if lintian is absent); the package has its
 #     maintainer scripts, copyright and changelog. `dpkg -i` (postinst runs): `man -w nsfast`,
+#     every /usr/share/doc/nsfast path a man page names exists,
 #     `nsfast --version`, `nsfast probe`, nsfast-cni VERSION, `systemd-analyze verify` of the
 #     units and `systemd-analyze security --offline=yes` exposure <= 5.0 for the root units
 #     (each skipped with the reason if unavailable); then `dpkg --purge` (prerm, postrm run)
@@ -44,7 +45,7 @@ as_user() { runuser -u "$user" -- env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME
 # What `make install` reads, readable by the user (the binaries as built by `make build`).
 src=$work/src
 mkdir -p "$src/target/release"
-cp -r Makefile Cargo.toml dist examples scripts "$src/"
+cp -r Makefile Cargo.toml README.md docs dist examples scripts "$src/"
 cp target/release/nsfast target/release/vpnrelay target/release/nsfast-cni "$src/target/release/"
 chmod -R a+rX "$src"
 
@@ -77,7 +78,8 @@ for f in share/man/man8/nsfast.8 share/man/man8/nsfast-pod.8 share/man/man8/nsfa
 	share/fish/vendor_completions.d/nsfast.fish share/fish/vendor_completions.d/vpnrelay.fish \
 	lib/systemd/system/nsfast-sockmap@.service lib/systemd/system/nsfast-vsock-bridge.service \
 	lib/systemd/user/vpnrelay@.service share/doc/nsfast/10-nsfast.conflist \
-	share/doc/nsfast/nsfast-vsock-bridge.default; do
+	share/doc/nsfast/nsfast-vsock-bridge.default share/doc/nsfast/bird.conf share/doc/nsfast/README.md \
+	share/doc/nsfast/docs/json.md share/doc/nsfast/docs/metrics.md; do
 	[ -s "$p/$f" ] || fail "$f missing or empty in the install tree"
 done
 [ -z "$(find "$dest" ! -user "$user")" ] || fail "files not owned by the installing user: $(find "$dest" ! -user "$user")"
@@ -140,6 +142,18 @@ ok "dpkg -i $deb"
 [ "$(man -w nsfast)" = /usr/share/man/man8/nsfast.8.gz ] || fail "man -w nsfast: $(man -w nsfast 2>&1)"
 man -w nsfast-pod >/dev/null && man -w nsfast-cni >/dev/null && man -w 1 vpnrelay >/dev/null || fail "man -w nsfast-pod/nsfast-cni/vpnrelay"
 ok "man -w finds nsfast, nsfast-pod, nsfast-cni, vpnrelay"
+# Every documentation path a man page names is in the package.
+n=0
+for m in /usr/share/man/man1/vpnrelay*.1.gz /usr/share/man/man8/nsfast*.8.gz; do
+	for f in $(zcat "$m" | sed 's/\\-/-/g' | grep -o '/usr/share/doc/nsfast/[A-Za-z0-9_./-]*' | sed 's/[.,]$//' | sort -u); do
+		[ -f "$f" ] || fail "$m names $f, which the package lacks"
+		n=$((n + 1))
+	done
+	[ "$(zcat "$m" | sed 's|/usr/share/doc/nsfast/docs/||g' | grep -c 'docs/')" = 0 ] ||
+		fail "$m names a docs/ path outside /usr/share/doc/nsfast"
+done
+[ "$n" -gt 0 ] || fail "no man page names the documentation under /usr/share/doc/nsfast"
+ok "the $n documentation paths the man pages name are installed"
 v=$(/usr/bin/nsfast --version)
 grep -Eq '^nsfast [0-9.]+ \(git [^,]+, bpf sha256 [0-9a-f]{64}\)$' <<<"$v" || fail "nsfast --version: $v"
 ok "$v"

@@ -83,6 +83,13 @@ pub struct VsockPath {
     pub helper_pid: Option<u32>,
 }
 
+/// The transport of a floor topology ([`crate::floor`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Floor {
+    Pipe,
+    Unix,
+}
+
 /// A built topology. Dropping it tears it down: extras (e.g. BPF attachments) first, then
 /// cgroups, then namespaces (which takes their links with them).
 pub struct Built {
@@ -99,6 +106,8 @@ pub struct Built {
     /// vsock topologies: the ports the server listens on and the client connects to (CID 1);
     /// `server_ip`/`server_port` are then unused.
     pub vsock: Option<VsockPath>,
+    /// The floors (`pipe`, `unix`): no IP at all; `server_ip`/`server_port` are then unused.
+    pub floor: Option<Floor>,
     /// The fast path's counters, read around every sample ([`crate::evidence`]); `None`
     /// for topologies that claim no fast path.
     pub fast_path: Option<crate::evidence::FastPath>,
@@ -109,9 +118,14 @@ pub struct Built {
 }
 
 impl Built {
-    /// Whether `w` can run here: everything on IP topologies, streams only on vsock ones.
+    /// Whether `w` can run here: everything on IP topologies, streams only on vsock ones and
+    /// the floors, and one connection only on a pipe (no `crr`).
     pub fn supports(&self, w: crate::spec::Workload) -> bool {
-        self.vsock.is_none() || !w.is_udp()
+        match self.floor {
+            Some(Floor::Pipe) => !w.is_udp() && w != crate::spec::Workload::Crr,
+            Some(Floor::Unix) => !w.is_udp(),
+            None => self.vsock.is_none() || !w.is_udp(),
+        }
     }
 
     pub fn client_ns(&self) -> &NetNs {

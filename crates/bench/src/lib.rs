@@ -26,6 +26,7 @@ pub(crate) mod cputime;
 pub mod crosscheck;
 pub mod evidence;
 pub mod export;
+pub mod floor;
 pub mod load;
 pub mod model;
 pub mod proc;

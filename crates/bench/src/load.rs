@@ -4,6 +4,7 @@
 
 use std::io::{self, ErrorKind, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream, UdpSocket};
+use std::os::unix::net::{UnixListener, UnixStream};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
@@ -12,6 +13,8 @@ use nsfast_sys::vsock::{VsockAddr, VsockListener, VsockStream, VMADDR_CID_ANY};
 use serde::{Deserialize, Serialize};
 use socket2::{Domain, Protocol, SockRef, Socket, Type};
 
+use crate::floor::PipeListener;
+pub use crate::floor::PipeStream;
 use crate::spec::{Sizes, Workload};
 
 /// How often blocked server calls wake up to look at the stop flag.
@@ -23,7 +26,18 @@ const POLL: Duration = Duration::from_millis(100);
 #[serde(rename_all = "lowercase")]
 pub enum Peer {
     Ip(SocketAddr),
-    Vsock { cid: u32, port: u32 },
+    Vsock {
+        cid: u32,
+        port: u32,
+    },
+    /// The `unix` floor: an abstract AF_UNIX name ([`crate::floor::unix_name`]).
+    Unix {
+        id: u64,
+    },
+    /// The `pipe` floor: two FIFOs ([`crate::floor::pipe_dir`]).
+    Pipe {
+        id: u64,
+    },
 }
 
 impl std::fmt::Display for Peer {
@@ -31,6 +45,8 @@ impl std::fmt::Display for Peer {
         match self {
             Peer::Ip(a) => write!(f, "{a}"),
             Peer::Vsock { cid, port } => write!(f, "vsock {cid}:{port}"),
+            Peer::Unix { id } => write!(f, "unix @{}", crate::floor::unix_name(*id)),
+            Peer::Pipe { id } => write!(f, "pipe {}", crate::floor::pipe_dir(*id).display()),
         }
     }
 }
@@ -40,30 +56,49 @@ impl std::fmt::Display for Peer {
 pub enum Stream {
     Tcp(TcpStream),
     Vsock(VsockStream),
+    Unix(UnixStream),
+    Pipe(PipeStream),
 }
 
 impl Stream {
-    fn sock(&self) -> SockRef<'_> {
+    fn sock(&self) -> Option<SockRef<'_>> {
         match self {
-            Stream::Tcp(s) => SockRef::from(s),
-            Stream::Vsock(s) => SockRef::from(s),
+            Stream::Tcp(s) => Some(SockRef::from(s)),
+            Stream::Vsock(s) => Some(SockRef::from(s)),
+            Stream::Unix(s) => Some(SockRef::from(s)),
+            Stream::Pipe(_) => None,
         }
     }
 
-    /// TCP_NODELAY on TCP; vsock has no Nagle, so nothing to do there.
+    /// TCP_NODELAY on TCP; vsock, AF_UNIX and pipes have no Nagle, so nothing to do there.
     pub fn set_nodelay(&self, on: bool) -> io::Result<()> {
         match self {
             Stream::Tcp(s) => s.set_nodelay(on),
-            Stream::Vsock(_) => Ok(()),
+            _ => Ok(()),
         }
     }
 
     pub fn set_read_timeout(&self, d: Option<Duration>) -> io::Result<()> {
-        self.sock().set_read_timeout(d)
+        match (self.sock(), self) {
+            (Some(s), _) => s.set_read_timeout(d),
+            (None, Stream::Pipe(p)) => {
+                p.set_read_timeout(d);
+                Ok(())
+            }
+            (None, _) => Ok(()),
+        }
     }
 
-    pub fn shutdown(&self, how: Shutdown) -> io::Result<()> {
-        self.sock().shutdown(how)
+    pub fn shutdown(&mut self, how: Shutdown) -> io::Result<()> {
+        match self {
+            Stream::Pipe(p) => {
+                if how != Shutdown::Read {
+                    p.shutdown_write();
+                }
+                Ok(())
+            }
+            s => s.sock().map_or(Ok(()), |k| k.shutdown(how)),
+        }
     }
 }
 
@@ -72,6 +107,8 @@ impl Read for Stream {
         match self {
             Stream::Tcp(s) => s.read(buf),
             Stream::Vsock(s) => s.read(buf),
+            Stream::Unix(s) => s.read(buf),
+            Stream::Pipe(s) => s.read(buf),
         }
     }
 }
@@ -81,6 +118,8 @@ impl Write for Stream {
         match self {
             Stream::Tcp(s) => s.write(buf),
             Stream::Vsock(s) => s.write(buf),
+            Stream::Unix(s) => s.write(buf),
+            Stream::Pipe(s) => s.write(buf),
         }
     }
 
@@ -177,6 +216,10 @@ pub enum Listener {
     Udp(UdpSocket),
     /// A vsock stream listener (rr, crr, stream, ping) and the port it is bound to.
     Vsock(VsockListener, u32),
+    /// The `unix` floor (rr, crr, stream, ping) and its id.
+    Unix(UnixListener, u64),
+    /// The `pipe` floor (rr, stream, ping: one connection) and its id.
+    Pipe(PipeListener, u64),
 }
 
 impl Listener {
@@ -221,14 +264,35 @@ impl Listener {
         Ok(Listener::Vsock(l, port))
     }
 
+    /// Listens on floor `id` (`pipe` or `unix`) for `workload`; udp-stream has no such form, and
+    /// a pipe carries no `crr` (one connection): refused with InvalidInput.
+    pub fn bind_floor(workload: Workload, pipe: bool, id: u64) -> io::Result<Self> {
+        if workload.is_udp() || (pipe && workload == Workload::Crr) {
+            return Err(io::Error::new(
+                ErrorKind::InvalidInput,
+                format!(
+                    "{workload} does not run on the {} floor",
+                    if pipe { "pipe" } else { "unix" }
+                ),
+            ));
+        }
+        if pipe {
+            return Ok(Listener::Pipe(PipeListener::bind(id)?, id));
+        }
+        let l = crate::floor::unix_listen(id)?;
+        // AF_UNIX accept() honours SO_RCVTIMEO as well, so the stop flag is seen.
+        SockRef::from(&l).set_read_timeout(Some(POLL))?;
+        Ok(Listener::Unix(l, id))
+    }
+
     /// The bound address (vsock listeners: port only, in [`Listener::peer`]).
     pub fn local_addr(&self) -> io::Result<SocketAddr> {
         match self {
             Listener::Tcp(l) => l.local_addr(),
             Listener::Udp(u) => u.local_addr(),
-            Listener::Vsock(..) => Err(io::Error::new(
+            Listener::Vsock(..) | Listener::Unix(..) | Listener::Pipe(..) => Err(io::Error::new(
                 ErrorKind::InvalidInput,
-                "a vsock listener has no IP address",
+                "a vsock or floor listener has no IP address",
             )),
         }
     }
@@ -240,6 +304,8 @@ impl Listener {
                 cid: nsfast_sys::vsock::VMADDR_CID_LOCAL,
                 port: *port,
             }),
+            Listener::Unix(_, id) => Ok(Peer::Unix { id: *id }),
+            Listener::Pipe(_, id) => Ok(Peer::Pipe { id: *id }),
             _ => self.local_addr().map(Peer::Ip),
         }
     }
@@ -248,6 +314,8 @@ impl Listener {
         match self {
             Listener::Tcp(l) => l.accept().map(|(s, _)| Stream::Tcp(s)),
             Listener::Vsock(l, _) => l.accept().map(|(s, _)| Stream::Vsock(s)),
+            Listener::Unix(l, _) => l.accept().map(|(s, _)| Stream::Unix(s)),
+            Listener::Pipe(l, _) => l.accept(POLL).map(Stream::Pipe),
             Listener::Udp(_) => Err(io::Error::new(
                 ErrorKind::InvalidInput,
                 "a UDP socket accepts no connections",
@@ -291,7 +359,9 @@ pub fn serve(
                 c.bytes += n as u64;
             }
         }
-        (w, Listener::Tcp(_) | Listener::Vsock(..)) if !w.is_udp() => {
+        (w, Listener::Tcp(_) | Listener::Vsock(..) | Listener::Unix(..) | Listener::Pipe(..))
+            if !w.is_udp() =>
+        {
             while !stop.load(Ordering::Relaxed) {
                 let conn = match listener.accept_stream() {
                     Ok(s) => s,
@@ -589,6 +659,8 @@ fn connect(addr: Peer, nodelay: bool) -> io::Result<Stream> {
     let s = match addr {
         Peer::Ip(a) => Stream::Tcp(TcpStream::connect_timeout(&a, Duration::from_secs(5))?),
         Peer::Vsock { cid, port } => Stream::Vsock(VsockStream::connect(VsockAddr { cid, port })?),
+        Peer::Unix { id } => Stream::Unix(crate::floor::unix_connect(id)?),
+        Peer::Pipe { id } => Stream::Pipe(crate::floor::pipe_connect(id)?),
     };
     s.set_nodelay(nodelay)?;
     Ok(s)

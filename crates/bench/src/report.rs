@@ -193,7 +193,7 @@ pub fn cross_check_table(cc: &[CrossCheck]) -> String {
     );
     let _ = writeln!(
         out,
-        "{:<9} {:<9} {:<9} {:<48} {:>8} {:>8} {:>8}  {:<5}  runs (tool | ours)",
+        "{:<12} {:<9} {:<9} {:<48} {:>8} {:>8} {:>8}  {:<5}  runs (tool | ours)",
         "topology", "placement", "tool", "metric", "tool", "ours", "diff", "agree"
     );
     for c in cc {
@@ -216,7 +216,7 @@ pub fn cross_check_table(cc: &[CrossCheck]) -> String {
         };
         let _ = writeln!(
             out,
-            "{:<9} {:<9} {:<9} {:<48} {:>8} {:>8} {:>8}  {:<5}  {} | {}",
+            "{:<12} {:<9} {:<9} {:<48} {:>8} {:>8} {:>8}  {:<5}  {} | {}",
             c.topology,
             c.placement.name(),
             c.tool,

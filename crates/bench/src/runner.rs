@@ -19,7 +19,7 @@ use crate::model::{CrossCheck, Machine};
 use crate::proc::{check_interrupt, command_in, ChildGuard, Launcher};
 use crate::spec::{Config, Placement, Sizes, Workload};
 use crate::topology::{self, BuildCtx, Built, ProbeCtx, RunCgroup, TopologyDef};
-use crate::worker::{read_report, Role, VsockEnd, WorkerReport, WorkerSpec};
+use crate::worker::{read_report, FloorEnd, Role, VsockEnd, WorkerReport, WorkerSpec};
 use crate::BenchError;
 
 /// What the run reports as it goes.
@@ -197,7 +197,9 @@ impl Runner {
         Ok(samples)
     }
 
-    /// `--cross-check`: sockperf and iperf3 next to ours, on host and veth.
+    /// `--cross-check`: sockperf and iperf3 next to ours, on host and veth (where ours must
+    /// agree with them) and through both shortcuts (the tools' processes are in the same
+    /// cgroups, so the shortcut carries their bytes as it carries ours).
     fn cross_checks(
         &self,
         built: &[Built],
@@ -208,10 +210,7 @@ impl Runner {
         if !self.config.cross_check {
             return Ok(cross_check);
         }
-        for b in built
-            .iter()
-            .filter(|b| b.name == "host" || b.name == "veth")
-        {
+        for b in built.iter().filter(|b| CROSS_CHECKED.contains(&b.name)) {
             for &(placement, ccpu, scpu) in placements {
                 obs.note(&format!(
                     "cross-check on {} ({placement}): sockperf, iperf3",
@@ -382,7 +381,7 @@ impl Runner {
         let addr = match read_report(server.stdout()) {
             Some(WorkerReport::Ready(a)) => a,
             // The client goes to the topology's client port (a relay's, or the server's).
-            Some(WorkerReport::ReadyVsock(_)) => spec.addr,
+            Some(WorkerReport::ReadyVsock(_) | WorkerReport::ReadyFloor(_)) => spec.addr,
             Some(WorkerReport::Error(e)) => {
                 return Err(BenchError::Worker {
                     what: server.what.clone(),
@@ -420,9 +419,23 @@ fn server_spec(
             cid: nsfast_sys::vsock::VMADDR_CID_ANY,
             port: v.server_port,
         }),
+        floor: b.floor.map(|f| FloorEnd {
+            pipe: f == crate::built::Floor::Pipe,
+            id: next_floor_id(),
+        }),
         relay_to: None,
         kernel_path: false,
     }
+}
+
+/// The topologies `--cross-check` runs the established tools on.
+const CROSS_CHECKED: [&str; 4] = ["host", "veth", "sockmap", "bpf-shortcut"];
+
+/// A fresh id for each floor server: this process's pid and a counter, so neither a stale
+/// FIFO directory nor another run's socket name is met.
+fn next_floor_id() -> u64 {
+    static N: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    (u64::from(std::process::id()) << 32) | N.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
 }
 
 /// A placement with its client and server CPU (`None`: unpinned).

@@ -18,7 +18,7 @@ use nsfast_sys::netns::NetNs;
 
 use crate::built::{cgroups, ns, other};
 pub use crate::built::{
-    BuildCtx, Built, Endpoint, ProbeCtx, RunCgroup, Tenant, TopologyError, VsockPath,
+    BuildCtx, Built, Endpoint, Floor, ProbeCtx, RunCgroup, Tenant, TopologyError, VsockPath,
 };
 
 /// A topology that can be built.
@@ -157,11 +157,23 @@ pub fn registry() -> Vec<TopologyDef> {
             probe: |_| crate::vsock_hook::probe_socat(),
             build: crate::vsock_hook::build_socat,
         },
+        TopologyDef {
+            name: "pipe",
+            about: "the floor: two FIFOs between the two processes (no sockets; no crr, no udp-stream)",
+            probe: |_| Ok(()),
+            build: |ctx| build_floor(ctx, "pipe", Floor::Pipe),
+        },
+        TopologyDef {
+            name: "unix",
+            about: "the floor for sockets: an AF_UNIX stream socket (no TCP/IP; no udp-stream)",
+            probe: |_| Ok(()),
+            build: |ctx| build_floor(ctx, "unix", Floor::Unix),
+        },
     ]
 }
 
 /// Topologies run when none are named.
-pub const DEFAULT: [&str; 4] = ["host", "veth", "routed", "sockmap"];
+pub const DEFAULT: [&str; 6] = ["host", "pipe", "unix", "veth", "routed", "sockmap"];
 
 /// Looks a topology up by name; the error lists the valid names.
 pub fn find(name: &str) -> Result<TopologyDef, crate::BenchError> {
@@ -221,10 +233,25 @@ fn client_sysctls(topology: &'static str, n: &NetNs) -> Result<(), TopologyError
 }
 
 fn build_host(ctx: &BuildCtx) -> Result<Built, TopologyError> {
-    const T: &str = "host";
-    let (dir, client, server) = cgroups(ctx, T)?;
+    let b = one_namespace(ctx, "host", None)?;
+    client_sysctls(b.name, &b.namespaces[0])?;
+    Ok(b)
+}
+
+/// Both ends in one namespace, joined by a floor transport ([`crate::floor`]).
+fn build_floor(ctx: &BuildCtx, t: &'static str, floor: Floor) -> Result<Built, TopologyError> {
+    one_namespace(ctx, t, Some(floor))
+}
+
+/// Both ends in one namespace `<prefix>-<t>`: over loopback (`host`), or a floor transport.
+fn one_namespace(
+    ctx: &BuildCtx,
+    t: &'static str,
+    floor: Option<Floor>,
+) -> Result<Built, TopologyError> {
+    let (dir, client, server) = cgroups(ctx, t)?;
     let mut b = Built {
-        name: T,
+        name: t,
         namespaces: vec![],
         client: Endpoint {
             ns: 0,
@@ -238,12 +265,12 @@ fn build_host(ctx: &BuildCtx) -> Result<Built, TopologyError> {
         server_port: 0,
         cgroup_dir: dir,
         vsock: None,
+        floor,
         fast_path: None,
         extras: vec![],
         note: None,
     };
-    b.namespaces.push(ns(T, format!("{}-host", ctx.prefix))?);
-    client_sysctls(T, &b.namespaces[0])?;
+    b.namespaces.push(ns(t, format!("{}-{t}", ctx.prefix))?);
     Ok(b)
 }
 
@@ -265,6 +292,7 @@ fn build_veth_pair(ctx: &BuildCtx, t: &'static str) -> Result<Built, TopologyErr
         server_port: 0,
         cgroup_dir: dir,
         vsock: None,
+        floor: None,
         fast_path: None,
         extras: vec![],
         note: None,
@@ -318,6 +346,7 @@ fn build_routed(ctx: &BuildCtx) -> Result<Built, TopologyError> {
         server_port: 0,
         cgroup_dir: dir,
         vsock: None,
+        floor: None,
         fast_path: None,
         extras: vec![],
         note: None,
@@ -382,6 +411,7 @@ fn build_rootless(ctx: &BuildCtx, t: &'static str, relay: bool) -> Result<Built,
         server_port: crate::rootless_hook::PORT,
         cgroup_dir: dir,
         vsock: None,
+        floor: None,
         fast_path,
         extras: parts.guards,
         note: Some(parts.note),
@@ -415,6 +445,7 @@ fn two_pods(
         server_port: 0,
         cgroup_dir: dir,
         vsock: None,
+        floor: None,
         fast_path: None,
         extras: vec![keep],
         note: Some(note),

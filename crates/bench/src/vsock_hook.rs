@@ -126,6 +126,7 @@ fn base(ctx: &BuildCtx, t: &'static str, path: VsockPath) -> Result<Built, Topol
         server_port: 0,
         cgroup_dir: dir,
         vsock: Some(path),
+        floor: None,
         fast_path: None,
         extras: vec![],
         note: None,
@@ -199,6 +200,7 @@ fn relay_topology(
             cid: VMADDR_CID_LOCAL,
             port: path.server_port,
         }),
+        floor: None,
         kernel_path,
     };
     let mut args = launcher.args.clone();

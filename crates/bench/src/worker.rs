@@ -35,6 +35,14 @@ pub struct VsockEnd {
     pub port: u32,
 }
 
+/// A floor endpoint ([`crate::floor`]): which transport, and the id both ends derive the
+/// socket name or FIFO directory from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FloorEnd {
+    pub pipe: bool,
+    pub id: u64,
+}
+
 /// Everything a worker needs, passed as one JSON argument.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct WorkerSpec {
@@ -49,6 +57,9 @@ pub struct WorkerSpec {
     /// connects to this CID and port.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub vsock: Option<VsockEnd>,
+    /// Use a floor transport (pipe or AF_UNIX) instead of `addr`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub floor: Option<FloorEnd>,
     /// Relay: where each accepted connection goes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub relay_to: Option<VsockEnd>,
@@ -64,6 +75,8 @@ pub enum WorkerReport {
     Ready(SocketAddr),
     /// A vsock server or relay is listening (CID to connect to, port).
     ReadyVsock(VsockEnd),
+    /// A floor server is listening.
+    ReadyFloor(FloorEnd),
     Server(ServerCounts),
     Client(ClientResult),
     Error(String),
@@ -93,11 +106,13 @@ fn run_spec(spec: &WorkerSpec, out: &mut dyn Write) -> Result<(), String> {
     }
     match spec.role {
         Role::Server => {
-            let l = match spec.vsock {
-                Some(v) => Listener::bind_vsock(spec.workload, v.port).map_err(|e| {
+            let l = match (spec.vsock, spec.floor) {
+                (Some(v), _) => Listener::bind_vsock(spec.workload, v.port).map_err(|e| {
                     format!("{}: listen on vsock port {}: {e}", spec.workload, v.port)
                 })?,
-                None => Listener::bind(spec.workload, spec.addr)
+                (None, Some(f)) => Listener::bind_floor(spec.workload, f.pipe, f.id)
+                    .map_err(|e| format!("{}: listen on floor {f:?}: {e}", spec.workload))?,
+                (None, None) => Listener::bind(spec.workload, spec.addr)
                     .map_err(|e| format!("{}: listen on {}: {e}", spec.workload, spec.addr))?,
             };
             let local = l.peer().map_err(|e| e.to_string())?;
@@ -114,6 +129,8 @@ fn run_spec(spec: &WorkerSpec, out: &mut dyn Write) -> Result<(), String> {
                 &match local {
                     Peer::Ip(a) => WorkerReport::Ready(a),
                     Peer::Vsock { cid, port } => WorkerReport::ReadyVsock(VsockEnd { cid, port }),
+                    Peer::Unix { id } => WorkerReport::ReadyFloor(FloorEnd { pipe: false, id }),
+                    Peer::Pipe { id } => WorkerReport::ReadyFloor(FloorEnd { pipe: true, id }),
                 },
             );
             let c = load::serve(spec.workload, &l, spec.sizes, &stop)
@@ -122,12 +139,14 @@ fn run_spec(spec: &WorkerSpec, out: &mut dyn Write) -> Result<(), String> {
             Ok(())
         }
         Role::Client => {
-            let peer = match spec.vsock {
-                Some(v) => Peer::Vsock {
+            let peer = match (spec.vsock, spec.floor) {
+                (Some(v), _) => Peer::Vsock {
                     cid: v.cid,
                     port: v.port,
                 },
-                None => Peer::Ip(spec.addr),
+                (None, Some(FloorEnd { pipe: true, id })) => Peer::Pipe { id },
+                (None, Some(FloorEnd { pipe: false, id })) => Peer::Unix { id },
+                (None, None) => Peer::Ip(spec.addr),
             };
             let r = load::run_client_to(
                 spec.workload,

@@ -38,6 +38,21 @@ impl CniError {
         }
     }
 
+    /// The process exit status for this error (docs/json.md, "Exit codes"): 2 when the
+    /// runtime's input is at fault (version, field, environment, decoding, configuration),
+    /// 1 for a failure. The spec asks only for non-zero; the error object on stdout is the
+    /// answer a runtime reads.
+    pub fn exit_status(&self) -> u8 {
+        match self.code {
+            code::INCOMPATIBLE_VERSION
+            | code::UNSUPPORTED_FIELD
+            | code::INVALID_ENV
+            | code::DECODE_FAILURE
+            | code::INVALID_CONFIG => nsfast_sys::report::EXIT_USAGE,
+            _ => nsfast_sys::report::EXIT_FAILURE,
+        }
+    }
+
     pub fn to_json(&self) -> String {
         serde_json::json!({
             "cniVersion": self.cni_version,

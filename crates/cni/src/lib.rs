@@ -46,7 +46,7 @@ pub fn main() -> ExitCode {
                 e.details
             );
             let _ = nsfast_sys::outln!("{}", e.to_json());
-            return ExitCode::FAILURE;
+            return ExitCode::from(e.exit_status());
         }
     };
     let what = invocation(&env, &stdin);
@@ -75,7 +75,7 @@ pub fn main() -> ExitCode {
         Err(e) => {
             tracing::error!("{what}: error {}: {} ({})", e.code, e.msg, e.details);
             let _ = nsfast_sys::outln!("{}", e.to_json());
-            ExitCode::FAILURE
+            ExitCode::from(e.exit_status())
         }
     }
 }

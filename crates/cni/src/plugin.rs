@@ -116,6 +116,7 @@ pub fn check_input(env: &Env, stdin: &[u8]) -> Result<(), CniError> {
         }
         // ADD's opt-out: CNI_ARGS `NSFAST_SHORTCUT=` and runtimeConfig (runtime-controlled).
         let _ = crate::spec::shortcut_opt_out(env.args.as_deref(), conf);
+        let _ = crate::spec::pod_identity(env.args.as_deref(), conf);
     }
     Ok(())
 }
@@ -258,6 +259,7 @@ fn add(env: &Env, conf: &NetConf, raw: &Value) -> Result<String, CniError> {
     o.uplinks = conf.uplinks.clone();
     o.host_firewall = conf.host_firewall;
     o.no_shortcut = crate::spec::shortcut_opt_out(env.args.as_deref(), conf)?;
+    o.identity = crate::spec::pod_identity(env.args.as_deref(), conf)?;
     o.netns = Some(netns.to_string());
     o.pod_if = id.ifname.to_string();
     o.cni = Some(CniAttachment {

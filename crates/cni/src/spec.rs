@@ -113,6 +113,65 @@ pub fn shortcut_opt_out(cni_args: Option<&str>, conf: &NetConf) -> Result<bool, 
     }
 }
 
+/// What NetworkPolicies select the pod by: its Kubernetes namespace and name from CNI_ARGS
+/// `K8S_POD_NAMESPACE` / `K8S_POD_NAME` (as kubelet's runtimes set them; namespace `default`
+/// without one), its labels from runtimeConfig `labels` (the `"labels"` capability: an object
+/// `{"app": "web"}`, or a list `[{"key": "app", "value": "web"}]`). All of it comes from the
+/// runtime, none from the pod. A bad value is refused, naming it.
+pub fn pod_identity(
+    cni_args: Option<&str>,
+    conf: &NetConf,
+) -> Result<nsfast_pod::state::PodIdentity, CniError> {
+    let mut id = nsfast_pod::state::PodIdentity::default();
+    for kv in cni_args.unwrap_or("").split(';') {
+        if let Some(v) = kv.strip_prefix("K8S_POD_NAMESPACE=") {
+            nsfast_policy::parse::check_namespace(v).map_err(|e| {
+                CniError::new(
+                    code::INVALID_ENV,
+                    format!("invalid CNI_ARGS K8S_POD_NAMESPACE={v:?}"),
+                    e,
+                )
+            })?;
+            id.namespace = v.to_string();
+        } else if let Some(v) = kv.strip_prefix("K8S_POD_NAME=") {
+            if !v.is_empty() {
+                id.k8s_name = Some(v.to_string());
+            }
+        }
+    }
+    let bad = |what: String| {
+        CniError::new(
+            code::INVALID_CONFIG,
+            format!("invalid runtimeConfig labels: {what}"),
+            "expected {\"labels\": {\"KEY\": \"VALUE\"}} or [{\"key\": KEY, \"value\": VALUE}]",
+        )
+    };
+    let pairs: Vec<(String, String)> =
+        match conf.runtime_config.as_ref().and_then(|r| r.get("labels")) {
+            None | Some(Value::Null) => Vec::new(),
+            Some(Value::Object(m)) => m
+                .iter()
+                .map(|(k, v)| match v {
+                    Value::String(s) => Ok((k.clone(), s.clone())),
+                    other => Err(bad(format!("the value of {k:?} is {other}, not a string"))),
+                })
+                .collect::<Result<_, _>>()?,
+            Some(Value::Array(a)) => a
+                .iter()
+                .map(|e| match (e.get("key"), e.get("value")) {
+                    (Some(Value::String(k)), Some(Value::String(v))) => Ok((k.clone(), v.clone())),
+                    _ => Err(bad(format!("{e} has no string key and value"))),
+                })
+                .collect::<Result<_, _>>()?,
+            Some(other) => return Err(bad(format!("{other} is neither an object nor a list"))),
+        };
+    for (k, v) in pairs {
+        let (k, v) = nsfast_policy::parse::parse_label(&format!("{k}={v}")).map_err(bad)?;
+        id.labels.insert(k, v);
+    }
+    Ok(id)
+}
+
 /// One entry of `cni.dev/valid-attachments`.
 #[derive(Debug, Clone, Deserialize, Serialize, PartialEq, Eq)]
 pub struct Attachment {
@@ -247,6 +306,44 @@ pub struct CniResult {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_pod_identity_comes_from_cni_args_and_runtime_config() {
+        let base =
+            r#"{"cniVersion":"1.1.0","name":"n","type":"nsfast-cni","ipam":{"type":"host-local"}"#;
+        let conf = |rc: &str| parse_conf(format!("{base}{rc}}}").as_bytes()).unwrap().0;
+        let plain = conf("");
+        let id = pod_identity(None, &plain).unwrap();
+        assert_eq!(id.namespace, "default");
+        assert!(id.labels.is_empty() && id.k8s_name.is_none());
+        let args = "IgnoreUnknown=1;K8S_POD_NAMESPACE=shop;K8S_POD_NAME=web-0;K8S_POD_INFRA_CONTAINER_ID=abc";
+        let id = pod_identity(
+            Some(args),
+            &conf(r#","runtimeConfig":{"labels":{"app":"web","tier":"front"}}"#),
+        )
+        .unwrap();
+        assert_eq!(id.namespace, "shop");
+        assert_eq!(id.k8s_name.as_deref(), Some("web-0"));
+        assert_eq!(id.labels.get("app").map(String::as_str), Some("web"));
+        assert_eq!(id.labels.len(), 2);
+        let id = pod_identity(
+            None,
+            &conf(r#","runtimeConfig":{"labels":[{"key":"app","value":"db"}]}"#),
+        )
+        .unwrap();
+        assert_eq!(id.labels.get("app").map(String::as_str), Some("db"));
+        let e = pod_identity(Some("K8S_POD_NAMESPACE=Shop"), &plain).unwrap_err();
+        assert_eq!(e.code, code::INVALID_ENV);
+        assert!(e.msg.contains("\"Shop\""), "{}", e.msg);
+        for bad in [
+            r#","runtimeConfig":{"labels":{"app":7}}"#,
+            r#","runtimeConfig":{"labels":{"a b":"c"}}"#,
+            r#","runtimeConfig":{"labels":"app=web"}"#,
+        ] {
+            let e = pod_identity(None, &conf(bad)).unwrap_err();
+            assert_eq!(e.code, code::INVALID_CONFIG, "{bad}");
+        }
+    }
 
     #[test]
     fn errors_are_spec_objects() {

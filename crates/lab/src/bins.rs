@@ -59,3 +59,12 @@ pub fn build_fresh(name: &str, dir_var: &str) -> PathBuf {
         None => fresh(name),
     }
 }
+
+/// The `nsfast` binary under test: `$NSFAST_BIN` (a VM guest's `/bin/nsfast`), else
+/// `$NSFAST_SHIPPED_BIN_DIR/nsfast` (`make test-root`'s own build), else [`fresh`].
+pub fn nsfast() -> PathBuf {
+    match std::env::var_os("NSFAST_BIN") {
+        Some(p) => PathBuf::from(p),
+        None => build_fresh("nsfast", "NSFAST_SHIPPED_BIN_DIR"),
+    }
+}

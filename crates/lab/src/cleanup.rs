@@ -1,7 +1,7 @@
 //! The one "remove what a dead run left" cleanup, for every throwaway name of [`crate::name`]
 //! whose owning process is gone: bench runs' and killed tests' namespaces, cgroups, temporary
-//! folders and pod state, and rootless worlds' processes, namespaces and folders. Live runs'
-//! objects are left alone.
+//! folders, pod state and BIRD processes ([`crate::bird`]), and rootless worlds' processes,
+//! namespaces and folders. Live runs' objects are left alone.
 
 use std::fs;
 use std::io;
@@ -124,6 +124,8 @@ pub fn dead_runs() -> Vec<String> {
             Err(e) => tracing::warn!("remove cgroup {}: {e}", c.display()),
         }
     }
+    // BIRD processes of killed `bird` worlds (their configurations are in these folders).
+    done.extend(crate::bird::kill_stale(&left.dirs));
     for d in left.dirs {
         match fs::remove_dir_all(&d) {
             Ok(()) => done.push(format!("folder {}", d.display())),

@@ -13,6 +13,8 @@
 //!   (also when a test panics).
 //! - [`pods`]  — two hosts joined by a veth wire, with nsfast pods (`nsfast_pod::add`).
 //! - [`ptp`]   — the same layout with pods of the reference CNI `ptp` plugin (bench baseline).
+//! - [`bird`]  — three (or more) nodes on one L2 segment with nsfast pods and a BIRD 2 per
+//!   node exchanging the pod CIDRs over BGP, with the shipped `dist/bird/bird.conf`.
 //! - [`rootless`] — a real rootless world (RootlessKit + slirp4netns, run by an existing
 //!   [`tenant`]) for vpnrelay's tests and the bench; [`rootless_bench`] measures in it
 //!   (`nsfast-lab vpnrelay-bench`).
@@ -29,8 +31,10 @@
 //! - [`kernel`] — kernel features a test expects, from the harness (env or kernel config).
 
 pub mod bins;
+pub mod bird;
 pub mod bpf;
 pub mod cleanup;
+pub mod conform;
 pub mod kernel;
 pub mod name;
 pub mod peer;

@@ -161,6 +161,19 @@ pub enum Mode {
         #[arg(long)]
         iterations: u64,
     },
+    /// Run conformance CASE (`nsfast_lab::conform`) on one connection to LISTEN, listening in
+    /// SERVER_NETNS and connecting from CLIENT_NETNS (default: this process's namespace);
+    /// prints `{"case": CASE, "obs": {...}}`.
+    Conform {
+        #[arg(long)]
+        case: String,
+        #[arg(long)]
+        listen: SocketAddr,
+        #[arg(long)]
+        server_netns: Option<String>,
+        #[arg(long)]
+        client_netns: Option<String>,
+    },
 }
 
 /// Result of the bidirectional modes.
@@ -294,6 +307,18 @@ async fn run(mode: Mode) -> Result<String> {
             bytes,
             iterations,
         } => tag_client(a, bind, expect, bytes, iterations).await,
+        Mode::Conform {
+            case,
+            listen: a,
+            server_netns,
+            client_netns,
+        } => tokio::task::spawn_blocking(move || {
+            let obs =
+                crate::conform::run(&case, a, server_netns.as_deref(), client_netns.as_deref())?;
+            Ok(serde_json::json!({ "case": case, "obs": obs }).to_string())
+        })
+        .await
+        .context("conformance case")?,
     }
 }
 

@@ -42,6 +42,20 @@ impl ByteStream {
     }
 }
 
+/// The SHA-256, in hex, of the first `bytes` of stream `seed` (what a peer sending that
+/// stream sends).
+pub fn sha256_of(seed: u64, bytes: u64) -> String {
+    let (mut s, mut h, mut left) = (ByteStream::new(seed), Sha256::new(), bytes);
+    let mut buf = vec![0u8; 1 << 16];
+    while left > 0 {
+        let n = left.min(buf.len() as u64) as usize;
+        s.fill(&mut buf[..n]);
+        h.update(&buf[..n]);
+        left -= n as u64;
+    }
+    format!("{:x}", h.finalize())
+}
+
 /// A stream that can be split into a writer and a reader and half-closed.
 pub trait Duplex: Read + Write + Send + Sized + 'static {
     fn dup(&self) -> Self;

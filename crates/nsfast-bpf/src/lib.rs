@@ -6,7 +6,10 @@
 //! [`sockmap_abi`] mirrors the maps of [`SOCKMAP`]: both `nsfast sockmap` (crate
 //! nsfast-sockmap) and the pod shortcut (crate nsfast-pod) load that object.
 
+pub mod pod_abi;
+pub mod relay_abi;
 pub mod sockmap_abi;
+pub mod sockmap_kept;
 pub mod sockmap_readers;
 
 /// sockops + sk_msg programs and their maps (`bpf/sockmap.bpf.c`).

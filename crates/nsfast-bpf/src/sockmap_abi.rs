@@ -16,6 +16,7 @@ pub const PROG_SENDFILE_ENTER: &str = "nsf_sendfile_enter";
 pub const PROG_SENDFILE_EXIT: &str = "nsf_sendfile_exit";
 pub const PROG_SPLICE_SEEN: &str = "nsf_splice_seen";
 pub const PROG_SPLICE_GUARD: &str = "nsf_splice_guard";
+pub const PROG_SETSOCKOPT: &str = "nsf_setsockopt";
 /// The read-only global with the per-connection queue limit (bytes).
 pub const GLOBAL_QUEUE_LIMIT: &str = "nsf_queue_limit";
 /// Its default: 16 MiB.
@@ -106,9 +107,10 @@ pub enum Stat {
     RxMissing,
     GatedMsgs,
     GatedBytes,
+    KeptTcp,
 }
 
-pub const STAT_COUNT: u32 = 19;
+pub const STAT_COUNT: u32 = 20;
 
 /// struct nsf_counters: the one per-CPU value of `nsf_stats`.
 #[repr(C)]
@@ -164,6 +166,104 @@ pub struct Pending {
 
 // SAFETY: Pending is repr(C), Copy, 16 bytes without implicit padding; any bit pattern is valid.
 unsafe impl aya::Pod for Pending {}
+
+/// `nsf_kept`: the last [`KEPT_SLOTS`] connection ends that kept TCP (struct nsf_kept_event),
+/// and `nsf_kept_head`, the number of events written so far.
+pub const MAP_KEPT: &str = "nsf_kept";
+pub const MAP_KEPT_HEAD: &str = "nsf_kept_head";
+pub const KEPT_SLOTS: u32 = 64;
+
+/// struct nsf_kept_event
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct KeptEvent {
+    /// The event's number + 1 once it is complete; 0 while it is written (or never was).
+    pub seq: u64,
+    /// The socket that keeps TCP.
+    pub cookie: u64,
+    pub key: PairKey,
+    /// The process (tgid) that set the option or made the read.
+    pub pid: u32,
+    /// enum nsf_kept_reason ([`KeptReason`]).
+    pub reason: u32,
+    pub comm: [u8; 16],
+}
+
+// SAFETY: KeptEvent is repr(C), Copy, 88 bytes without implicit padding (8+8+48+4+4+16, checked
+// below); any bit pattern is valid.
+unsafe impl aya::Pod for KeptEvent {}
+
+/// enum nsf_kept_reason: why a connection keeps TCP.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KeptReason {
+    RcvLowat,
+    ZeroCopy,
+    Ulp,
+    WaitAll,
+    Oob,
+    Splice,
+}
+
+impl KeptReason {
+    pub fn from_raw(r: u32) -> Option<Self> {
+        Some(match r {
+            1 => Self::RcvLowat,
+            2 => Self::ZeroCopy,
+            3 => Self::Ulp,
+            4 => Self::WaitAll,
+            5 => Self::Oob,
+            6 => Self::Splice,
+            _ => return None,
+        })
+    }
+
+    /// What the application did, as a user would write it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::RcvLowat => "SO_RCVLOWAT",
+            Self::ZeroCopy => "SO_ZEROCOPY",
+            Self::Ulp => "TCP_ULP",
+            Self::WaitAll => "MSG_WAITALL",
+            Self::Oob => "MSG_OOB",
+            Self::Splice => "splice",
+        }
+    }
+}
+
+impl KeptEvent {
+    /// The process name (up to its first NUL).
+    pub fn comm_str(&self) -> String {
+        let end = self
+            .comm
+            .iter()
+            .position(|&b| b == 0)
+            .unwrap_or(self.comm.len());
+        String::from_utf8_lossy(&self.comm[..end]).into_owned()
+    }
+
+    /// The connection's client and server address.
+    pub fn endpoints(&self) -> (std::net::SocketAddr, std::net::SocketAddr) {
+        (
+            words_to_addr(self.key.client_ip, self.key.client_port),
+            words_to_addr(self.key.server_ip, self.key.server_port),
+        )
+    }
+}
+
+/// An address stored as four network-order words (IPv4 as ::ffff:a.b.c.d), shown as IPv4 when
+/// it is one.
+pub fn words_to_addr(w: [u32; 4], port: u16) -> std::net::SocketAddr {
+    let mut o = [0u8; 16];
+    for (i, x) in w.iter().enumerate() {
+        o[4 * i..4 * i + 4].copy_from_slice(&x.to_ne_bytes());
+    }
+    let v6 = std::net::Ipv6Addr::from(o);
+    let ip = match v6.to_ipv4_mapped() {
+        Some(v4) => std::net::IpAddr::V4(v4),
+        None => std::net::IpAddr::V6(v6),
+    };
+    std::net::SocketAddr::new(ip, port)
+}
 
 /// Roles in `nsf_pending` and the poison cookie (sockmap_maps.h).
 pub const ROLE_ACTIVE: u32 = 1;
@@ -254,13 +354,31 @@ mod tests {
     use super::*;
 
     #[test]
+    fn kept_event_decodes_addresses_and_names() {
+        let client: std::net::SocketAddr = "10.1.2.3:40000".parse().unwrap();
+        let server: std::net::SocketAddr = "[fd00::2]:80".parse().unwrap();
+        let mut e = KeptEvent {
+            key: expected_key(client, server, 1, 2),
+            reason: 4,
+            ..Default::default()
+        };
+        e.comm[..4].copy_from_slice(b"curl");
+        assert_eq!(e.endpoints(), (client, server));
+        assert_eq!(e.comm_str(), "curl");
+        assert_eq!(KeptReason::from_raw(e.reason), Some(KeptReason::WaitAll));
+        assert_eq!(KeptReason::from_raw(0), None);
+        assert_eq!(KeptReason::from_raw(7), None);
+    }
+
+    #[test]
     fn layouts_match_the_c_structs() {
+        assert_eq!(std::mem::size_of::<KeptEvent>(), 88);
         assert_eq!(std::mem::size_of::<Config>(), 24);
         assert_eq!(std::mem::size_of::<PairKey>(), 48);
         assert_eq!(std::mem::size_of::<ConnView>(), 64);
         assert_eq!(std::mem::size_of::<Pending>(), 16);
         assert_eq!(ConnView::default().to_bytes().len(), 64);
-        assert_eq!(Stat::GatedBytes as u32 + 1, STAT_COUNT);
+        assert_eq!(Stat::KeptTcp as u32 + 1, STAT_COUNT);
         assert_eq!(std::mem::size_of::<PodEntry>(), 16);
         assert_eq!(PodStat::OptedOut as u32 + 1, POD_STAT_COUNT);
     }

@@ -14,7 +14,7 @@
 //! both); where it cannot load the shortcut runs without it and says so once.
 
 use aya::programs::links::FdLink;
-use aya::programs::{BtfTracePoint, FEntry, FExit, Lsm};
+use aya::programs::{BtfTracePoint, CgroupSockopt, FEntry, FExit, Lsm};
 use aya::{Btf, Ebpf};
 use tracing::{info, warn};
 
@@ -156,6 +156,22 @@ fn attach_guard(ebpf: &mut Ebpf, btf: &Btf) -> Result<Vec<(&'static str, FdLink)
             attach_lsm(ebpf, btf, abi::PROG_SPLICE_GUARD, "file_permission")?,
         ),
     ])
+}
+
+/// Loads the socket-option hook (`cgroup/setsockopt`: options the shortcut cannot honour keep
+/// their socket on TCP) and returns its program fd, for the caller to attach to its cgroup
+/// with a BPF link (`nsfast_sys::bpf::cgroup_link`; aya's cgroup-sockopt link cannot be
+/// pinned). Attach it before sockops, so an option set on a connecting socket is seen.
+pub fn load_sockopt(ebpf: &mut Ebpf) -> Result<aya::programs::ProgramFd, String> {
+    let p: &mut CgroupSockopt = ebpf
+        .program_mut(abi::PROG_SETSOCKOPT)
+        .ok_or("program nsf_setsockopt missing")?
+        .try_into()
+        .map_err(|e| format!("{e}"))?;
+    p.load().map_err(|e| format!("load nsf_setsockopt: {e}"))?;
+    p.fd()
+        .and_then(|f| f.try_clone().map_err(Into::into))
+        .map_err(|e| format!("nsf_setsockopt fd: {e}"))
 }
 
 /// Loads and attaches the reader programs of `ebpf` (the sockmap object, before its sk_msg and

@@ -58,6 +58,20 @@ pub fn prog_query(target: BorrowedFd<'_>, attach_type: u32) -> io::Result<Vec<u3
     Ok(ids)
 }
 
+/// `BPF_CGROUP_SETSOCKOPT` from `enum bpf_attach_type`.
+pub const BPF_CGROUP_SETSOCKOPT: u32 = 22;
+
+/// Attaches the cgroup program `prog` to the cgroup open at `cgroup` at `attach_type` with a
+/// BPF link (`BPF_LINK_CREATE`; the cgroup's fd goes where a device's ifindex would). Returns
+/// the link; closing it (unless pinned with [`netkit::obj_pin`]) detaches the program.
+pub fn cgroup_link(
+    prog: BorrowedFd<'_>,
+    cgroup: BorrowedFd<'_>,
+    attach_type: u32,
+) -> io::Result<std::os::fd::OwnedFd> {
+    netkit::link_create(prog, cgroup.as_raw_fd() as u32, attach_type)
+}
+
 /// Netkit program attachment through a raw `BPF_LINK_CREATE` (aya 0.14 has no netkit attach).
 /// Everything unsafe about it lives in this module.
 pub mod netkit {

@@ -8,6 +8,7 @@
 //! - [`args`]    — one parser each for sizes, durations, interface names (and [`ports`]:
 //!   port lists such as `80,443,8000-8100`), used by every CLI and config reader.
 //! - [`report`]  — an error with its causes on one line; [`logging`] — the one log setup.
+//! - [`helpdoc`]  — EXAMPLES and SEE ALSO for `--help` and the man pages, from one table.
 //! - [`kernel`]  — running kernel version, cached.
 //! - [`bpf`]     — raw `bpf(2)` calls aya 0.14 does not expose (program query on a cgroup,
 //!   netkit `BPF_LINK_CREATE`, object pin).
@@ -28,6 +29,8 @@
 //! - [`out`]     — stdout output that returns errors instead of panicking (closed stdout).
 //! - [`pidfd`]   — `pidfd_open(2)`: a handle on a process that a reused PID cannot redirect.
 //! - [`userns`]  — join a rootless user/mount/network namespace set (RootlessKit child) before exec.
+//! - [`metrics`] — Prometheus text/OpenMetrics snapshots and the `/metrics` endpoint
+//!   (`--metrics-listen`).
 //! - [`zerocopy`] — `MSG_ZEROCOPY` sends (SO_ZEROCOPY) and their error-queue completions.
 //!
 //! All `unsafe` in nsfast's plumbing lives in this crate, each block with a `// SAFETY:` note.
@@ -38,9 +41,11 @@ pub mod cgroup;
 pub mod child;
 pub mod cmsg;
 pub mod conntrack;
+pub mod helpdoc;
 pub mod kernel;
 pub mod lockfile;
 pub mod logging;
+pub mod metrics;
 pub mod net;
 pub mod netns;
 pub mod nftables;

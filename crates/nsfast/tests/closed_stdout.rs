@@ -50,6 +50,7 @@ fn listing_and_status_commands_end_quietly_on_a_closed_stdout() {
         ("nsfast", &["bench", "--list"]),
         ("nsfast", &["probe", "--json"]),
         ("nsfast", &["probe"]),
+        ("nsfast", &["metrics"]),
         ("nsfast", &["--help"]),
         ("vpnrelay", &["--help"]),
     ];

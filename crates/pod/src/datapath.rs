@@ -55,6 +55,11 @@ fn load(host_pins: &Path) -> Result<Ebpf, PodError> {
         .map_pin_path(abi::MAP_ENDPOINTS, host_pins.join(abi::MAP_ENDPOINTS))
         .map_pin_path(abi::MAP_ENDPOINTS6, host_pins.join(abi::MAP_ENDPOINTS6))
         .map_pin_path(abi::MAP_COUNTERS, host_pins.join(abi::MAP_COUNTERS))
+        .map_pin_path(abi::MAP_POL_ISO, host_pins.join(abi::MAP_POL_ISO))
+        .map_pin_path(abi::MAP_POL_PEERS, host_pins.join(abi::MAP_POL_PEERS))
+        .map_pin_path(abi::MAP_POL_CIDRS, host_pins.join(abi::MAP_POL_CIDRS))
+        .map_pin_path(abi::MAP_POL_FLOWS, host_pins.join(abi::MAP_POL_FLOWS))
+        .map_pin_path(abi::MAP_POL_DROPS, host_pins.join(abi::MAP_POL_DROPS))
         .load(nsfast_bpf::POD)
         .map_err(|e| PodError::Load(Box::new(e)))
 }
@@ -443,4 +448,109 @@ pub fn tcx_uplinks(host: &Host) -> Vec<String> {
         .collect();
     v.sort();
     v
+}
+
+/// What the policy maps of a host should hold (`bpf/lib/pod_policy.h`): built by
+/// `crate::policy::sync` from the compiled tables.
+#[derive(Debug, Default, Clone, PartialEq)]
+pub struct PolicyMaps {
+    pub iso: std::collections::BTreeSet<abi::PolIsoKey>,
+    pub peers: std::collections::BTreeMap<abi::PolPeerKey, abi::PolPorts>,
+    /// (prefix length including the 64 bits of pod and direction, data) → ports.
+    pub cidrs: std::collections::BTreeMap<(u32, abi::PolCidrData), abi::PolPorts>,
+}
+
+fn pinned(host: &Host, name: &str) -> Result<Option<MapData>, PodError> {
+    let p = host.pin_dir().join(name);
+    if !p.exists() {
+        return Ok(None);
+    }
+    MapData::from_pin(&p)
+        .map(Some)
+        .map_err(PodError::map(format!("open {}", p.display())))
+}
+
+/// Makes the host's policy maps hold `want`: entries added or replaced first, then stale ones
+/// removed, then the reply flows forgotten (so a change that now denies a connection stops
+/// it at once; an allowed one records its flow again with its next packet). Nothing to do on
+/// a host whose maps are not pinned yet (no pod). The maps change entry by entry: a packet
+/// during the change sees some entries of each generation.
+pub fn write_policy_maps(host: &Host, want: &PolicyMaps) -> Result<bool, PodError> {
+    use aya::maps::lpm_trie::{Key, LpmTrie};
+    use aya::maps::HashMap as H;
+    let (Some(iso), Some(peers), Some(cidrs), Some(flows)) = (
+        pinned(host, abi::MAP_POL_ISO)?,
+        pinned(host, abi::MAP_POL_PEERS)?,
+        pinned(host, abi::MAP_POL_CIDRS)?,
+        pinned(host, abi::MAP_POL_FLOWS)?,
+    ) else {
+        return Ok(false);
+    };
+    let e = |what: &'static str| PodError::map(format!("policy map {what}"));
+    let mut iso: H<MapData, abi::PolIsoKey, u32> =
+        H::try_from(Map::HashMap(iso)).map_err(e("iso type"))?;
+    let mut peers: H<MapData, abi::PolPeerKey, abi::PolPorts> =
+        H::try_from(Map::HashMap(peers)).map_err(e("peers type"))?;
+    let mut cidrs: LpmTrie<MapData, abi::PolCidrData, abi::PolPorts> =
+        LpmTrie::try_from(Map::LpmTrie(cidrs)).map_err(e("cidrs type"))?;
+    let mut flows: H<MapData, abi::PolFlow, u32> =
+        H::try_from(Map::LruHashMap(flows)).map_err(e("flows type"))?;
+    // Allows first, isolation after: a pod that becomes isolated has its allows in place.
+    for (k, v) in &want.peers {
+        peers.insert(k, v, 0).map_err(e("peers insert"))?;
+    }
+    for ((len, d), v) in &want.cidrs {
+        cidrs
+            .insert(&Key::new(*len, *d), v, 0)
+            .map_err(e("cidrs insert"))?;
+    }
+    for k in &want.iso {
+        iso.insert(k, 1, 0).map_err(e("iso insert"))?;
+    }
+    let stale: Vec<abi::PolIsoKey> = iso
+        .keys()
+        .filter_map(Result::ok)
+        .filter(|k| !want.iso.contains(k))
+        .collect();
+    for k in stale {
+        iso.remove(&k).map_err(e("iso remove"))?;
+    }
+    let stale: Vec<abi::PolPeerKey> = peers
+        .keys()
+        .filter_map(Result::ok)
+        .filter(|k| !want.peers.contains_key(k))
+        .collect();
+    for k in stale {
+        peers.remove(&k).map_err(e("peers remove"))?;
+    }
+    let stale: Vec<Key<abi::PolCidrData>> = cidrs
+        .keys()
+        .filter_map(Result::ok)
+        .filter(|k| !want.cidrs.contains_key(&(k.prefix_len(), k.data())))
+        .collect();
+    for k in stale {
+        cidrs.remove(&k).map_err(e("cidrs remove"))?;
+    }
+    let all: Vec<abi::PolFlow> = flows.keys().filter_map(Result::ok).collect();
+    for k in all {
+        let _ = flows.remove(&k);
+    }
+    Ok(true)
+}
+
+/// Packets the policies dropped, per pod IPv4 address (summed over CPUs).
+pub fn policy_drops(
+    host: &Host,
+) -> Result<std::collections::BTreeMap<std::net::Ipv4Addr, u64>, PodError> {
+    use aya::maps::PerCpuHashMap;
+    let mut out = std::collections::BTreeMap::new();
+    let Some(md) = pinned(host, abi::MAP_POL_DROPS)? else {
+        return Ok(out);
+    };
+    let m: PerCpuHashMap<MapData, u32, u64> = PerCpuHashMap::try_from(Map::PerCpuHashMap(md))
+        .map_err(PodError::map("policy drop map type"))?;
+    for (k, v) in m.iter().filter_map(Result::ok) {
+        out.insert(std::net::Ipv4Addr::from(k.to_ne_bytes()), v.iter().sum());
+    }
+    Ok(out)
 }

@@ -90,6 +90,12 @@ pub enum PodError {
         #[source]
         source: std::io::Error,
     },
+    /// A NetworkPolicy input, label or namespace that does not check.
+    #[error("invalid policy input: {0}; nothing was changed")]
+    BadPolicy(String),
+    /// The stored policies do not check (the file was changed by hand?).
+    #[error("stored policies {path} do not check: {why}")]
+    BadPolicyState { path: PathBuf, why: String },
     /// State file unreadable.
     #[error("corrupt pod state file {path}")]
     State {
@@ -100,6 +106,21 @@ pub enum PodError {
 }
 
 impl PodError {
+    /// A bad value the caller gave (name, address, mode, interface, attach method): the
+    /// command lines exit 2 for these, 1 for the rest.
+    pub fn is_usage(&self) -> bool {
+        matches!(
+            self,
+            PodError::BadName(_)
+                | PodError::BadIp(_)
+                | PodError::BadIpList { .. }
+                | PodError::BadMode(_)
+                | PodError::BadIfName(_)
+                | PodError::BadAttach(_)
+                | PodError::BadAttachEnv(_)
+                | PodError::BadPolicy(_)
+        )
+    }
     pub(crate) fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> Self {
         let what = what.into();
         move |source| PodError::Io { what, source }

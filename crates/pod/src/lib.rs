@@ -10,6 +10,8 @@
 //!   table and counters.
 //! - [`shortcut`]  — the sockmap shortcut between pods of one host (`nsfast pod shortcut`),
 //!   `bpf/sockmap.bpf.c` in pod mode, pinned under the host's pin directory.
+//! - [`policy`]    — a host's NetworkPolicies and namespace labels (`nsfast policy`): one
+//!   generation file, replaced atomically.
 //! - [`fault`]     — the crash tests' fault-injection hook.
 //! - [`state`]     — per-host state: bpffs pins and JSON records under /run/nsfast/pod.
 //! - [`abi`]       — mirrors of the BPF types and names.
@@ -20,6 +22,7 @@ pub mod datapath;
 pub mod error;
 pub mod fault;
 pub mod pod;
+pub mod policy;
 pub mod shortcut;
 pub mod state;
 

@@ -60,6 +60,8 @@ const MAPS: &[&str] = &[
     abi::MAP_POD_STATS,
     abi::MAP_STATS,
     abi::MAP_CONFIG,
+    abi::MAP_KEPT,
+    abi::MAP_KEPT_HEAD,
 ];
 
 /// What `enable` recorded (in the host's state directory; the pins are on bpffs).
@@ -292,6 +294,30 @@ fn build(
             what: format!("pin {}", p.display()),
             source: Box::new(e),
         })?;
+    }
+    {
+        // The socket-option hook, linked to the cgroup before sockops and pinned beside the
+        // reader programs (removed with them).
+        let prog =
+            nsfast_bpf::sockmap_readers::load_sockopt(&mut ebpf).map_err(|e| PodError::Io {
+                what: e,
+                source: std::io::Error::from(std::io::ErrorKind::Unsupported),
+            })?;
+        let dir = fs::File::open(cg.path())
+            .map_err(PodError::io(format!("open cgroup {}", cg.path().display())))?;
+        let link = nsfast_sys::bpf::cgroup_link(
+            prog.as_fd(),
+            dir.as_fd(),
+            nsfast_sys::bpf::BPF_CGROUP_SETSOCKOPT,
+        )
+        .map_err(PodError::io(format!(
+            "attach {} to cgroup {}",
+            abi::PROG_SETSOCKOPT,
+            cg.path().display()
+        )))?;
+        let p = nd.join(format!("rx-{}", abi::PROG_SETSOCKOPT));
+        nsfast_sys::bpf::netkit::obj_pin(link.as_fd(), &p)
+            .map_err(PodError::io(format!("pin {}", p.display())))?;
     }
     let sockhash_fd = {
         let map = ebpf
@@ -648,6 +674,21 @@ pub struct Status {
     pub pair_conflicts: u64,
     pub redirected_bytes: u64,
     pub passed_bytes: u64,
+    /// Sends kept on TCP until their receiver was seen reading all of it (the gate).
+    pub gated_bytes: u64,
+    /// Receiving sockets seen reading with splice(2)/sendfile(2), the directions that moved to
+    /// TCP for them, and the splices the guard refused (EINVAL) while shortcut bytes waited.
+    pub splice_readers: u64,
+    pub splice_pass: u64,
+    pub splice_refused: u64,
+    /// Times a direction moved to TCP because its receiver fell behind by the queue limit.
+    pub queue_limit: u64,
+    /// Sockets kept on TCP for a socket option or read flag the shortcut cannot honour
+    /// (SO_RCVLOWAT, SO_ZEROCOPY, TCP_ULP, MSG_WAITALL, MSG_OOB).
+    pub kept_tcp: u64,
+    /// The last connection ends that kept TCP, oldest first (up to 64), with the process and
+    /// the reason.
+    pub kept_recent: Vec<nsfast_bpf::sockmap_kept::KeptConn>,
     /// Per pod, by name.
     pub pods: std::collections::BTreeMap<String, PodShortcutStats>,
 }
@@ -705,6 +746,13 @@ pub fn status(host: &Host) -> Result<Status, PodError> {
         pair_conflicts: 0,
         redirected_bytes: 0,
         passed_bytes: 0,
+        gated_bytes: 0,
+        splice_readers: 0,
+        splice_pass: 0,
+        splice_refused: 0,
+        queue_limit: 0,
+        kept_tcp: 0,
+        kept_recent: Vec::new(),
         pods: Default::default(),
     };
     if !s.enabled {
@@ -725,6 +773,21 @@ pub fn status(host: &Host) -> Result<Status, PodError> {
     s.pair_conflicts = sum(Stat::PairConflict);
     s.redirected_bytes = sum(Stat::RedirectBytes);
     s.passed_bytes = sum(Stat::PassBytes);
+    s.gated_bytes = sum(Stat::GatedBytes);
+    s.splice_readers = sum(Stat::SpliceReaders);
+    s.splice_pass = sum(Stat::SplicePass);
+    s.splice_refused = sum(Stat::SpliceRefused);
+    s.queue_limit = sum(Stat::QueueLimit);
+    s.kept_tcp = sum(Stat::KeptTcp);
+    if let (Ok(e), Ok(h)) = (
+        open_pinned(&d, abi::MAP_KEPT),
+        open_pinned(&d, abi::MAP_KEPT_HEAD),
+    ) {
+        s.kept_recent = nsfast_bpf::sockmap_kept::KeptLog::new(e, h)
+            .and_then(|l| l.since(0))
+            .map_err(PodError::map("read nsf_kept"))?
+            .events;
+    }
     let hash: SockHash<MapData, u64> = SockHash::try_from(open_pinned(&d, abi::MAP_SOCKHASH)?)
         .map_err(PodError::map("open nsf_sockhash"))?;
     s.sockets = hash.keys().filter(|k| k.is_ok()).count() as u64;

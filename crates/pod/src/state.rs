@@ -38,6 +38,9 @@ use crate::error::PodError;
 
 /// Root of the per-host state directories.
 pub const STATE_ROOT: &str = "/run/nsfast/pod";
+/// Root of the per-host policy directories (the policy module writes them; a host's removal here
+/// takes its directory too).
+pub const POLICY_ROOT: &str = "/run/nsfast/policy";
 /// Directory under the bpffs mount.
 pub const PIN_SUBDIR: &str = "nsfast-pod";
 
@@ -542,7 +545,11 @@ pub fn orphaned_keys_of_inode(inode: u64) -> Vec<String> {
 
 fn orphaned_keys_where(want: impl Fn(&str) -> bool) -> Vec<String> {
     let mut cands = std::collections::BTreeSet::new();
-    for dir in [PathBuf::from(STATE_ROOT), bpffs_root().join(PIN_SUBDIR)] {
+    for dir in [
+        PathBuf::from(STATE_ROOT),
+        bpffs_root().join(PIN_SUBDIR),
+        PathBuf::from(POLICY_ROOT),
+    ] {
         for e in fs::read_dir(dir).into_iter().flatten().flatten() {
             let name = e.file_name().to_string_lossy().into_owned();
             if parse_key(&name).is_some() && want(&name) {
@@ -560,7 +567,7 @@ fn orphaned_keys_where(want: impl Fn(&str) -> bool) -> Vec<String> {
         .collect()
 }
 
-/// Removes the pins and records of host `key` (from [`orphaned_keys`]). Its namespace is gone,
+/// Removes the pins, records and policies of host `key` (from [`orphaned_keys`]). Its namespace is gone,
 /// and with it every device and tc filter the records describe; dropping the pins frees the
 /// maps and the detached links. Returns what was removed.
 pub fn remove_orphan(key: &str) -> Result<Vec<PathBuf>, PodError> {
@@ -582,7 +589,11 @@ pub fn remove_orphan(key: &str) -> Result<Vec<PathBuf>, PodError> {
         ),
         Err(_) => None,
     };
-    for dir in [bpffs_root().join(PIN_SUBDIR).join(key), state.clone()] {
+    for dir in [
+        bpffs_root().join(PIN_SUBDIR).join(key),
+        state.clone(),
+        Path::new(POLICY_ROOT).join(key),
+    ] {
         if dir.exists() {
             fs::remove_dir_all(&dir).map_err(PodError::io(format!("remove {}", dir.display())))?;
             gone.push(dir);
@@ -590,14 +601,22 @@ pub fn remove_orphan(key: &str) -> Result<Vec<PathBuf>, PodError> {
     }
     let _ = fs::remove_dir(bpffs_root().join(PIN_SUBDIR));
     let _ = fs::remove_dir(STATE_ROOT);
+    let _ = fs::remove_dir(POLICY_ROOT);
     let _ = fs::remove_dir("/run/nsfast");
     Ok(gone)
 }
 
+/// Whether `p` is one of the roots of pod state (policies included) or inside one (kept 0700).
+fn private_root(p: &Path) -> bool {
+    p.starts_with(STATE_ROOT)
+        || p.starts_with(POLICY_ROOT)
+        || p.starts_with(bpffs_root().join(PIN_SUBDIR))
+}
+
 /// `create_dir_all` that tolerates a parent being removed concurrently (by another host's
 /// cleanup of the shared, then empty, parent directory). Every directory it makes is `0700`,
-/// and `dir` itself is made `0700` if it was not: records name pods' addresses and
-/// namespaces, and no other user may open the lock inside.
+/// and `dir` and its ancestors up to the pod-state roots are made `0700` if they were not:
+/// records name pods' addresses and namespaces, and no other user may open the lock inside.
 pub fn create_dir_all_racy(dir: &Path) -> Result<(), PodError> {
     use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
     let mut last = None;
@@ -618,6 +637,19 @@ pub fn create_dir_all_racy(dir: &Path) -> Result<(), PodError> {
                 if m.permissions().mode() & 0o077 != 0 {
                     fs::set_permissions(dir, fs::Permissions::from_mode(0o700))
                         .map_err(PodError::io(format!("chmod 0700 {}", dir.display())))?;
+                }
+                // The roots nsfast owns above it, however they were made (an older version, an
+                // admin's `mkdir -p`): 0700 too, so no directory of pod state lists to others.
+                for a in dir.ancestors().skip(1) {
+                    if !private_root(a) {
+                        continue;
+                    }
+                    let m = fs::symlink_metadata(a)
+                        .map_err(PodError::io(format!("stat {}", a.display())))?;
+                    if m.is_dir() && m.permissions().mode() & 0o077 != 0 {
+                        fs::set_permissions(a, fs::Permissions::from_mode(0o700))
+                            .map_err(PodError::io(format!("chmod 0700 {}", a.display())))?;
+                    }
                 }
                 return Ok(());
             }
@@ -815,6 +847,42 @@ pub struct PodRecord {
     /// The pod namespace's netns cookie (the shortcut's key for the pod), once known.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub netns_cookie: Option<u64>,
+    /// What NetworkPolicies see of the pod: its Kubernetes namespace, name, labels and named
+    /// ports (`pod add --namespace/--label/--named-port`, or the CNI runtime's).
+    #[serde(flatten)]
+    pub identity: PodIdentity,
+}
+
+/// A pod's identity as NetworkPolicies select it. It comes from whoever adds the pod (the
+/// operator's `pod add` flags, the container runtime through CNI), never from the pod.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PodIdentity {
+    /// The Kubernetes namespace (not the network namespace, which is `netns`).
+    #[serde(default = "default_namespace")]
+    pub namespace: String,
+    /// The Kubernetes pod name (CNI `K8S_POD_NAME`), when it differs from `name`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub k8s_name: Option<String>,
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub labels: std::collections::BTreeMap<String, String>,
+    /// Named ports (container ports' names), which policies may name instead of numbers.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub named_ports: Vec<nsfast_policy::NamedPort>,
+}
+
+impl Default for PodIdentity {
+    fn default() -> Self {
+        Self {
+            namespace: default_namespace(),
+            k8s_name: None,
+            labels: Default::default(),
+            named_ports: Vec::new(),
+        }
+    }
+}
+
+fn default_namespace() -> String {
+    nsfast_policy::parse::DEFAULT_NAMESPACE.to_string()
 }
 
 impl PodRecord {

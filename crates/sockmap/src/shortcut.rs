@@ -35,6 +35,8 @@ pub struct Options {
 pub struct Shortcut {
     /// The reader programs' links (detached when dropped), dropped after `ebpf`'s programs.
     readers: Option<nsfast_bpf::sockmap_readers::ReaderHooks>,
+    /// The socket-option hook's link on the cgroup (detached when dropped).
+    sockopt: Option<std::os::fd::OwnedFd>,
     ebpf: Option<Ebpf>,
     cgroup: Cgroup,
     cgroup_id: u64,
@@ -130,9 +132,10 @@ impl Shortcut {
     pub fn attach(opts: &Options) -> Result<Self, SockmapError> {
         let cgroup = resolve_cgroup(opts)?;
         check_not_attached(cgroup.path())?;
-        let (ebpf, readers, cgroup_id) = Self::attach_to(&cgroup, opts)?;
+        let (ebpf, readers, sockopt, cgroup_id) = Self::attach_to(&cgroup, opts)?;
         Ok(Self {
             readers: Some(readers),
+            sockopt: Some(sockopt),
             ebpf: Some(ebpf),
             cgroup,
             cgroup_id,
@@ -144,7 +147,15 @@ impl Shortcut {
     fn attach_to(
         cgroup: &Cgroup,
         opts: &Options,
-    ) -> Result<(Ebpf, nsfast_bpf::sockmap_readers::ReaderHooks, u64), SockmapError> {
+    ) -> Result<
+        (
+            Ebpf,
+            nsfast_bpf::sockmap_readers::ReaderHooks,
+            std::os::fd::OwnedFd,
+            u64,
+        ),
+        SockmapError,
+    > {
         let cgroup_id = cgroup.id()?;
         let mut ebpf = load(opts.queue_limit.unwrap_or(abi::DEFAULT_QUEUE_LIMIT))?;
         // Configuration before anything is attached.
@@ -152,6 +163,7 @@ impl Shortcut {
         write_config(&mut ebpf, cgroup_id, port_mode)?;
         // Read accounting before any socket can be redirected into.
         let readers = nsfast_bpf::sockmap_readers::attach(&mut ebpf)?;
+        let sockopt = attach_sockopt(&mut ebpf, cgroup)?;
         // sk_msg on the sockhash first, so every socket sockops adds is covered at once.
         attach_sk_msg(&mut ebpf)?;
         attach_sockops(&mut ebpf, cgroup, cgroup_id, opts)?;
@@ -163,7 +175,7 @@ impl Shortcut {
                 nsfast_sys::kernel::release()
             );
         }
-        Ok((ebpf, readers, cgroup_id))
+        Ok((ebpf, readers, sockopt, cgroup_id))
     }
 
     /// Whether the splice guard is attached (see [`crate::readers`]).
@@ -196,6 +208,27 @@ impl Shortcut {
         )
     }
 
+    /// The connection ends that kept TCP, numbered `from` and later (see
+    /// [`nsfast_bpf::sockmap_kept`]).
+    pub fn kept_since(
+        &self,
+        from: u64,
+    ) -> Result<nsfast_bpf::sockmap_kept::KeptBatch, SockmapError> {
+        let ebpf = self.ebpf.as_ref().ok_or(SockmapError::Missing("maps"))?;
+        let events = ebpf
+            .map(abi::MAP_KEPT)
+            .ok_or(SockmapError::Missing(abi::MAP_KEPT))?;
+        let head = ebpf
+            .map(abi::MAP_KEPT_HEAD)
+            .ok_or(SockmapError::Missing(abi::MAP_KEPT_HEAD))?;
+        nsfast_bpf::sockmap_kept::KeptLog::from_arrays(
+            aya::maps::Array::try_from(events).map_err(SockmapError::map("open nsf_kept"))?,
+            aya::maps::Array::try_from(head).map_err(SockmapError::map("open nsf_kept_head"))?,
+        )
+        .since(from)
+        .map_err(SockmapError::map("read nsf_kept"))
+    }
+
     /// Detaches now (same as dropping, but reports errors).
     pub fn detach(mut self) -> Result<(), SockmapError> {
         self.detach_inner()
@@ -204,6 +237,7 @@ impl Shortcut {
     fn detach_inner(&mut self) -> Result<(), SockmapError> {
         if let Some(ebpf) = self.ebpf.take() {
             drop(ebpf);
+            drop(self.sockopt.take());
             drop(self.readers.take());
             info!(
                 "detached sockops from {} and sk_msg from its map",
@@ -310,6 +344,33 @@ fn attach_sk_msg(ebpf: &mut Ebpf) -> Result<(), SockmapError> {
         abi::MAP_SOCKHASH
     );
     Ok(())
+}
+
+/// Loads the socket-option hook and links it to the cgroup (before sockops: an option set on a
+/// connecting socket is seen before the connection could join).
+fn attach_sockopt(ebpf: &mut Ebpf, cgroup: &Cgroup) -> Result<std::os::fd::OwnedFd, SockmapError> {
+    use std::os::fd::AsFd;
+    let prog = nsfast_bpf::sockmap_readers::load_sockopt(ebpf).map_err(|e| SockmapError::Io {
+        what: e,
+        source: std::io::Error::from(std::io::ErrorKind::Unsupported),
+    })?;
+    let dir = File::open(cgroup.path()).map_err(|e| SockmapError::Io {
+        what: format!("open cgroup {}", cgroup.path().display()),
+        source: e,
+    })?;
+    nsfast_sys::bpf::cgroup_link(
+        prog.as_fd(),
+        dir.as_fd(),
+        nsfast_sys::bpf::BPF_CGROUP_SETSOCKOPT,
+    )
+    .map_err(|e| SockmapError::Io {
+        what: format!(
+            "attach {} to cgroup {}",
+            abi::PROG_SETSOCKOPT,
+            cgroup.path().display()
+        ),
+        source: e,
+    })
 }
 
 /// Loads the sockops program and attaches it to the cgroup.

@@ -47,6 +47,9 @@ pub struct Stats {
     /// Sends kept on TCP until their receiver was seen reading (recvmsg) all of it.
     pub gated_msgs: u64,
     pub gated_bytes: u64,
+    /// Sockets kept on TCP for a socket option or read flag the shortcut cannot honour
+    /// (SO_RCVLOWAT, SO_ZEROCOPY, TCP_ULP, MSG_WAITALL, MSG_OOB).
+    pub kept_tcp: u64,
 }
 
 /// Reads the counters and counts the sockets in the map.
@@ -85,6 +88,7 @@ where
         rx_missing: get(Stat::RxMissing)?,
         gated_msgs: get(Stat::GatedMsgs)?,
         gated_bytes: get(Stat::GatedBytes)?,
+        kept_tcp: get(Stat::KeptTcp)?,
     })
 }
 
@@ -105,6 +109,30 @@ pub struct Instance {
     /// `sockmap run` instance.
     pub pod_mode: bool,
     pub stats: Stats,
+    /// The last connection ends that kept TCP, oldest first (up to 64).
+    pub kept_recent: Vec<nsfast_bpf::sockmap_kept::KeptConn>,
+}
+
+/// The kept-TCP log among the maps of program `prog` (empty when it has none).
+fn kept_of(prog: &aya::programs::ProgramInfo) -> Vec<nsfast_bpf::sockmap_kept::KeptConn> {
+    let Ok(Some(ids)) = prog.map_ids() else {
+        return Vec::new();
+    };
+    let (mut events, mut head) = (None, None);
+    for id in ids {
+        match open_map(id) {
+            Some((n, m)) if n == abi::MAP_KEPT => events = Some(m),
+            Some((n, m)) if n == abi::MAP_KEPT_HEAD => head = Some(m),
+            _ => {}
+        }
+    }
+    let (Some(e), Some(h)) = (events, head) else {
+        return Vec::new();
+    };
+    nsfast_bpf::sockmap_kept::KeptLog::new(e, h)
+        .and_then(|l| l.since(0))
+        .map(|b| b.events)
+        .unwrap_or_default()
 }
 
 fn open_map(id: u32) -> Option<(String, Map)> {
@@ -115,7 +143,21 @@ fn open_map(id: u32) -> Option<(String, Map)> {
 
 /// All instances of the shortcut currently loaded in the kernel.
 pub fn instances() -> Result<Vec<Instance>, SockmapError> {
-    let progs: Vec<_> = aya::programs::loaded_programs().flatten().collect();
+    // A program that went away between the kernel's list and its open is skipped; a refusal
+    // (EPERM without CAP_SYS_ADMIN/CAP_BPF) is an error, never an empty answer.
+    let mut progs = Vec::new();
+    for p in aya::programs::loaded_programs() {
+        match p {
+            Ok(p) => progs.push(p),
+            Err(e) if nsfast_sys::report::is_permission_error(&e) => {
+                return Err(SockmapError::Program {
+                    what: "listing the loaded BPF programs",
+                    source: Box::new(e),
+                })
+            }
+            Err(_) => {}
+        }
+    }
     let mut out = Vec::new();
     for p in progs
         .iter()
@@ -151,7 +193,7 @@ pub fn instances() -> Result<Vec<Instance>, SockmapError> {
         };
         let stats = read_stats(s, h)?;
         // The sockops program of the same instance uses the same sockhash.
-        let sockops_prog_id = progs
+        let sockops = progs
             .iter()
             .filter(|q| q.name_as_str() == Some(abi::PROG_SOCKOPS))
             .find(|q| {
@@ -159,8 +201,9 @@ pub fn instances() -> Result<Vec<Instance>, SockmapError> {
                     .ok()
                     .flatten()
                     .is_some_and(|ids| hash_id.is_some_and(|h| ids.contains(&h)))
-            })
-            .map(|q| q.id());
+            });
+        let sockops_prog_id = sockops.map(|q| q.id());
+        let kept_recent = sockops.map(kept_of).unwrap_or_default();
         let cgroup_path = find_cgroup_by_id(config.cgroup_id);
         let attached = match (&cgroup_path, sockops_prog_id) {
             (Some(path), Some(id)) => std::fs::File::open(path)
@@ -187,6 +230,7 @@ pub fn instances() -> Result<Vec<Instance>, SockmapError> {
             started_unix: config.started_unix,
             pod_mode: config.port_mode & abi::MODE_PODS != 0,
             stats,
+            kept_recent,
         });
     }
     Ok(out)

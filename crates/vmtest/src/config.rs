@@ -153,6 +153,9 @@ pub struct GuestTest {
     pub command: String,
     pub min: Option<MajorMinor>,
     pub max: Option<MajorMinor>,
+    /// Kernels inside `min..=max` it does not run on (`except=6.12`): what they would show
+    /// is already shown by the kernels on either side.
+    pub except: Vec<MajorMinor>,
     /// Seconds before the guest kills the test.
     pub timeout: u32,
     /// Boot profile (extra QEMU devices); `default` has none.
@@ -168,6 +171,9 @@ impl GuestTest {
         match (self.min, self.max) {
             (Some(min), _) if v < min => Some(format!("needs kernel >= {min}")),
             (_, Some(max)) if v > max => Some(format!("needs kernel <= {max}")),
+            _ if self.except.contains(&v) => Some(format!(
+                "not run on {v} (except={v}: the kernels around it run it)"
+            )),
             _ => None,
         }
     }
@@ -385,6 +391,7 @@ pub fn parse_guest_suite(text: &str, file: &Path) -> Result<GuestSuite> {
                     command: command.into(),
                     min: None,
                     max: None,
+                    except: Vec::new(),
                     timeout: DEFAULT_TEST_TIMEOUT,
                     boot: "default".into(),
                     checks: Checks::default(),
@@ -402,6 +409,11 @@ pub fn parse_guest_suite(text: &str, file: &Path) -> Result<GuestSuite> {
                     match k {
                         "min" => t.min = Some(v.parse().map_err(|e| anyhow::anyhow!("{at}: {e}"))?),
                         "max" => t.max = Some(v.parse().map_err(|e| anyhow::anyhow!("{at}: {e}"))?),
+                        "except" => {
+                            for x in v.split(',') {
+                                t.except.push(x.parse().map_err(|e| anyhow::anyhow!("{at}: except: {e}"))?);
+                            }
+                        }
                         "timeout" => {
                             t.timeout = v
                                 .parse()
@@ -422,7 +434,7 @@ pub fn parse_guest_suite(text: &str, file: &Path) -> Result<GuestSuite> {
                                 t.checks.reject.push(v.to_string());
                             }
                         }
-                        _ => bail!("{at}: unknown test attribute {k:?}: expected min, max, timeout, boot, tests, min-tests, expect or reject"),
+                        _ => bail!("{at}: unknown test attribute {k:?}: expected min, max, except, timeout, boot, tests, min-tests, expect or reject"),
                     }
                 }
                 if t.checks.tests.is_some() && t.checks.min_tests.is_some() {
@@ -507,7 +519,7 @@ mod tests {
 @boot vs -- -chardev socket,id=c0,path={run}/s
 probe -- nsfast probe
 vsock min=6.12 timeout=30 -- nsfast-vmcheck vsock-loopback --check a=b
-rng boot=rng -- test -e /dev/hwrng
+rng boot=rng except=6.12,7.1 -- test -e /dev/hwrng
 ";
         let s = parse_guest_suite(text, Path::new("g.txt")).unwrap();
         assert_eq!(s.bins, ["nsfast", "nsfast-vmcheck"]);
@@ -523,6 +535,14 @@ rng boot=rng -- test -e /dev/hwrng
             Some("needs kernel >= 6.12")
         );
         assert_eq!(v.skip_reason(MajorMinor(7, 2)), None);
+        let r = &s.tests[2];
+        assert_eq!(r.except, [MajorMinor(6, 12), MajorMinor(7, 1)]);
+        assert_eq!(
+            r.skip_reason(MajorMinor(6, 12)).as_deref(),
+            Some("not run on 6.12 (except=6.12: the kernels around it run it)")
+        );
+        assert_eq!(r.skip_reason(MajorMinor(6, 1)), None);
+        assert!(parse_guest_suite("x except=6 -- true\n", Path::new("g.txt")).is_err());
         assert_eq!(s.boots["vs"].helpers[0].ready.as_deref(), Some("{run}/s"));
         assert_eq!(
             s.boots["vs"].helpers[0].command,

@@ -30,7 +30,7 @@ struct Cli {
 enum Cmd {
     /// Run the relay, clean up after every exit and restart it with backoff (5 s to 60 s);
     /// exits at once if a supervisor for BRIDGE already runs, so a cron line is enough.
-    Supervise(Target),
+    Supervise(SuperviseArgs),
     /// Run the relay in the foreground until SIGTERM/SIGINT.
     Transparent(Target),
     /// Remove a stale rule and reset the bridge's tunnel conntrack entries; does nothing while
@@ -45,6 +45,22 @@ enum Cmd {
         #[command(flatten)]
         target: Target,
     },
+}
+
+#[derive(clap::Args, Debug)]
+struct SuperviseArgs {
+    #[command(flatten)]
+    target: Target,
+    /// Serve the relay's counters (what `vpnrelay status` shows) and the supervisor's
+    /// restarts as Prometheus metrics at http://ADDR/metrics: PORT or :PORT (loopback,
+    /// 127.0.0.1), localhost:PORT, IPV4:PORT or [IPV6]:PORT [default: no endpoint].
+    #[arg(long, value_name = "ADDR",
+          value_parser = nsfast_sys::metrics::listen_arg("--metrics-listen"))]
+    metrics_listen: Option<std::net::SocketAddr>,
+    /// Allow --metrics-listen on an address other than loopback (the endpoint has no
+    /// authentication).
+    #[arg(long, requires = "metrics_listen")]
+    metrics_public: bool,
 }
 
 #[derive(clap::Args, Debug)]
@@ -124,8 +140,10 @@ fn status(a: &StatusArgs) -> anyhow::Result<()> {
 #[derive(clap::Args, Debug)]
 struct Target {
     /// The Docker network's bridge inside the rootless network namespace (e.g. br-1a2b3c4d5e6f).
+    #[arg(value_parser = bridge_arg)]
     bridge: String,
     /// UDP ports of the VPN servers, e.g. 51820 or 1194,51820-51830.
+    #[arg(value_parser = ports_arg)]
     ports: String,
     /// Flows one client (container: its bridge port, whatever its source addresses) may hold
     /// in the relay; its further flows keep Docker's normal path (slirp4netns), so one
@@ -166,6 +184,23 @@ struct Target {
     /// [default: /run/user/UID].
     #[arg(long, env = "XDG_RUNTIME_DIR", value_name = "DIR")]
     runtime_dir: Option<std::path::PathBuf>,
+}
+
+/// `<bridge>` as clap's value parser: a bad name exits 2 before anything else runs.
+fn bridge_arg(s: &str) -> Result<String, String> {
+    config::check_bridge(s)
+        .map(|()| s.to_string())
+        .map_err(|e| e.to_string())
+}
+
+/// `<ports>` as clap's value parser (the list is read again, the same way, by
+/// [`Config::from_args`]).
+fn ports_arg(s: &str) -> Result<String, String> {
+    let ports = nsfast_sys::ports::PortList::parse("<ports>", s).map_err(|e| e.to_string())?;
+    if ports.len() > config::MAX_PORTS {
+        return Err(config::ConfigError::TooManyPorts(ports.len()).to_string());
+    }
+    Ok(s.to_string())
 }
 
 impl Target {
@@ -253,8 +288,60 @@ e.g. `sudo -u USER XDG_RUNTIME_DIR=/run/user/UID vpnrelay ...`, a systemd user u
 
 /// The clap definition (for man pages and completions).
 pub fn command() -> clap::Command {
-    Cli::command()
+    nsfast_sys::helpdoc::attach(Cli::command(), EXAMPLES)
 }
+
+const fn ex(what: &'static str, cmd: &'static str) -> nsfast_sys::helpdoc::Example {
+    nsfast_sys::helpdoc::Example { what, cmd }
+}
+
+/// EXAMPLES of every visible command, for `--help` and the man pages (vpnrelay(1)).
+pub const EXAMPLES: nsfast_sys::helpdoc::Table = &[
+    (
+        "vpnrelay",
+        &[
+            ex(
+                "Relay WireGuard on UDP 51820 for bridge br-1a2b3c4d5e6f, restarted when it exits",
+                "vpnrelay supervise br-1a2b3c4d5e6f 51820",
+            ),
+            ex("Each relay's counters", "vpnrelay status"),
+        ],
+    ),
+    (
+        "vpnrelay supervise",
+        &[
+            ex(
+                "WireGuard and OpenVPN ports (a crontab line every minute runs one supervisor)",
+                "vpnrelay supervise br-1a2b3c4d5e6f 1194,51820-51830",
+            ),
+            ex(
+                "At most 4 flows per container, counters for Prometheus on loopback port 9466",
+                "vpnrelay supervise br-1a2b3c4d5e6f 51820 --max-flows-per-client 4 --metrics-listen 9466",
+            ),
+        ],
+    ),
+    (
+        "vpnrelay transparent",
+        &[ex(
+            "In the foreground, logging each flow",
+            "vpnrelay transparent br-1a2b3c4d5e6f 51820",
+        )],
+    ),
+    (
+        "vpnrelay cleanup",
+        &[ex(
+            "After a crash: the stale rule and conntrack entries",
+            "vpnrelay cleanup br-1a2b3c4d5e6f 51820",
+        )],
+    ),
+    (
+        "vpnrelay status",
+        &[
+            ex("Every relay of this user", "vpnrelay status"),
+            ex("One bridge, as JSON", "vpnrelay status --bridge br-1a2b3c4d5e6f -j"),
+        ],
+    ),
+];
 
 /// Entry point of the `vpnrelay` binary.
 pub fn main() -> ExitCode {
@@ -270,7 +357,7 @@ pub fn main_with_version(version: &'static str) -> ExitCode {
         return ExitCode::FAILURE;
     }
     nsfast_sys::logging::init("info");
-    let cli = match Cli::from_arg_matches(&Cli::command().version(version).get_matches()) {
+    let cli = match Cli::from_arg_matches(&command().version(version).get_matches()) {
         Ok(c) => c,
         Err(e) => e.exit(),
     };
@@ -280,12 +367,25 @@ pub fn main_with_version(version: &'static str) -> ExitCode {
     }
     // Still one thread: the environment can be written safely.
     match &cli.command {
-        Cmd::Supervise(t) | Cmd::Transparent(t) | Cmd::Cleanup(t) => t.export_env(),
+        Cmd::Supervise(SuperviseArgs { target: t, .. }) | Cmd::Transparent(t) | Cmd::Cleanup(t) => {
+            t.export_env()
+        }
         Cmd::Child { target, .. } => target.export_env(),
         Cmd::Status(_) => {}
     }
     let res = match cli.command {
-        Cmd::Supervise(t) => config(&t).and_then(|c| crate::supervise::supervise(&c)),
+        Cmd::Supervise(a) => config(&a.target).and_then(|c| {
+            if let Some(addr) = a.metrics_listen {
+                nsfast_sys::metrics::check_exposure(
+                    "--metrics-listen",
+                    addr,
+                    a.metrics_public,
+                    "--metrics-public",
+                )
+                .map_err(nsfast_sys::report::Usage)?;
+            }
+            crate::supervise::supervise(&c, a.metrics_listen)
+        }),
         Cmd::Transparent(t) => config(&t).and_then(|c| crate::host::transparent(&c)),
         Cmd::Cleanup(t) => config(&t).and_then(|c| crate::host::cleanup(&c)),
         Cmd::Status(a) => status(&a),
@@ -296,14 +396,20 @@ pub fn main_with_version(version: &'static str) -> ExitCode {
         Err(e) if e.chain().any(nsfast_sys::out::is_broken_pipe) => ExitCode::SUCCESS,
         Err(e) => {
             nsfast_sys::out::errln(&format!("vpnrelay: error: {e:#}"));
-            ExitCode::FAILURE
+            // docs/json.md, "Exit codes": 2 for a bad value, 1 for a failure.
+            if e.chain().any(nsfast_sys::report::is_usage) {
+                ExitCode::from(nsfast_sys::report::EXIT_USAGE)
+            } else {
+                ExitCode::FAILURE
+            }
         }
     }
 }
 
+/// The configuration; a bad argument or variable is a usage error (exit 2).
 fn config(t: &Target) -> anyhow::Result<Config> {
     let mut c = Config::from_args(&t.bridge, &t.ports)
-        .map_err(|e| anyhow::anyhow!("{}", with_flag_name(e.to_string())))?;
+        .map_err(|e| nsfast_sys::report::Usage(with_flag_name(e.to_string())))?;
     c.max_flows_per_client = usize::from(t.max_flows_per_client);
     Ok(c)
 }
@@ -360,6 +466,18 @@ fn child(mode: &str, t: &Target) -> ExitCode {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_command_has_examples_that_parse() {
+        let bad = nsfast_sys::helpdoc::problems(&command(), EXAMPLES);
+        assert!(bad.is_empty(), "{bad:#?}");
+        let help = command()
+            .find_subcommand_mut("supervise")
+            .unwrap()
+            .render_help()
+            .to_string();
+        assert!(help.contains("Examples:\n  "), "{help}");
+    }
 
     #[test]
     fn uid_maps() {

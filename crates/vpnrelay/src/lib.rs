@@ -11,6 +11,7 @@
 //!   table, conntrack hand-over, cleanup on exit.
 //! - [`flow`]    — one flow: two threads forwarding batches (GRO in, GSO out).
 //! - [`supervise`] — single-instance supervisor with cleanup and backoff.
+//! - [`metrics`] — the relay's counters for `supervise --metrics-listen`.
 //! - [`cli`]     — the `vpnrelay` command line.
 //!
 //! The test/bench world (RootlessKit + slirp4netns, the `nsfvpn` tenant) lives in crate
@@ -22,5 +23,6 @@ pub mod client;
 pub mod config;
 pub mod flow;
 pub mod host;
+pub mod metrics;
 pub mod state;
 pub mod supervise;

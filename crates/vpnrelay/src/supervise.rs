@@ -26,7 +26,9 @@ fn sleep_or_signal(d: Duration) -> Option<nix::sys::signal::Signal> {
     None
 }
 
-pub fn supervise(cfg: &Config) -> anyhow::Result<()> {
+/// Supervises `cfg`'s relay; with `metrics`, serves its counters there
+/// ([`crate::metrics`]) while it holds the supervisor lock.
+pub fn supervise(cfg: &Config, metrics: Option<std::net::SocketAddr>) -> anyhow::Result<()> {
     let lock_path = state::lock_path("supervise", &cfg.bridge);
     let _lock = match Lock::try_take(&lock_path)? {
         TryLock::Taken(l) => l,
@@ -37,6 +39,21 @@ pub fn supervise(cfg: &Config) -> anyhow::Result<()> {
                 pid.map(|p| format!(" (pid {p})")).unwrap_or_default()
             );
             return Ok(());
+        }
+    };
+    // Only the supervisor that holds the lock listens: the next cron start exits above
+    // instead of failing on a port in use.
+    let restarts = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let _endpoint = match metrics {
+        None => None,
+        Some(addr) => {
+            let (r, bridge, dir) = (restarts.clone(), cfg.bridge.clone(), state::lock_dir());
+            let ep = nsfast_sys::metrics::serve(addr, move || {
+                let n = r.load(std::sync::atomic::Ordering::Relaxed);
+                crate::metrics::snapshot(&dir, &bridge, n)
+            })?;
+            tracing::info!("metrics at http://{}/metrics", ep.addr());
+            Some(ep)
         }
     };
     let mut backoff = BACKOFF_MIN;
@@ -94,6 +111,7 @@ pub fn supervise(cfg: &Config) -> anyhow::Result<()> {
             return Ok(());
         }
         backoff = (backoff * 2).min(BACKOFF_MAX);
+        restarts.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     }
 }
 

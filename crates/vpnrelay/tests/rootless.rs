@@ -623,7 +623,12 @@ fn sigkill_falls_back_to_slirp_and_supervisor_brings_it_back() {
         Duration::from_millis(20),
     );
     assert!(pinger.wait_more(3, Duration::from_secs(10)));
-    let mut sup = Proc::spawn(&w, &["supervise", BRIDGE, "51820"], &[]);
+    // With its metrics endpoint, in the world's host namespace (a port of its own there).
+    let mut sup = Proc::spawn(
+        &w,
+        &["supervise", BRIDGE, "51820", "--metrics-listen", "9466"],
+        &[],
+    );
     let line = sup
         .wait_line("flow 172.30.0.2:40010", Duration::from_secs(15))
         .unwrap_or_else(|| panic!("no flow; log {:#?}", sup.log()));
@@ -675,6 +680,34 @@ fn sigkill_falls_back_to_slirp_and_supervisor_brings_it_back() {
     assert!(wait_until(Duration::from_secs(5), || echo.last_source()
         == Some(second)));
     assert!(pinger.wait_more(10, Duration::from_secs(5)));
+    // The endpoint counted the restart and serves the new relay's counters (its stats file
+    // is written about once a second).
+    let metrics = || -> String {
+        w.host
+            .run(|| {
+                use std::io::{Read, Write};
+                let mut s = std::net::TcpStream::connect("127.0.0.1:9466").ok()?;
+                s.write_all(b"GET /metrics HTTP/1.0\r\n\r\n").ok()?;
+                let mut page = String::new();
+                s.read_to_string(&mut page).ok()?;
+                Some(page)
+            })
+            .unwrap()
+            .unwrap_or_default()
+    };
+    let want = [
+        format!("vpnrelay_supervisor_restarts_total{{bridge=\"{BRIDGE}\"}} 1\n"),
+        format!("vpnrelay_relay_running{{bridge=\"{BRIDGE}\"}} 1\n"),
+        format!("vpnrelay_flows_open{{bridge=\"{BRIDGE}\"}} 1\n"),
+    ];
+    assert!(
+        wait_until(Duration::from_secs(10), || {
+            let page = metrics();
+            want.iter().all(|l| page.contains(l.as_str()))
+        }),
+        "metrics lack {want:?}: {}",
+        metrics()
+    );
     let st = sup.term();
     assert!(st.success());
     assert!(!w.rules().unwrap().contains("4820"));

@@ -73,25 +73,10 @@ use std::os::fd::AsRawFd;
 
 use crate::conn::Conn;
 
-/// Names in `bpf/relay.bpf.c`.
-const PROG: &str = "nsr_verdict";
-const MAP_SOCKHASH: &str = "nsr_sockhash";
-const MAP_TARGETS: &str = "nsr_targets";
-const MAP_PEERS: &str = "nsr_peers";
-const MAP_COUNTERS: &str = "nsr_counters";
-const MAP_VSOCK_SENT: &str = "nsr_vsock_sent";
-const PROG_VSOCK: &str = "nsr_vsock_alloc";
-const TP_VSOCK: &str = "virtio_transport_alloc_pkt";
-
-/// `struct nsr_counters` (bpf/lib/relay_maps.h) as eight u64: bytes, skbs, fails, passed,
-/// begin, end, flags (low 32 bits) with next_seq (high 32), trimmed.
-type RawCounters = [u64; 8];
-/// Flags in word 6: NSR_TAINTED, NSR_TCP (set here at the join), NSR_BROKEN.
-const TAINTED: u64 = 1;
-const TCP: u64 = 2;
-const BROKEN: u64 = 8;
-/// Word 7: bytes the program cut off resent TCP skbs (they had been handled already).
-const TRIMMED: usize = 7;
+use nsfast_bpf::relay_abi::{
+    Counters, VsockKey, FLAG_BROKEN, FLAG_TAINTED, MAP_COUNTERS, MAP_PEERS, MAP_SOCKHASH,
+    MAP_TARGETS, MAP_VSOCK_SENT, PROG_VERDICT as PROG, PROG_VSOCK, TP_VSOCK,
+};
 
 /// A leg the kernel path can take.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -142,14 +127,11 @@ pub enum KernelError {
     Missing(&'static str),
 }
 
-/// `struct nsr_vsock_key`: the vsock socket's own port, its peer's CID and port, padding.
-type VsockKey = [u32; 4];
-
 struct Maps {
     sockhash: SockHash<MapData, u64>,
     targets: SockHash<MapData, u64>,
     peers: BpfHashMap<MapData, u64, u64>,
-    counters: BpfHashMap<MapData, u64, RawCounters>,
+    counters: BpfHashMap<MapData, u64, Counters>,
     vsock_sent: BpfHashMap<MapData, VsockKey, u64>,
 }
 
@@ -201,7 +183,7 @@ impl KernelPath {
         let peers: BpfHashMap<MapData, u64, u64> = take(&mut ebpf, MAP_PEERS)?
             .try_into()
             .map_err(|e: aya::maps::MapError| KernelError::Load(Box::new(e)))?;
-        let counters: BpfHashMap<MapData, u64, RawCounters> = take(&mut ebpf, MAP_COUNTERS)?
+        let counters: BpfHashMap<MapData, u64, Counters> = take(&mut ebpf, MAP_COUNTERS)?
             .try_into()
             .map_err(|e: aya::maps::MapError| KernelError::Load(Box::new(e)))?;
         let prog: &mut SkSkb = ebpf
@@ -284,7 +266,7 @@ impl KernelPath {
         }
     }
 
-    fn counters(&self, cookie: u64) -> RawCounters {
+    fn counters(&self, cookie: u64) -> Counters {
         self.maps().counters.get(&cookie, 0).unwrap_or_default()
     }
 
@@ -311,7 +293,15 @@ impl KernelPath {
                         .map_err(|e| format!("{}: getsockname: {e}", c.label))?;
                     let peer: VsockAddr = getpeername(fd.as_raw_fd())
                         .map_err(|e| format!("{}: getpeername: {e}", c.label))?;
-                    (0, Some([me.port(), peer.cid(), peer.port(), 0]))
+                    (
+                        0,
+                        Some(VsockKey {
+                            src_port: me.port(),
+                            dst_cid: peer.cid(),
+                            dst_port: peer.port(),
+                            pad: 0,
+                        }),
+                    )
                 }
             };
             let drops = match l {
@@ -406,8 +396,8 @@ impl KernelPath {
         let ua = *ab.as_ref().unwrap_or(&0) + pre[0];
         let ub = *ba.as_ref().unwrap_or(&0) + pre[1];
         Ok(Joined {
-            a_to_b: ca[0] + ua,
-            b_to_a: cb[0] + ub,
+            a_to_b: ca.bytes + ua,
+            b_to_a: cb.bytes + ub,
             user_a_to_b: ua,
             user_b_to_a: ub,
             error,
@@ -421,13 +411,7 @@ impl KernelPath {
     /// fails before anything else is in a map.
     fn insert(&self, a: &Conn, sa: &LegState, b: &Conn, sb: &LegState) -> Result<(), Refusal> {
         let mut m = self.maps();
-        let counters = |s: &LegState| -> RawCounters {
-            let mut c = [0; 8];
-            if s.leg == Leg::Tcp {
-                c[6] = TCP;
-            }
-            c
-        };
+        let counters = |s: &LegState| Counters::for_leg(s.leg == Leg::Tcp);
         let r = (|| -> Result<(), Refusal> {
             let map_err = |what: &str| {
                 let what = what.to_string();
@@ -493,7 +477,7 @@ impl KernelPath {
                         let first = order[0].1;
                         let moved = m.counters.get(&first.cookie, 0).unwrap_or_default();
                         let _ = m.sockhash.remove(&first.cookie);
-                        if moved[0] > 0 || moved[3] > 0 {
+                        if moved.bytes > 0 || moved.passed > 0 {
                             // Data kept on a psock, or queued there for the other leg's
                             // egress, went with it.
                             return Err(Refusal {
@@ -535,8 +519,8 @@ impl KernelPath {
 
     /// The program had to drop an skb it could not trim (see bpf/relay.bpf.c): src's stream has
     /// a hole, so the connection fails (both legs reset) rather than go on without those bytes.
-    fn check_broken(c: &RawCounters) -> io::Result<()> {
-        if c[6] & BROKEN != 0 {
+    fn check_broken(c: &Counters) -> io::Result<()> {
+        if c.flags & FLAG_BROKEN != 0 {
             return Err(io::Error::other(
                 "a resent TCP segment could not be trimmed to its new bytes in the kernel \
                  (bpf_skb_adjust_room failed); its bytes were dropped, so the connection is reset",
@@ -602,11 +586,11 @@ impl KernelPath {
         // Data the program kept on src during the join (tainted: see insert), or a vsock leg
         // with data queued before the join (the program sees it only at the next packet):
         // this direction goes to user space now. Decided once no verdict run is in flight.
-        let begin = self.counters(ss.cookie)[4];
+        let begin = self.counters(ss.cookie).begin;
         wait_until("no verdict in flight", abort, dst.reader(), || {
-            Ok(self.counters(ss.cookie)[5] >= begin)
+            Ok(self.counters(ss.cookie).end >= begin)
         })?;
-        let mut stuck = (self.counters(ss.cookie)[6] & TAINTED != 0)
+        let mut stuck = (self.counters(ss.cookie).flags & FLAG_TAINTED != 0)
             .then_some("the program kept data on it during the join");
         if stuck.is_none() {
             // A vsock leg's packets that arrived after the forward above and before the join
@@ -627,7 +611,7 @@ impl KernelPath {
                     return Ok(Watch::Fine);
                 }
                 if let Some(taken) = self.taken(dst, ds) {
-                    let behind = c[0].saturating_sub(taken?);
+                    let behind = c.bytes.saturating_sub(taken?);
                     if behind > KERNEL_QUEUE_LIMIT {
                         return Ok(Watch::Behind(behind));
                     }
@@ -645,7 +629,7 @@ impl KernelPath {
                 &unjoin.wanted,
                 ss.leg == Leg::Vsock,
                 watch,
-                || self.counters(ss.cookie)[1],
+                || self.counters(ss.cookie).skbs,
             )
             .map_err(ctx("waiting for EOF"))?
             {
@@ -681,11 +665,11 @@ impl KernelPath {
                 let _ = m.sockhash.remove(&ss.cookie);
             }
         }
-        let begin = self.counters(ss.cookie)[4];
+        let begin = self.counters(ss.cookie).begin;
         wait_until("no verdict in flight", abort, dst.reader(), || {
-            Ok(self.counters(ss.cookie)[5] >= begin)
+            Ok(self.counters(ss.cookie).end >= begin)
         })?;
-        let redirected = self.counters(ss.cookie)[0];
+        let redirected = self.counters(ss.cookie).bytes;
         // (3) everything redirected is in dst's send path.
         let mut held = Vec::new();
         if redirected > 0 {
@@ -735,7 +719,7 @@ impl KernelPath {
         let counters = self.counters(ss.cookie);
         Self::check_broken(&counters)?;
         Self::check_drops(src, ss)?;
-        let trimmed = counters[TRIMMED];
+        let trimmed = counters.trimmed;
         tracing::debug!(
             "{} -> {}: {redirected} bytes through the kernel, {user} in user space{}{}",
             src.label,

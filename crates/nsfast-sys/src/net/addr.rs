@@ -19,6 +19,16 @@ fn local_default_route(table: u32, lo: u32) -> netlink_packet_route::route::Rout
         .build()
 }
 
+/// One IPv4 route of [`Netlink::ipv4_routes`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Route4 {
+    pub dst: Ipv4Addr,
+    pub prefix: u8,
+    pub gateway: Option<Ipv4Addr>,
+    /// Who installed it (`RTPROT_*`: 2 kernel, 3 boot, 4 static, 12 BIRD).
+    pub protocol: u8,
+}
+
 impl Netlink {
     /// Adds `addr/prefix` to link `name`. An IPv6 address is added without duplicate address
     /// detection (`IFA_F_NODAD`, as `ip addr add ... nodad`): every address nsfast assigns is
@@ -94,6 +104,39 @@ impl Netlink {
                 IpAddr::V4(_) => None,
             })
             .collect())
+    }
+
+    /// The IPv4 unicast routes of every table (`ip -4 route show table all`, without local
+    /// and broadcast routes).
+    pub fn ipv4_routes(&self) -> Result<Vec<Route4>, NetError> {
+        use netlink_packet_route::route::{RouteAddress, RouteAttribute, RouteType};
+        self.run(|h| async move {
+            let mut dump = h
+                .route()
+                .get(RouteMessageBuilder::<Ipv4Addr>::new().build())
+                .execute();
+            let mut out = Vec::new();
+            while let Some(m) = dump.try_next().await.map_err(nl("dump IPv4 routes"))? {
+                if m.header.kind != RouteType::Unicast {
+                    continue;
+                }
+                let mut r = Route4 {
+                    dst: Ipv4Addr::UNSPECIFIED,
+                    prefix: m.header.destination_prefix_length,
+                    gateway: None,
+                    protocol: m.header.protocol.into(),
+                };
+                for a in m.attributes {
+                    match a {
+                        RouteAttribute::Destination(RouteAddress::Inet(d)) => r.dst = d,
+                        RouteAttribute::Gateway(RouteAddress::Inet(g)) => r.gateway = Some(g),
+                        _ => {}
+                    }
+                }
+                out.push(r);
+            }
+            Ok(out)
+        })
     }
 
     /// Adds a route to `dst/prefix`, via `gateway` and/or out of `dev`.

@@ -130,6 +130,31 @@ impl Netlink {
         })
     }
 
+    /// Creates a bridge `name` here, up (a shared L2 segment: throwaway worlds join several
+    /// namespaces to it with veth pairs and [`Netlink::set_controller`]).
+    pub fn create_bridge(&self, name: &str) -> Result<(), NetError> {
+        self.run(|h| async move {
+            h.link()
+                .add(rtnetlink::LinkBridge::new(name).up().build())
+                .execute()
+                .await
+                .map_err(nl(format!("add bridge {name}")))
+        })
+    }
+
+    /// Makes link `port` a port of bridge `bridge` (`ip link set PORT master BRIDGE`) and sets
+    /// it up.
+    pub fn set_controller(&self, port: &str, bridge: &str) -> Result<(), NetError> {
+        self.run(|h| async move {
+            let (p, b) = (index_of(h, port).await?, index_of(h, bridge).await?);
+            h.link()
+                .set(LinkUnspec::new_with_index(p).controller(b).up().build())
+                .execute()
+                .await
+                .map_err(nl(format!("set {port} master {bridge}")))
+        })
+    }
+
     /// Deletes link `name` (and, for a veth, its peer). Missing is not an error.
     pub fn delete_link(&self, name: &str) -> Result<(), NetError> {
         self.run(|h| async move {

@@ -29,6 +29,7 @@ pub mod neigh;
 pub mod rule;
 pub mod tc;
 
+pub use addr::Route4;
 pub use link::{netkit_trial, probe_netkit, NetkitMode};
 pub use rule::PortRule;
 pub use tc::TcFilterInfo;

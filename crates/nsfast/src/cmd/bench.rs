@@ -14,18 +14,56 @@ use nsfast_bench::topology::{ProbeCtx, Tenant};
 use nsfast_bench::{export, topology, BenchError};
 use nsfast_sys::args::{duration, size};
 
+/// A value parser `parse` whose names (a fixed set) the shell completions offer: the error
+/// for a bad value stays `parse`'s, which names the valid ones on the same line; `--help`
+/// lists them in the option's text.
+#[derive(Clone)]
+struct Named<P> {
+    names: Vec<&'static str>,
+    parse: P,
+}
+
+fn named<P: clap::builder::TypedValueParser>(names: Vec<&'static str>, parse: P) -> Named<P> {
+    Named { names, parse }
+}
+
+impl<P: clap::builder::TypedValueParser> clap::builder::TypedValueParser for Named<P> {
+    type Value = P::Value;
+
+    fn parse_ref(
+        &self,
+        cmd: &clap::Command,
+        arg: Option<&clap::Arg>,
+        value: &std::ffi::OsStr,
+    ) -> Result<Self::Value, clap::Error> {
+        self.parse.parse_ref(cmd, arg, value)
+    }
+
+    fn possible_values(
+        &self,
+    ) -> Option<Box<dyn Iterator<Item = clap::builder::PossibleValue> + '_>> {
+        Some(Box::new(
+            self.names
+                .iter()
+                .map(|n| clap::builder::PossibleValue::new(*n)),
+        ))
+    }
+}
+
 /// Every path side by side: host, veth, routed, sockmap (and later ones), in one run.
 #[derive(Args, Debug)]
 pub struct BenchArgs {
     /// Short run for demos (5 rounds × 0.6 s, 0.2 s warm-up; about a minute on 2 vCPUs).
     #[arg(long)]
     pub quick: bool,
-    /// Comma-separated topologies: host, veth, routed, sockmap, bpf, bpf-tc, bpf-shortcut,
+    /// Comma-separated topologies: host, pipe, unix, veth, routed, sockmap, bpf, bpf-tc, bpf-shortcut,
     /// bpf-remote, netkit, cni-ptp, cni-ptp-remote, slirp4netns, vpnrelay, vsock, vsock-relay, vsock-socat (the
     /// vsock ones in VM guests only; slirp4netns and vpnrelay with --tenant only)
-    /// [default: host,veth,routed,sockmap]. Unsupported ones are skipped with the reason.
+    /// [default: host,pipe,unix,veth,routed,sockmap]. Unsupported ones are skipped with the reason.
     #[arg(long, value_name = "LIST", value_delimiter = ',', allow_hyphen_values = true,
-          value_parser = |s: &str| topology::find(s.trim()).map(|d| d.name.to_string()))]
+          hide_possible_values = true,
+          value_parser = named(topology::registry().iter().map(|d| d.name).collect(),
+                               |s: &str| topology::find(s.trim()).map(|d| d.name.to_string())))]
     pub topologies: Option<Vec<String>>,
     /// The existing user the slirp4netns and vpnrelay topologies run as (RootlessKit,
     /// slirp4netns and the relay start as USER, like rootless Docker): not root, with ranges in
@@ -37,7 +75,9 @@ pub struct BenchArgs {
     pub tenant: Option<Tenant>,
     /// Comma-separated workloads: rr, crr, stream, udp-stream, ping [default: all].
     #[arg(long, value_name = "LIST", value_delimiter = ',', allow_hyphen_values = true,
-          value_parser = |s: &str| Workload::parse(s.trim()))]
+          hide_possible_values = true,
+          value_parser = named(Workload::ALL.iter().map(|w| w.name()).collect(),
+                               |s: &str| Workload::parse(s.trim())))]
     pub workloads: Option<Vec<Workload>>,
     /// Interleaved rounds (A B C A B C ...), 1-1000 [default: 5, --quick: 5].
     #[arg(long, value_name = "N", allow_hyphen_values = true,
@@ -55,7 +95,9 @@ pub struct BenchArgs {
     pub warmup: Option<Duration>,
     /// Comma-separated CPU placements: same-cpu, cross-cpu, unpinned [default: same-cpu].
     #[arg(long, value_name = "LIST", value_delimiter = ',', allow_hyphen_values = true,
-          value_parser = |s: &str| Placement::parse(s.trim()))]
+          hide_possible_values = true,
+          value_parser = named(Placement::ALL.iter().map(|p| p.name()).collect(),
+                               |s: &str| Placement::parse(s.trim())))]
     pub placement: Option<Vec<Placement>>,
     /// rr/crr/ping request size in bytes, e.g. 1, 4K, 1MiB (at most 16M) [default: 1].
     #[arg(long, value_name = "SIZE", allow_hyphen_values = true,

@@ -17,29 +17,175 @@ pub struct GenDocsArgs {
     /// missing.
     #[arg(long, value_name = "DIR")]
     pub completions_dir: Option<PathBuf>,
+    /// Where the documentation is installed (`make install`'s DOCDIR): the man pages name
+    /// DIR/README.md and DIR/docs/*.md.
+    #[arg(long, value_name = "DIR", default_value = DOC_DIR)]
+    pub doc_dir: PathBuf,
+}
+
+/// The documentation folder of the Debian package.
+pub const DOC_DIR: &str = "/usr/share/doc/nsfast";
+
+/// The static pages in dist/man (installed beside the generated ones), as SEE ALSO names them.
+pub const STATIC_PAGES: &[(&str, &str)] = &[("nsfast-cni", "8")];
+
+/// The doc page of each part, by the first word after the binary's name (`pod` for `nsfast
+/// pod shortcut status`); the root pages name the README and the machine-output contract.
+fn doc_pages(path: &str) -> Vec<&'static str> {
+    let mut words = path.split(' ');
+    let root = words.next().unwrap_or_default();
+    let part = words.next();
+    let mut v = match (root, part) {
+        ("vpnrelay", None) => vec!["README.md", "docs/vpnrelay.md", "docs/json.md"],
+        ("vpnrelay", Some(_)) => vec!["docs/vpnrelay.md"],
+        (_, None) => vec!["README.md", "docs/json.md", "docs/metrics.md"],
+        (_, Some("sockmap")) => vec!["docs/sockmap.md"],
+        (_, Some("pod")) => vec!["docs/pod.md"],
+        (_, Some("vsock")) => vec!["docs/vsock.md"],
+        (_, Some("bench")) => vec!["docs/bench.md"],
+        (_, Some("probe")) => vec!["docs/status.md"],
+        (_, Some("metrics")) => vec!["docs/metrics.md"],
+        _ => vec![],
+    };
+    if [
+        "nsfast sockmap run",
+        "nsfast vsock bridge",
+        "vpnrelay supervise",
+    ]
+    .contains(&path)
+    {
+        v.push("docs/metrics.md");
+    }
+    v
+}
+
+/// `page` with every `docs/NAME` that is not already part of a longer path written as
+/// `doc_dir/docs/NAME`, where the documentation is installed.
+fn installed_doc_paths(page: &str, doc_dir: &str) -> String {
+    let mut out = String::with_capacity(page.len());
+    let mut rest = page;
+    while let Some(i) = rest.find("docs/") {
+        let (before, after) = rest.split_at(i);
+        out.push_str(before);
+        if out.ends_with('/') {
+            out.push_str("docs/");
+        } else {
+            out.push_str(&format!("{doc_dir}/docs/"));
+        }
+        rest = &after["docs/".len()..];
+    }
+    out.push_str(rest);
+    out
 }
 
 /// Writes one page for `cmd` and one per (non-hidden) subcommand at every depth, named
-/// like git's (`nsfast-pod-add.8`).
-fn man_pages(cmd: Command, section: &str, dir: &Path) -> anyhow::Result<Vec<PathBuf>> {
-    fn walk(cmd: Command, section: &str, dir: &Path, out: &mut Vec<PathBuf>) -> anyhow::Result<()> {
-        for sub in cmd.get_subcommands().filter(|s| !s.is_hide_set()).cloned() {
-            walk(sub, section, dir, out)?;
+/// like git's (`nsfast-pod-add.8`): clap_mangen's sections, then EXAMPLES (`examples`, also
+/// `--help`'s) and SEE ALSO (the root, the parent, the subcommands, the other roots in
+/// `others`, and the part's documentation under `doc_dir`).
+fn man_pages(
+    cmd: Command,
+    section: &str,
+    dir: &Path,
+    examples: nsfast_sys::helpdoc::Table,
+    others: &[(String, String)],
+    doc_dir: &str,
+) -> anyhow::Result<Vec<PathBuf>> {
+    struct Ctx<'a> {
+        section: &'a str,
+        dir: &'a Path,
+        examples: nsfast_sys::helpdoc::Table,
+        others: &'a [(String, String)],
+        doc_dir: &'a str,
+        root: String,
+    }
+    fn page_name(cmd: &Command) -> String {
+        cmd.get_display_name()
+            .unwrap_or_else(|| cmd.get_name())
+            .to_string()
+    }
+    fn walk(
+        cmd: Command,
+        path: &str,
+        parent: Option<&str>,
+        cx: &Ctx,
+        out: &mut Vec<PathBuf>,
+    ) -> anyhow::Result<()> {
+        let path = format!("{path} {}", cmd.get_name()).trim().to_string();
+        let name = page_name(&cmd);
+        let subs: Vec<Command> = cmd
+            .get_subcommands()
+            .filter(|s| !s.is_hide_set())
+            .cloned()
+            .collect();
+        for sub in &subs {
+            walk(sub.clone(), &path, Some(&name), cx, out)?;
         }
-        let man = clap_mangen::Man::new(cmd)
-            .section(section)
+        let mut see: Vec<(String, String)> = Vec::new();
+        let mut add = |n: String, sec: &str| {
+            if n != name && !see.iter().any(|(m, _)| *m == n) {
+                see.push((n, sec.to_string()));
+            }
+        };
+        add(cx.root.clone(), cx.section);
+        if let Some(p) = parent {
+            add(p.to_string(), cx.section);
+        }
+        for s in &subs {
+            add(page_name(s), cx.section);
+        }
+        if parent.is_none() {
+            for (n, sec) in cx.others {
+                add(n.clone(), sec);
+            }
+        }
+        let files: Vec<String> = doc_pages(&path)
+            .into_iter()
+            .map(|d| format!("{}/{d}", cx.doc_dir))
+            .collect();
+        let examples = nsfast_sys::helpdoc::lookup(cx.examples, &path);
+        let man = clap_mangen::Man::new(cmd.clone())
+            .section(cx.section)
             .manual("nsfast")
             .source(format!("nsfast {}", env!("CARGO_PKG_VERSION")));
-        let path = man
-            .generate_to(dir)
-            .with_context(|| format!("writing a man page into {}", dir.display()))?;
-        out.push(path);
+        let mut buf = Vec::new();
+        man.render_title(&mut buf)?;
+        man.render_name_section(&mut buf)?;
+        man.render_synopsis_section(&mut buf)?;
+        man.render_description_section(&mut buf)?;
+        if cmd.get_arguments().any(|a| !a.is_hide_set()) {
+            man.render_options_section(&mut buf)?;
+        }
+        if !subs.is_empty() {
+            man.render_subcommands_section(&mut buf)?;
+        }
+        let mut page = installed_doc_paths(&String::from_utf8_lossy(&buf), cx.doc_dir);
+        if !examples.is_empty() {
+            page.push_str(&nsfast_sys::helpdoc::roff_examples(examples));
+        }
+        page.push_str(&nsfast_sys::helpdoc::roff_see_also(&see, &files));
+        let mut version = Vec::new();
+        if cmd.get_version().is_some() || cmd.get_long_version().is_some() {
+            man.render_version_section(&mut version)?;
+        }
+        page.push_str(&String::from_utf8_lossy(&version));
+        let file = cx.dir.join(man.get_filename());
+        std::fs::write(&file, page)
+            .with_context(|| format!("writing the man page {}", file.display()))?;
+        out.push(file);
         Ok(())
     }
     let mut cmd = cmd.disable_help_subcommand(true);
     cmd.build();
+    let cx = Ctx {
+        section,
+        dir,
+        examples,
+        others,
+        doc_dir,
+        root: page_name(&cmd),
+    };
     let mut out = Vec::new();
-    walk(cmd, section, dir, &mut out)?;
+    walk(cmd, "", None, &cx, &mut out)?;
     Ok(out)
 }
 
@@ -65,12 +211,33 @@ fn completions(mut cmd: Command, dir: &Path) -> anyhow::Result<()> {
 pub fn run(args: GenDocsArgs, nsfast: Command) -> anyhow::Result<()> {
     let vpnrelay = nsfast_vpnrelay::cli::command();
     if args.man_dir.is_none() && args.completions_dir.is_none() {
-        anyhow::bail!("give --man-dir DIR and/or --completions-dir DIR");
+        return Err(crate::usage(
+            "give --man-dir DIR and/or --completions-dir DIR",
+        ));
     }
     if let Some(dir) = &args.man_dir {
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-        let mut pages = man_pages(nsfast.clone(), "8", dir)?;
-        pages.extend(man_pages(vpnrelay.clone(), "1", dir)?);
+        let doc_dir = args.doc_dir.display().to_string();
+        let page = |n: &str, s: &str| (n.to_string(), s.to_string());
+        let statics = STATIC_PAGES.iter().map(|(n, s)| page(n, s));
+        let for_nsfast: Vec<_> = statics.clone().chain([page("vpnrelay", "1")]).collect();
+        let for_vpnrelay: Vec<_> = [page("nsfast", "8")].into_iter().chain(statics).collect();
+        let mut pages = man_pages(
+            nsfast.clone(),
+            "8",
+            dir,
+            crate::cmd::examples::EXAMPLES,
+            &for_nsfast,
+            &doc_dir,
+        )?;
+        pages.extend(man_pages(
+            vpnrelay.clone(),
+            "1",
+            dir,
+            nsfast_vpnrelay::cli::EXAMPLES,
+            &for_vpnrelay,
+            &doc_dir,
+        )?);
         for p in pages {
             nsfast_sys::outln!("{}", p.display())?;
         }

@@ -1,7 +1,7 @@
 //! `nsfast pod add | del | list`.
 
 use anyhow::Result;
-use clap::{Args, Subcommand};
+use clap::{Args, Subcommand, ValueEnum};
 use nsfast_pod::{AddOptions, ModeRequest, PodAddrs};
 use nsfast_sys::args::ifname;
 
@@ -16,7 +16,7 @@ pub enum PodCmd {
     /// maps, uplink programs and state).
     Del {
         /// Pod name (or --all).
-        #[arg(required_unless_present = "all", conflicts_with = "all")]
+        #[arg(required_unless_present = "all", conflicts_with = "all", value_parser = pod_name)]
         name: Option<String>,
         /// Delete every pod of the host, and with them the host's maps, uplink programs and
         /// state (also what an interrupted run left in them).
@@ -64,20 +64,63 @@ pub enum ShortcutCmd {
     },
 }
 
+/// `--mode`: the device pair of a pod.
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    /// netkit if the kernel has it, else veth.
+    Auto,
+    /// netkit in L3 mode.
+    #[value(alias = "netkit-l3")]
+    Netkit,
+    /// netkit in L2 mode (ARP answered by the peer program).
+    #[value(name = "netkit-l2")]
+    NetkitL2,
+    /// veth pair.
+    Veth,
+}
+
+impl From<Mode> for ModeRequest {
+    fn from(m: Mode) -> Self {
+        match m {
+            Mode::Auto => ModeRequest::Auto,
+            Mode::Netkit => ModeRequest::Netkit,
+            Mode::NetkitL2 => ModeRequest::NetkitL2,
+            Mode::Veth => ModeRequest::Veth,
+        }
+    }
+}
+
+/// A pod name as clap's value parser: a bad one exits 2 naming the rule.
+fn pod_name(s: &str) -> Result<String, String> {
+    if nsfast_pod::pod::valid_pod_name(s) {
+        Ok(s.to_string())
+    } else {
+        Err(nsfast_pod::PodError::BadName(s.into()).to_string())
+    }
+}
+
+/// One `--ip` value, checked alone (the pair of families is checked once all are read).
+fn pod_ips(s: &str) -> Result<String, String> {
+    PodAddrs::parse(&[s])
+        .map(|_| s.to_string())
+        .map_err(|e| e.to_string())
+}
+
 #[derive(Args, Debug)]
 pub struct AddArgs {
     /// Pod name (1-40 of [a-z0-9-]); also the name of its network namespace.
+    #[arg(value_parser = pod_name)]
     name: String,
     /// The pod's addresses with prefix: an IPv4 one (e.g. 10.244.1.5/24, bare address: /32)
     /// and/or an IPv6 one (e.g. fd00:10:244::5/64, bare: /128); repeat --ip or separate them
     /// with commas. The IPv6 gateway is fe80::1, answered by the datapath.
-    #[arg(long, required = true)]
+    #[arg(long, required = true, value_name = "ADDR[/PREFIX][,...]", value_parser = pod_ips)]
     ip: Vec<String>,
     /// Device pair: netkit (L3), netkit-l2, veth, or auto (netkit if the kernel has it).
     /// veth and uplink programs attach as TCX links, or with classic tc (clsact + cls_bpf)
     /// on kernels without TCX (< 6.6); NSFAST_POD_ATTACH=tc|tcx|auto forces the method.
-    #[arg(long, default_value = "auto")]
-    mode: String,
+    #[arg(long, value_enum, default_value_t = Mode::Auto)]
+    mode: Mode,
     /// Host network namespace (under /run/netns); default: the current namespace.
     #[arg(long)]
     host: Option<String>,
@@ -97,6 +140,42 @@ pub struct AddArgs {
     /// tc and netfilter rules.
     #[arg(long)]
     no_shortcut: bool,
+    /// The pod's Kubernetes namespace, which NetworkPolicies select it by (`nsfast policy`).
+    #[arg(long, default_value = "default", value_parser = crate::cmd::policy::namespace)]
+    namespace: String,
+    /// A label KEY=VALUE of the pod, which policies' podSelectors match (repeatable).
+    #[arg(long = "label", value_name = "KEY=VALUE", value_parser = crate::cmd::policy::label)]
+    labels: Vec<(String, String)>,
+    /// A named port NAME=PORT[/PROTOCOL] (protocol TCP, UDP or SCTP; default TCP), which
+    /// policies may name instead of the number (repeatable; names unique).
+    #[arg(long = "named-port", value_name = "NAME=PORT[/PROTO]", value_parser = named_port)]
+    named_ports: Vec<nsfast_policy::NamedPort>,
+}
+
+/// `--named-port NAME=PORT[/PROTO]`.
+fn named_port(s: &str) -> Result<nsfast_policy::NamedPort, String> {
+    let bad = |why: &str| {
+        format!("invalid --named-port {s:?}: {why}; expected NAME=PORT[/PROTO], e.g. http=8080/TCP")
+    };
+    let (name, rest) = s.split_once('=').ok_or_else(|| bad("no '='"))?;
+    if !nsfast_policy::parse::port_name(name) {
+        return Err(bad(
+            "the name is not an IANA_SVC_NAME (1-15 of a-z 0-9 '-', a letter among them)",
+        ));
+    }
+    let (port, proto) = rest.split_once('/').unwrap_or((rest, "TCP"));
+    let port: u16 = port
+        .parse()
+        .ok()
+        .filter(|p| *p >= 1)
+        .ok_or_else(|| bad("the port must be 1-65535"))?;
+    let protocol = nsfast_policy::Protocol::parse(&proto.to_ascii_uppercase())
+        .ok_or_else(|| bad("the protocol must be TCP, UDP or SCTP"))?;
+    Ok(nsfast_policy::NamedPort {
+        name: name.to_string(),
+        protocol,
+        port,
+    })
 }
 
 pub fn run(cmd: PodCmd) -> Result<()> {
@@ -118,7 +197,7 @@ fn run_inner(cmd: PodCmd) -> Result<()> {
     match cmd {
         PodCmd::Add(a) => {
             let addrs = PodAddrs::parse(&a.ip)?;
-            let mode: ModeRequest = a.mode.parse()?;
+            let mode = ModeRequest::from(a.mode);
             let mut o = AddOptions::with_addrs(&a.name, addrs);
             o.mode = mode;
             o.host = a.host;
@@ -126,6 +205,20 @@ fn run_inner(cmd: PodCmd) -> Result<()> {
             o.pod_if = a.ifname;
             o.host_firewall = a.host_firewall;
             o.no_shortcut = a.no_shortcut;
+            for (i, np) in a.named_ports.iter().enumerate() {
+                if a.named_ports[..i].iter().any(|q| q.name == np.name) {
+                    return Err(crate::usage(format!(
+                        "--named-port {:?} is given twice: a pod's port names are unique",
+                        np.name
+                    )));
+                }
+            }
+            o.identity = nsfast_pod::state::PodIdentity {
+                namespace: a.namespace,
+                k8s_name: None,
+                labels: a.labels.into_iter().collect(),
+                named_ports: a.named_ports,
+            };
             let added = nsfast_pod::add(&o)?;
             if let Some(j) = json() {
                 j.print(&added)?;
@@ -213,7 +306,7 @@ fn run_inner(cmd: PodCmd) -> Result<()> {
                 .collect();
             nsfast_sys::outln!("host {}  uplinks: [{}]", l.host, ups.join(", "))?;
             nsfast_sys::outln!(
-                "{:<24} {:<34} {:<10} {:<7} {:<12} {:<20}",
+                "{:<24} {:<34} {:<10} {:<7} {:<12} {}",
                 "NAME",
                 "IP",
                 "MODE",
@@ -223,7 +316,7 @@ fn run_inner(cmd: PodCmd) -> Result<()> {
             )?;
             for p in &l.pods {
                 nsfast_sys::outln!(
-                    "{:<24} {:<34} {:<10} {:<7} {:<12} {:<20}",
+                    "{:<24} {:<34} {:<10} {:<7} {:<12} {}",
                     p.name,
                     p.cidrs().join(","),
                     p.datapath.as_str(),
@@ -246,6 +339,14 @@ fn run_inner(cmd: PodCmd) -> Result<()> {
             }
             let c: Vec<String> = l.counters.iter().map(|(k, v)| format!("{k}={v}")).collect();
             nsfast_sys::outln!("counters: {}", c.join(" "))?;
+            if !l.policy_drops.is_empty() {
+                let d: Vec<String> = l
+                    .policy_drops
+                    .iter()
+                    .map(|(k, v)| format!("{k}={v}"))
+                    .collect();
+                nsfast_sys::outln!("policy drops: {}", d.join(" "))?;
+            }
             if l.shortcut_enabled {
                 print_shortcut_pods(&l.shortcut)?;
             } else {
@@ -344,6 +445,16 @@ fn shortcut(c: ShortcutCmd) -> Result<()> {
                 s.pair_conflicts
             )?;
             nsfast_sys::outln!("note: {}", s.bypasses)?;
+            if s.kept_tcp > 0 {
+                nsfast_sys::outln!(
+                    "kept on TCP: {} connection ends (last {} below)",
+                    s.kept_tcp,
+                    s.kept_recent.len()
+                )?;
+                for k in &s.kept_recent {
+                    nsfast_sys::outln!("  {k}")?;
+                }
+            }
             print_shortcut_pods(&s.pods)?;
         }
     }

@@ -15,7 +15,13 @@ pub struct ProbeArgs {
         value_parser = clap::builder::PossibleValuesParser::new(nsfast_sys::probe::feature_names())
     )]
     pub require: Vec<String>,
+    /// Also print each feature's reason (what the probe saw); -j has every field too.
+    #[arg(short, long)]
+    pub verbose: bool,
 }
+
+/// Width the table fits in (a terminal's 80 columns leave the longest rows wrapped, not cut).
+pub const WIDTH: usize = 100;
 
 pub fn run(args: ProbeArgs) -> anyhow::Result<()> {
     use std::io::Write;
@@ -37,17 +43,27 @@ pub fn run(args: ProbeArgs) -> anyhow::Result<()> {
         }
         // Through io::Error, which keeps the kind: a closed stdout stays a BrokenPipe.
         writeln!(out, "{}", j.render(&doc)?)?;
-    } else {
-        write_table(&mut out, &report)?;
+    } else if args.require.is_empty() || args.verbose {
+        write_table(&mut out, &report, args.verbose)?;
     }
+    // With --require and without -v the text output is only what is missing: the error
+    // below, on stderr (nothing at all when every feature is there).
     out.flush()?;
     if missing.is_empty() {
         return Ok(());
     }
     let names: Vec<&str> = missing.iter().map(|f| f.name).collect();
+    // One paragraph per missing feature, wrapped like the table.
     let details: String = missing
         .iter()
-        .map(|f| format!("\n  {}: {}; without it: {}", f.name, f.reason, f.fallback))
+        .flat_map(|f| {
+            let text = format!("{}: {}; without it: {}", f.name, f.reason, f.fallback);
+            wrap(&text, WIDTH - 4)
+                .into_iter()
+                .enumerate()
+                .map(|(i, l)| format!("\n{}{l}", if i == 0 { "  " } else { "    " }))
+                .collect::<Vec<_>>()
+        })
         .collect();
     anyhow::bail!(
         "missing required kernel feature{}: {}{details}",
@@ -56,43 +72,80 @@ pub fn run(args: ProbeArgs) -> anyhow::Result<()> {
     )
 }
 
-/// The table: a header row, then per feature its answer, what it enables (or, when missing,
-/// the fallback) and the reason.
+/// The table: a header row, then per feature its answer and what it enables (or, when
+/// missing, the fallback), wrapped to [`WIDTH`] columns; with `verbose` the reason under each.
 fn write_table(
     out: &mut impl std::io::Write,
     report: &nsfast_sys::probe::Report,
+    verbose: bool,
 ) -> std::io::Result<()> {
     writeln!(
         out,
         "kernel {} ({})",
         report.kernel_release, report.kernel_version
     )?;
-    let rows: Vec<(&str, &str, String, &str)> = report
+    let w0 = report
         .features
         .iter()
-        .map(|f| {
-            let (answer, what) = if f.available {
-                ("yes", format!("enables: {}", f.enables))
-            } else {
-                ("no", format!("fallback: {}", f.fallback))
-            };
-            (f.name, answer, what, f.reason.as_str())
-        })
-        .collect();
-    let w0 = rows.iter().map(|r| r.0.len()).chain([7]).max().unwrap_or(7);
-    let w2 = rows
-        .iter()
-        .map(|r| r.2.len())
-        .chain([12])
+        .map(|f| f.name.len())
+        .chain([7])
         .max()
-        .unwrap_or(12);
-    writeln!(
-        out,
-        "{:w0$}  {:9}  {:w2$}  REASON",
-        "FEATURE", "AVAILABLE", "NSFAST USES"
-    )?;
-    for (name, answer, what, reason) in rows {
-        writeln!(out, "{name:w0$}  {answer:9}  {what:w2$}  {reason}")?;
+        .unwrap_or(7);
+    let indent = w0 + 2 + 9 + 2;
+    writeln!(out, "{:w0$}  {:9}  NSFAST USES", "FEATURE", "AVAILABLE")?;
+    for f in &report.features {
+        let (answer, what) = if f.available {
+            ("yes", format!("enables: {}", f.enables))
+        } else {
+            ("no", format!("fallback: {}", f.fallback))
+        };
+        let mut lines = wrap(&what, WIDTH.saturating_sub(indent).max(20)).into_iter();
+        writeln!(
+            out,
+            "{:w0$}  {answer:9}  {}",
+            f.name,
+            lines.next().unwrap_or_default()
+        )?;
+        for l in lines {
+            writeln!(out, "{:indent$}{l}", "")?;
+        }
+        if verbose {
+            for l in wrap(&format!("reason: {}", f.reason), WIDTH - 4) {
+                writeln!(out, "    {l}")?;
+            }
+        }
     }
     Ok(())
+}
+
+/// `text` in lines of at most `width` characters, broken at spaces (a longer word gets a
+/// line of its own).
+fn wrap(text: &str, width: usize) -> Vec<String> {
+    let mut lines = Vec::new();
+    let mut cur = String::new();
+    for word in text.split_whitespace() {
+        if !cur.is_empty() && cur.chars().count() + 1 + word.chars().count() > width {
+            lines.push(std::mem::take(&mut cur));
+        }
+        if !cur.is_empty() {
+            cur.push(' ');
+        }
+        cur.push_str(word);
+    }
+    if !cur.is_empty() || lines.is_empty() {
+        lines.push(cur);
+    }
+    lines
+}
+
+#[cfg(test)]
+mod tests {
+    use super::wrap;
+
+    #[test]
+    fn wrap_breaks_at_spaces_within_the_width() {
+        assert_eq!(wrap("a bb ccc dddd", 6), ["a bb", "ccc", "dddd"]);
+        assert_eq!(wrap("toolongword x", 4), ["toolongword", "x"]);
+        assert_eq!(wrap("", 10), [""]);
+    }
 }

@@ -8,7 +8,7 @@ use clap::Subcommand;
 use nsfast_sockmap::{Options, Shortcut};
 use nsfast_sys::args::{duration, size};
 use nsfast_sys::ports::PortList;
-use tracing::info;
+use tracing::{debug, info, warn};
 
 #[derive(Subcommand, Debug)]
 pub enum SockmapCmd {
@@ -47,6 +47,8 @@ pub enum SockmapCmd {
         #[arg(long, value_name = "DURATION", default_value = "0",
               value_parser = duration::arg("--stats-interval", Duration::from_secs(86400), true))]
         stats_interval: Duration,
+        #[command(flatten)]
+        metrics: crate::cmd::metrics::ListenArgs,
     },
     /// Show the instances loaded in the kernel: sockets in the map, messages and bytes
     /// redirected and passed, and where they are attached.
@@ -62,10 +64,17 @@ pub fn run(cmd: SockmapCmd) -> anyhow::Result<()> {
             exclude_ports,
             queue_limit,
             stats_interval,
+            metrics,
         } => {
+            metrics.check()?;
             let cgroup = match slice {
                 Some(s) => {
-                    let p = nsfast_sockmap::slice_cgroup(&s)?;
+                    let p = nsfast_sockmap::slice_cgroup(&s).map_err(|e| match e {
+                        e @ nsfast_sockmap::SockmapError::BadSlice { .. } => {
+                            crate::usage(e.to_string())
+                        }
+                        e => e.into(),
+                    })?;
                     if !p.exists() {
                         anyhow::bail!(
                             "slice {s} has no cgroup yet ({} does not exist): start it first (systemctl start {s}) or give --cgroup",
@@ -84,17 +93,37 @@ pub fn run(cmd: SockmapCmd) -> anyhow::Result<()> {
                     queue_limit: Some(queue_limit),
                 },
                 stats_interval,
+                &metrics,
             )
         }
         SockmapCmd::Status => status(),
     }
 }
 
-fn run_shortcut(opts: Options, stats_interval: Duration) -> anyhow::Result<()> {
+fn run_shortcut(
+    opts: Options,
+    stats_interval: Duration,
+    metrics: &crate::cmd::metrics::ListenArgs,
+) -> anyhow::Result<()> {
     // Block the termination signals before anything is attached, so a signal arriving at any
     // point is seen by the wait below and the programs are always detached.
     nsfast_sys::signals::block_termination().context("blocking SIGINT/SIGTERM")?;
-    let shortcut = Shortcut::attach(&opts)?;
+    let shortcut = std::sync::Arc::new(Shortcut::attach(&opts)?);
+    // Before READY=1: a port in use fails the start (exit 1), and the shortcut is dropped,
+    // so detached.
+    let endpoint = {
+        let sc = shortcut.clone();
+        let cgroup = sc.cgroup_path().display().to_string();
+        metrics.start(move || {
+            let mut s = nsfast_sys::metrics::Snapshot::new();
+            let labels = [("cgroup", cgroup.as_str()), ("mode", "run")];
+            match sc.stats() {
+                Ok(st) => crate::cmd::metrics::sockmap_stats(&mut s, &labels, &st),
+                Err(e) => tracing::warn!("metrics: reading the counters: {e}"),
+            }
+            s
+        })?
+    };
     info!(
         "nsfast sockmap running on {} (pid {}); stop with Ctrl-C or SIGTERM",
         shortcut.cgroup_path().display(),
@@ -106,16 +135,32 @@ fn run_shortcut(opts: Options, stats_interval: Duration) -> anyhow::Result<()> {
         shortcut.cgroup_path().display()
     ))
     .context("telling systemd the shortcut is attached")?;
+    // Each connection end that keeps TCP is logged once, with the process and the reason; the
+    // programs keep the last 64, so a poll each second misses them only in a burst.
+    let mut kept_next = 0;
+    let mut log_kept = |shortcut: &Shortcut| match shortcut.kept_since(kept_next) {
+        Ok(b) => {
+            for k in &b.events {
+                info!("{k}");
+            }
+            if b.lost > 0 {
+                warn!(
+                    "{} more connection ends kept TCP (not logged one by one; see kept_tcp)",
+                    b.lost
+                );
+            }
+            kept_next = b.next;
+        }
+        Err(e) => debug!("reading the kept-TCP log: {e}"),
+    };
+    let mut next_stats = std::time::Instant::now() + stats_interval;
     let signal = loop {
-        let wait = if stats_interval.is_zero() {
-            Duration::from_secs(3600)
-        } else {
-            stats_interval
-        };
-        if let Some(sig) = nsfast_sys::signals::wait_termination_timeout(wait) {
+        if let Some(sig) = nsfast_sys::signals::wait_termination_timeout(Duration::from_secs(1)) {
             break sig;
         }
-        if !stats_interval.is_zero() {
+        log_kept(&shortcut);
+        if !stats_interval.is_zero() && std::time::Instant::now() >= next_stats {
+            next_stats = std::time::Instant::now() + stats_interval;
             if let Ok(s) = shortcut.stats() {
                 info!(
                     "sockets {} pairs {} redirected {} msgs / {} bytes, passed {} msgs / {} bytes; \
@@ -134,19 +179,24 @@ fn run_shortcut(opts: Options, stats_interval: Duration) -> anyhow::Result<()> {
         }
     };
     info!("received {signal}, detaching");
+    log_kept(&shortcut);
     if let Ok(s) = shortcut.stats() {
         info!(
             "final: pairs {} redirected {} msgs / {} bytes, passed {} msgs / {} bytes, {} sockets still redirected (they keep the shortcut until they close)",
             s.pairs, s.redirected_msgs, s.redirected_bytes, s.passed_msgs, s.passed_bytes, s.sockets
         );
     }
-    shortcut.detach()?;
+    // The endpoint's thread holds the other reference: stopping it leaves this one alone.
+    drop(endpoint);
+    match std::sync::Arc::try_unwrap(shortcut) {
+        Ok(s) => s.detach()?,
+        Err(_) => anyhow::bail!("the shortcut is still in use at exit"),
+    }
     Ok(())
 }
 
 fn status() -> anyhow::Result<()> {
-    let instances =
-        nsfast_sockmap::instances().context("reading loaded BPF programs and maps (needs root)")?;
+    let instances = nsfast_sockmap::instances().context("reading loaded BPF programs and maps")?;
     if let Some(j) = crate::cmd::output::json() {
         j.print(&serde_json::json!({ "instances": instances }))?;
         return Ok(());
@@ -156,23 +206,7 @@ fn status() -> anyhow::Result<()> {
         return Ok(());
     }
     for i in &instances {
-        let state = match (i.attached, i.loader_alive) {
-            (true, _) if i.pod_mode => "pod shortcut (pinned; see `nsfast pod shortcut status`)",
-            (true, true) => "running",
-            (true, false) => "attached (loader gone)",
-            (false, _) => {
-                "draining (detached; redirected sockets keep the shortcut until they close)"
-            }
-        };
-        nsfast_sys::outln!(
-            "cgroup {} (id {}): {state}, loader pid {}",
-            i.cgroup_path
-                .as_ref()
-                .map(|p| p.display().to_string())
-                .unwrap_or_else(|| "?".into()),
-            i.cgroup_id,
-            i.loader_pid
-        )?;
+        nsfast_sys::outln!("{}", headline(i))?;
         let s = &i.stats;
         nsfast_sys::outln!("  sockets in map      {}", s.sockets)?;
         nsfast_sys::outln!(
@@ -197,6 +231,15 @@ fn status() -> anyhow::Result<()> {
             s.skipped_port
         )?;
         nsfast_sys::outln!(
+            "  kept on TCP         {} (splice readers {}, over the queue limit {})",
+            s.kept_tcp,
+            s.splice_readers,
+            s.queue_limit
+        )?;
+        for k in &i.kept_recent {
+            nsfast_sys::outln!("    {k}")?;
+        }
+        nsfast_sys::outln!(
             "  programs            sk_msg id {}, sockops id {}",
             i.sk_msg_prog_id,
             i.sockops_prog_id
@@ -205,4 +248,86 @@ fn status() -> anyhow::Result<()> {
         )?;
     }
     Ok(())
+}
+
+/// An instance's first `status` line: its cgroup, its state and, for a `sockmap run`
+/// instance, its loader.
+fn headline(i: &nsfast_sockmap::Instance) -> String {
+    let cgroup = i
+        .cgroup_path
+        .as_ref()
+        .map(|p| p.display().to_string())
+        .unwrap_or_else(|| "?".into());
+    // A pod shortcut's recorded pid is the `pod shortcut enable` that pinned it, which has
+    // exited: the instance has no loader to show.
+    let (state, loader) = match (i.attached, i.loader_alive) {
+        (true, _) if i.pod_mode => (
+            "pod shortcut (pinned; see `nsfast pod shortcut status`)",
+            String::new(),
+        ),
+        _ if i.pod_mode => ("pod shortcut, draining (detached)", String::new()),
+        (true, true) => ("running", format!(", loader pid {}", i.loader_pid)),
+        (true, false) => (
+            "attached",
+            format!(", loader pid {} not running", i.loader_pid),
+        ),
+        (false, alive) => (
+            "draining (detached; redirected sockets keep the shortcut until they close)",
+            format!(
+                ", loader pid {}{}",
+                i.loader_pid,
+                if alive { "" } else { " not running" }
+            ),
+        ),
+    };
+    format!("cgroup {cgroup} (id {}): {state}{loader}", i.cgroup_id)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn instance(pod_mode: bool, attached: bool, loader_alive: bool) -> nsfast_sockmap::Instance {
+        nsfast_sockmap::Instance {
+            sk_msg_prog_id: 10,
+            sockops_prog_id: Some(11),
+            cgroup_id: 17030,
+            cgroup_path: Some("/sys/fs/cgroup/unified/myapp".into()),
+            loader_pid: 4242,
+            loader_alive,
+            attached,
+            started_unix: 0,
+            pod_mode,
+            stats: Default::default(),
+            kept_recent: Vec::new(),
+        }
+    }
+
+    /// A loader pid is shown only for a loader that runs; a pinned pod shortcut has none
+    /// (the pid is the `pod shortcut enable` that pinned it, long gone).
+    #[test]
+    fn headline_names_only_a_running_loader() {
+        let running = headline(&instance(false, true, true));
+        assert_eq!(
+            running,
+            "cgroup /sys/fs/cgroup/unified/myapp (id 17030): running, loader pid 4242"
+        );
+        let pod = headline(&instance(true, true, false));
+        assert_eq!(
+            pod,
+            "cgroup /sys/fs/cgroup/unified/myapp (id 17030): pod shortcut (pinned; see \
+             `nsfast pod shortcut status`)"
+        );
+        let gone = headline(&instance(false, true, false));
+        assert_eq!(
+            gone,
+            "cgroup /sys/fs/cgroup/unified/myapp (id 17030): attached, loader pid 4242 not \
+             running"
+        );
+        let draining = headline(&instance(false, false, false));
+        assert!(
+            draining.contains("draining") && draining.ends_with("loader pid 4242 not running"),
+            "{draining}"
+        );
+    }
 }

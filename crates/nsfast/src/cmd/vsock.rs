@@ -21,6 +21,18 @@ fn parse_addr(s: &str) -> Result<Address, String> {
     s.parse::<Address>().map_err(|e| e.to_string())
 }
 
+/// A value of a fixed set of names as a typed clap value: `--help` and the shell completions
+/// list the names, a bad one exits 2 with them.
+fn choice<T>(names: &'static [&'static str]) -> impl clap::builder::TypedValueParser<Value = T>
+where
+    T: std::str::FromStr<Err = String> + Clone + Send + Sync + 'static,
+{
+    use clap::builder::TypedValueParser;
+    clap::builder::PossibleValuesParser::new(names).try_map(|s| s.parse::<T>())
+}
+
+const PATHS: &[&str] = &["auto", "kernel", "splice"];
+
 const HOUR: Duration = Duration::from_secs(3600);
 /// Largest `--buffer`: the splice pipe size and copy buffer.
 const MAX_BUFFER: u64 = 64 << 20;
@@ -77,12 +89,13 @@ pub enum VsockCmd {
         /// egress; TCP and AF_VSOCK legs, Linux 6.4+ for vsock, CAP_BPF + CAP_NET_ADMIN),
         /// splice (through a pipe in this process), or auto (kernel where possible, else
         /// splice, saying why once).
-        #[arg(long, value_name = "auto|kernel|splice", default_value = "auto")]
+        #[arg(long, default_value = "auto", value_parser = choice::<relay::DataPath>(PATHS))]
         path: relay::DataPath,
         /// MSG_ZEROCOPY on the user-space path's sends to AF_VSOCK legs (Linux 6.7+): on
         /// (refused on older kernels), off, or auto (off: not faster where measured, see
         /// docs/vsock.md "Zero-copy sends"). --json reports "send": "zerocopy"|"copy".
-        #[arg(long, value_name = "auto|on|off", default_value = "auto")]
+        #[arg(long, default_value = "auto",
+              value_parser = choice::<nsfast_vsock::zerocopy::ZeroCopy>(&["auto", "on", "off"]))]
         zerocopy: nsfast_vsock::zerocopy::ZeroCopy,
     },
     /// Host-side bridge so sibling VMs of one group reach each other over vsock.
@@ -93,7 +106,8 @@ pub enum VsockCmd {
     /// logged. Runs until SIGINT/SIGTERM. See docs/vsock.md.
     Bridge {
         /// A group of guest CIDs that may reach each other, e.g. 3,4 (repeat for more groups;
-        /// a CID may be in several). A group of one CID isolates that VM.
+        /// a CID may be in several). A group of one CID isolates that VM (with a warning);
+        /// at least one group needs two members.
         #[arg(long = "group", value_name = "CID,CID[,...]", required = true, value_parser = parse_group)]
         groups: Vec<Vec<u32>>,
         /// How to reach a member: CID=vsock (AF_VSOCK through vhost-vsock; the default for
@@ -136,8 +150,10 @@ pub enum VsockCmd {
         /// BPF sockmap redirects each leg's data to the other leg's egress; Linux 6.4+,
         /// CAP_BPF + CAP_NET_ADMIN; --idle-timeout does not apply to such a connection), or
         /// splice (the default; auto is the same: it never joins AF_VSOCK legs).
-        #[arg(long, value_name = "auto|kernel|splice", default_value = "splice")]
+        #[arg(long, default_value = "splice", value_parser = choice::<relay::DataPath>(PATHS))]
         path: relay::DataPath,
+        #[command(flatten)]
+        metrics: crate::cmd::metrics::ListenArgs,
     },
     /// Linux 7.0 vsock namespace modes (ns_mode / child_ns_mode).
     #[command(subcommand)]
@@ -192,7 +208,7 @@ pub enum NsCmd {
         /// Name of the new namespace (created at /run/netns/NAME).
         name: String,
         /// vsock mode of the new namespace (ns_mode): global or local.
-        #[arg(long, value_parser = parse_mode)]
+        #[arg(long, value_parser = choice::<nsfast_vsock::nsmode::Mode>(&["global", "local"]))]
         mode: nsfast_vsock::nsmode::Mode,
     },
 }
@@ -209,10 +225,6 @@ fn parse_vm(s: &str) -> Result<(u32, Transport), String> {
 /// 1-4294967294, at most [`bridge::MAX_PORTS`].
 fn parse_ports(s: &str) -> Result<Vec<u32>, nsfast_sys::ports::PortListError> {
     nsfast_sys::ports::parse_list("--ports", s, 1, bridge::MAX_VALUE, Some(bridge::MAX_PORTS))
-}
-
-fn parse_mode(s: &str) -> Result<nsfast_vsock::nsmode::Mode, String> {
-    s.parse()
 }
 
 pub fn run(cmd: VsockCmd) -> anyhow::Result<()> {
@@ -233,14 +245,14 @@ pub fn run(cmd: VsockCmd) -> anyhow::Result<()> {
             // -j: one JSON object per finished connection on stdout.
             let json = json_lines();
             if json.is_some() && (a == Address::Stdio || b == Address::Stdio) {
-                anyhow::bail!(
-                    "--json writes to stdout, which the stdio address uses: drop one of them"
-                );
+                return Err(crate::usage(
+                    "--json writes to stdout, which the stdio address uses: drop one of them",
+                ));
             }
             if b.forks() {
-                anyhow::bail!(
+                return Err(crate::usage(format!(
                     "invalid address {b}: fork applies to the first address, the one that listens"
-                );
+                )));
             }
             let opts = relay::Options {
                 path,
@@ -285,6 +297,7 @@ pub fn run(cmd: VsockCmd) -> anyhow::Result<()> {
             vsock_buffer,
             connect_timeout,
             path,
+            metrics,
         } => run_bridge(
             groups,
             vms,
@@ -303,6 +316,7 @@ pub fn run(cmd: VsockCmd) -> anyhow::Result<()> {
                 path,
             },
             json_lines(),
+            &metrics,
         ),
         VsockCmd::Ns(NsCmd::Show { name }) => {
             let m = match name {
@@ -347,7 +361,9 @@ pub fn run(cmd: VsockCmd) -> anyhow::Result<()> {
                     to_host: false,
                 },
                 (None, None) => {
-                    anyhow::bail!("give --cid CID (or --connect ADDR) for the client, or --server")
+                    return Err(crate::usage(
+                        "give --cid CID (or --connect ADDR) for the client, or --server",
+                    ))
                 }
             };
             // Interval lines on stdout, as iperf3; a closed stdout loses them, not the run.
@@ -439,24 +455,36 @@ fn run_bridge(
     ports: Vec<Vec<u32>>,
     opts: bridge::Options,
     json: Option<nsfast_sys::out::Json>,
+    metrics: &crate::cmd::metrics::ListenArgs,
 ) -> anyhow::Result<()> {
+    metrics.check()?;
     let mut all: Vec<u32> = ports.concat();
     all.sort_unstable();
     if let Some(w) = all.windows(2).find(|w| w[0] == w[1]) {
-        anyhow::bail!("invalid --ports: port {} is listed twice", w[0]);
+        return Err(crate::usage(format!(
+            "invalid --ports: port {} is listed twice",
+            w[0]
+        )));
     }
     if all.len() > bridge::MAX_PORTS {
-        anyhow::bail!(
+        return Err(crate::usage(format!(
             "invalid --ports: {} ports in all, at most {}",
             all.len(),
             bridge::MAX_PORTS
-        );
+        )));
     }
-    let cfg = bridge::Config::new(groups, vms, all)?;
+    let cfg = bridge::Config::new(groups, vms, all).map_err(|e| crate::usage(e.to_string()))?;
+    lone_members(cfg.groups())?;
     // Block SIGINT/SIGTERM before any thread starts (threads inherit the mask), so the main
     // thread alone takes them and removes the hybrid listening files.
     nsfast_sys::signals::block_termination().context("blocking SIGINT/SIGTERM")?;
     let b = std::sync::Arc::new(bridge::Bridge::open(cfg, opts).context("vsock bridge")?);
+    // Before the `listening` line: once it is printed, the endpoint answers too.
+    let counters = std::sync::Arc::new(crate::cmd::metrics::BridgeCounters::default());
+    let _endpoint = {
+        let c = counters.clone();
+        metrics.start(move || c.snapshot())?
+    };
     for (cid, t) in b.config().members() {
         let groups: Vec<String> = b
             .config()
@@ -483,6 +511,7 @@ fn run_bridge(
         }
     }
     let report = std::sync::Arc::new(move |e: &bridge::Event| {
+        counters.count(e);
         match e {
             bridge::Event::Deny { .. } | bridge::Event::Fail { .. } => warn!("{e}"),
             bridge::Event::Close { error: Some(_), .. } => warn!("{e}"),
@@ -507,4 +536,48 @@ fn run_bridge(
     info!("received {sig}, stopping the bridge");
     b.remove_sockets();
     Ok(())
+}
+
+/// A group of one CID isolates that VM: every connection from or to it is denied. Beside
+/// other groups that may be meant (and is warned about); when every group has one member the
+/// bridge could never bridge anything, so that is refused (exit 2) before anything is opened.
+fn lone_members(groups: &[Vec<u32>]) -> anyhow::Result<()> {
+    let lone: Vec<u32> = groups
+        .iter()
+        .filter(|g| g.len() == 1)
+        .map(|g| g[0])
+        .collect();
+    if lone.len() == groups.len() {
+        let list: Vec<String> = lone.iter().map(u32::to_string).collect();
+        return Err(crate::usage(format!(
+            "invalid --group: every group has one member ({}), so nothing can be bridged; \
+             a group names the CIDs that reach each other, e.g. --group {},4",
+            list.join(", "),
+            lone[0]
+        )));
+    }
+    for cid in lone {
+        warn!(
+            "--group {cid} has one member: every connection from or to VM {cid} is denied \
+             (it is isolated); to bridge it, put it in a group with its peer (--group {cid},CID)"
+        );
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::lone_members;
+
+    #[test]
+    fn a_bridge_of_lone_members_is_refused() {
+        let e = lone_members(&[vec![3], vec![5]]).unwrap_err();
+        assert!(e.chain().any(nsfast_sys::report::is_usage), "{e}");
+        assert!(
+            e.to_string().contains("every group has one member (3, 5)"),
+            "{e}"
+        );
+        assert!(lone_members(&[vec![3, 4], vec![7]]).is_ok());
+        assert!(lone_members(&[vec![3, 4]]).is_ok());
+    }
 }

@@ -81,6 +81,7 @@ pub fn intent(host: &Host, opts: &AddOptions, dp: Datapath, attach: AttachMethod
         pending: true,
         no_shortcut: opts.no_shortcut,
         netns_cookie: None,
+        identity: opts.identity.clone(),
     }
 }
 

@@ -22,12 +22,26 @@ pub struct Listing {
     /// Whether the pod shortcut is on for this host, and its per-pod counters (by pod name).
     pub shortcut_enabled: bool,
     pub shortcut: std::collections::BTreeMap<String, crate::shortcut::PodShortcutStats>,
+    /// Packets NetworkPolicies dropped, per pod name (pods with none left out).
+    pub policy_drops: std::collections::BTreeMap<String, u64>,
 }
 
 /// Lists the pods of `host` with the host's datapath counters.
 pub fn list(host: Option<&str>) -> Result<Listing, PodError> {
     let host = Host::open(host)?;
     let pods = host.records()?;
+    let drops = datapath::policy_drops(&host).unwrap_or_else(|e| {
+        warn!(
+            "host {}: policy drop counters unreadable: {e}",
+            host.display
+        );
+        Default::default()
+    });
+    let policy_drops = pods
+        .iter()
+        .filter(|r| !r.ip.is_unspecified())
+        .filter_map(|r| drops.get(&r.ip).map(|n| (r.name.clone(), *n)))
+        .collect();
     let counters = abi::COUNTERS
         .iter()
         .map(|s| s.to_string())
@@ -38,6 +52,7 @@ pub fn list(host: Option<&str>) -> Result<Listing, PodError> {
         uplinks: datapath::uplinks(&host),
         pods,
         counters,
+        policy_drops,
         shortcut_enabled: crate::shortcut::is_enabled(&host),
         shortcut: crate::shortcut::pod_stats(&host).unwrap_or_else(|e| {
             warn!("host {}: shortcut counters unreadable: {e}", host.display);

@@ -249,6 +249,8 @@ pub struct AddOptions {
     pub host_firewall: bool,
     /// `--no-shortcut`: the pod's TCP never takes the pod shortcut (crate::shortcut).
     pub no_shortcut: bool,
+    /// `--namespace`, `--label`, `--named-port`: what NetworkPolicies select the pod by.
+    pub identity: crate::state::PodIdentity,
 }
 
 impl AddOptions {
@@ -291,6 +293,7 @@ impl AddOptions {
             cni: None,
             host_firewall: false,
             no_shortcut: false,
+            identity: Default::default(),
         }
     }
 }

@@ -85,6 +85,9 @@ pub fn del_locked(
         return Ok(None);
     };
     remove(host, &r)?;
+    if let Err(e) = crate::policy::sync(host, _lock) {
+        warn!("pod {name}: the policy maps were not updated: {e}");
+    }
     if let Err(e) = crate::shortcut::sync(host, _lock) {
         warn!("pod {name}: the shortcut did not forget it: {e}");
     }

@@ -1,0 +1,366 @@
+//! Root tests of `nsfast policy`: apply (YAML, JSON, standard input), list, delete and
+//! namespace labels on a throwaway host namespace; bad input exits 2 naming the value and
+//! changes nothing; a `policy apply` SIGKILLed at each step leaves the old generation or
+//! the new one, and the next command cleans up; `pod add --namespace/--label/--named-port`
+//! shows in `pod list -j` and in the pods a policy selects. Run as root.
+
+mod common;
+use common::{nsfast, nsfast_env, nsfast_ok, text};
+use std::io::Write;
+use std::os::unix::process::ExitStatusExt;
+use std::path::PathBuf;
+use std::process::{Command, Output, Stdio};
+
+use nsfast_lab::require_root;
+use nsfast_lab::world::unique;
+use nsfast_pod::policy::{POLICY_ROOT, POLICY_STEPS};
+use nsfast_sys::netns::{self, NetNs};
+
+/// A throwaway host namespace; its pods, policies and the namespace go on drop.
+struct TestHost {
+    name: String,
+    dir: PathBuf,
+    pods: Vec<String>,
+}
+
+impl TestHost {
+    fn new() -> Self {
+        let name = unique("ph");
+        NetNs::create(&name).unwrap().persist();
+        let key = nsfast_pod::Host::open(Some(&name)).unwrap().key;
+        Self {
+            name,
+            dir: PathBuf::from(POLICY_ROOT).join(key),
+            pods: Vec::new(),
+        }
+    }
+}
+
+impl Drop for TestHost {
+    fn drop(&mut self) {
+        let _ = nsfast(&["pod", "del", "--all", "--host", &self.name]);
+        for p in &self.pods {
+            let _ = netns::delete_named(p);
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+        let _ = std::fs::remove_dir(POLICY_ROOT);
+        let _ = std::fs::remove_dir("/run/nsfast");
+        let _ = netns::delete_named(&self.name);
+    }
+}
+
+/// Runs nsfast with `stdin` as its standard input.
+fn nsfast_stdin(args: &[&str], stdin: &str) -> Output {
+    let mut c = Command::new(common::nsfast_bin())
+        .args(args)
+        .env("RUST_LOG", "warn")
+        .env_remove(nsfast_pod::fault::CRASH_ENV)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    c.stdin.take().unwrap().write_all(stdin.as_bytes()).unwrap();
+    c.wait_with_output().unwrap()
+}
+
+fn list(host: &str) -> serde_json::Value {
+    serde_json::from_str(&nsfast_ok(&["-j", "policy", "list", "--host", host])).unwrap()
+}
+
+fn names(v: &serde_json::Value) -> Vec<String> {
+    v["policies"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| {
+            format!(
+                "{}/{}",
+                p["metadata"]["namespace"].as_str().unwrap(),
+                p["metadata"]["name"].as_str().unwrap()
+            )
+        })
+        .collect()
+}
+
+const WEB: &str = r#"
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: web, namespace: shop}
+spec:
+  podSelector: {matchLabels: {app: web}}
+  ingress:
+  - from: [{namespaceSelector: {matchLabels: {team: a}}}]
+    ports: [{port: http}]
+---
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: deny-all}
+spec:
+  podSelector: {}
+  policyTypes: [Ingress, Egress]
+"#;
+
+#[test]
+fn apply_list_delete_and_namespace_labels() {
+    require_root();
+    let h = TestHost::new();
+    let host = h.name.as_str();
+    assert_eq!(list(host)["generation"], 0);
+    let file = std::env::temp_dir().join(format!("{}.yaml", unique("pol")));
+    std::fs::write(&file, WEB).unwrap();
+    let out = nsfast_ok(&[
+        "policy",
+        "apply",
+        "-f",
+        file.to_str().unwrap(),
+        "--host",
+        host,
+    ]);
+    std::fs::remove_file(&file).unwrap();
+    assert!(out.contains("networkpolicy shop/web created"), "{out}");
+    assert!(
+        out.contains("networkpolicy default/deny-all created"),
+        "{out}"
+    );
+    let v = list(host);
+    assert_eq!(v["generation"], 1, "{v}");
+    assert_eq!(names(&v), ["default/deny-all", "shop/web"]);
+    // The objects come back in the schema, as applied.
+    assert_eq!(v["policies"][1]["kind"], "NetworkPolicy");
+    assert_eq!(
+        v["policies"][1]["spec"]["ingress"][0]["ports"][0]["port"],
+        "http"
+    );
+
+    // The same again from stdin changes nothing; a changed object is configured.
+    let o = nsfast_stdin(&["policy", "apply", "-f", "-", "--host", host], WEB);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(String::from_utf8_lossy(&o.stdout).contains("shop/web unchanged"));
+    assert_eq!(list(host)["generation"], 1);
+    let json = serde_json::to_string(&v["policies"][1])
+        .unwrap()
+        .replace("\"http\"", "8080");
+    let o = nsfast_stdin(&["-j", "policy", "apply", "-f", "-", "--host", host], &json);
+    assert!(o.status.success(), "{}", text(&o));
+    let r: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(
+        r["objects"][0],
+        serde_json::json!(["shop/web", "configured"]),
+        "{r}"
+    );
+    assert_eq!(list(host)["generation"], 2);
+
+    // Bad input: exit 2, the value named, nothing changed.
+    for (bad, named) in [
+        (
+            WEB.replace("port: http", "port: 70000"),
+            "70000 is not a port",
+        ),
+        (
+            WEB.replace("policyTypes: [Ingress, Egress]", "policyTypes: [Both]"),
+            "\"Both\"",
+        ),
+        (
+            WEB.replace("podSelector: {}", "podSelecter: {}"),
+            "spec.podSelecter: unknown field",
+        ),
+        ("{not json".to_string(), "not JSON"),
+    ] {
+        let o = nsfast_stdin(&["policy", "apply", "-f", "-", "--host", host], &bad);
+        assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+        assert!(
+            String::from_utf8_lossy(&o.stderr).contains(named),
+            "{}",
+            text(&o)
+        );
+    }
+    let o = nsfast(&[
+        "policy",
+        "apply",
+        "-f",
+        "/nonexistent/p.yaml",
+        "--host",
+        host,
+    ]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    let o = nsfast(&[
+        "pod",
+        "add",
+        "p",
+        "--ip",
+        "10.7.0.2/24",
+        "--label",
+        "a b=c",
+        "--host",
+        host,
+    ]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("\"a b=c\""),
+        "{}",
+        text(&o)
+    );
+    assert_eq!(list(host)["generation"], 2);
+
+    // Namespace labels; the name label is implicit and not settable.
+    nsfast_ok(&[
+        "policy",
+        "namespace",
+        "shop",
+        "--label",
+        "team=a",
+        "--host",
+        host,
+    ]);
+    assert_eq!(list(host)["namespaces"]["shop"]["team"], "a");
+    let o = nsfast(&[
+        "policy",
+        "namespace",
+        "shop",
+        "--label",
+        "kubernetes.io/metadata.name=x",
+        "--host",
+        host,
+    ]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    let t = nsfast_ok(&["policy", "list", "--host", host]);
+    assert!(
+        t.contains("namespace shop: kubernetes.io/metadata.name=shop team=a"),
+        "{t}"
+    );
+
+    // Delete is namespaced.
+    let o = nsfast(&["policy", "delete", "web", "--host", host]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("no policy \"web\" in namespace \"default\"")
+    );
+    nsfast_ok(&["policy", "delete", "web", "-n", "shop", "--host", host]);
+    nsfast_ok(&["policy", "delete", "deny-all", "--host", host]);
+    nsfast_ok(&["policy", "namespace", "shop", "--host", host]);
+    // Nothing left: neither is the host's policy directory.
+    assert_eq!(list(host)["policies"], serde_json::json!([]));
+    assert!(!h.dir.exists(), "{} left", h.dir.display());
+}
+
+#[test]
+fn a_killed_apply_leaves_the_old_generation_or_the_new_one() {
+    require_root();
+    let h = TestHost::new();
+    let host = h.name.as_str();
+    let one = WEB.split("---").next().unwrap();
+    let o = nsfast_stdin(&["policy", "apply", "-f", "-", "--host", host], one);
+    assert!(o.status.success(), "{}", text(&o));
+    let before = list(host);
+    assert_eq!(names(&before), ["shop/web"]);
+
+    let file = std::env::temp_dir().join(format!("{}.yaml", unique("pol")));
+    std::fs::write(&file, WEB.replace("port: http", "port: 81")).unwrap();
+    let apply = [
+        "policy",
+        "apply",
+        "-f",
+        file.to_str().unwrap(),
+        "--host",
+        host,
+    ];
+    // Killed after writing the new generation, before renaming it into place: the change did
+    // not happen, and the next command removes what it left.
+    let o = nsfast_env(&apply, &[(nsfast_pod::fault::CRASH_ENV, POLICY_STEPS[0])]);
+    assert_eq!(o.status.signal(), Some(9), "{}", text(&o));
+    assert!(
+        h.dir.join("policies.json.tmp").exists(),
+        "the kill left no temporary file"
+    );
+    assert_eq!(list(host), before);
+    assert!(!h.dir.join("policies.json.tmp").exists());
+
+    // Killed right after the rename: the change happened, whole.
+    let o = nsfast_env(&apply, &[(nsfast_pod::fault::CRASH_ENV, POLICY_STEPS[1])]);
+    assert_eq!(o.status.signal(), Some(9), "{}", text(&o));
+    let after = list(host);
+    std::fs::remove_file(&file).unwrap();
+    assert_eq!(after["generation"], 2, "{after}");
+    assert_eq!(names(&after), ["default/deny-all", "shop/web"]);
+    assert_eq!(
+        after["policies"][1]["spec"]["ingress"][0]["ports"][0]["port"],
+        81
+    );
+    // The store is private.
+    use std::os::unix::fs::PermissionsExt;
+    let mode = |p: PathBuf| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode(h.dir.clone()), 0o700);
+    assert_eq!(mode(h.dir.join("policies.json")), 0o600);
+}
+
+#[test]
+fn pods_carry_a_namespace_labels_and_named_ports() {
+    require_root();
+    let mut h = TestHost::new();
+    let host = h.name.clone();
+    let pod = unique("pp");
+    h.pods.push(pod.clone());
+    let o = nsfast(&[
+        "-j",
+        "pod",
+        "add",
+        &pod,
+        "--ip",
+        "10.77.0.5/24",
+        "--host",
+        &host,
+        "--mode",
+        &common::pod_mode_str(),
+        "--namespace",
+        "shop",
+        "--label",
+        "app=web",
+        "--label",
+        "tier=front",
+        "--named-port",
+        "http=8080",
+        "--named-port",
+        "dns=53/udp",
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    let l: serde_json::Value =
+        serde_json::from_str(&nsfast_ok(&["-j", "pod", "list", "--host", &host])).unwrap();
+    let p = &l["pods"][0];
+    assert_eq!(p["namespace"], "shop", "{p}");
+    assert_eq!(
+        p["labels"],
+        serde_json::json!({"app": "web", "tier": "front"})
+    );
+    assert_eq!(
+        p["named_ports"],
+        serde_json::json!([
+            {"name": "http", "protocol": "TCP", "port": 8080},
+            {"name": "dns", "protocol": "UDP", "port": 53}
+        ])
+    );
+    let o = nsfast_stdin(&["policy", "apply", "-f", "-", "--host", &host], WEB);
+    assert!(o.status.success(), "{}", text(&o));
+    let t = nsfast_ok(&["policy", "list", "--host", &host]);
+    let line = t.lines().find(|l| l.contains(" web ")).unwrap_or_default();
+    assert!(line.ends_with(&pod), "{t}");
+    let line = t
+        .lines()
+        .find(|l| l.contains("deny-all"))
+        .unwrap_or_default();
+    assert!(line.ends_with("(no pod)"), "{t}");
+    let o = nsfast(&[
+        "pod",
+        "add",
+        "q",
+        "--ip",
+        "10.77.0.6/24",
+        "--host",
+        &host,
+        "--named-port",
+        "a=1",
+        "--named-port",
+        "a=2",
+    ]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+}
