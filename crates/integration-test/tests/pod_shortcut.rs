@@ -193,11 +193,32 @@ fn check_bidir(c: &BidirReport, s: &BidirReport, bytes: u64) {
 
 /// A byte-exact transfer of `bytes` each way from `cns` to a server in `sns` at `addr`.
 fn transfer(cns: &NetNs, sns: &NetNs, cg: &Path, addr: SocketAddr, bytes: u64) {
+    transfer_with(cns, sns, cg, addr, bytes, &[]);
+}
+
+/// [`transfer`] with more flags for the client.
+fn transfer_with(
+    cns: &NetNs,
+    sns: &NetNs,
+    cg: &Path,
+    addr: SocketAddr,
+    bytes: u64,
+    client_args: &[&str],
+) {
     let s = bidir_server(sns, cg, addr, bytes, 1);
-    let c = bidir_client(cns, cg, addr, bytes, 2, &[]);
+    let c = bidir_client(cns, cg, addr, bytes, 2, client_args);
     let cr: BidirReport = peer::finish(c, "client");
     let sr: BidirReport = peer::finish(s, "server");
     check_bidir(&cr, &sr, bytes);
+}
+
+/// [`transfer`] with the client paced at 16 MiB/s, for the controls that need some bytes
+/// redirected: a direction redirects only once its receiver has returned from a read and read
+/// everything sent so far, and a transfer that fits in the socket buffers could otherwise be
+/// sent whole before a receiver on a loaded machine first reads, all of it on TCP.
+fn paced_transfer(cns: &NetNs, sns: &NetNs, cg: &Path, addr: SocketAddr, bytes: u64) {
+    let rate = (16u64 << 20).to_string();
+    transfer_with(cns, sns, cg, addr, bytes, &["--rate", &rate]);
 }
 
 /// Every byte pod `name` sent took the shortcut or, sent before its receiver was seen reading
@@ -312,7 +333,7 @@ fn pod_to_host_and_pod_to_remote_pod_keep_the_kernel_path() {
     assert_eq!(sa["pairs"], 0, "{sa}");
     assert_eq!(sb["pairs"], 0, "{sb}");
     // The same pod with a pod of its own host: redirected (the control).
-    transfer(
+    paced_transfer(
         &w.pod_ns(0, 1),
         &w.pod_ns(0, 0),
         &cg,
@@ -513,7 +534,7 @@ fn disable_mid_transfer_loses_nothing() {
     assert!(pins.is_empty(), "pins left: {pins:?}");
     // Enabled again: new connections take it.
     w.enable(0);
-    transfer(
+    paced_transfer(
         &w.pod_ns(0, 1),
         &w.pod_ns(0, 0),
         &w.cg.procs(),

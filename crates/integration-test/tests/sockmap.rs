@@ -148,6 +148,16 @@ fn bidir_transfer(
     bidir_transfer_with(w, cg, server, connect, bytes, &[]);
 }
 
+/// The positive controls' transfer: [`bidir_transfer`] with the client paced at 16 MiB/s.
+/// A direction redirects only once its receiver has returned from a read and read everything
+/// sent so far (the gate), and a small transfer fits in the socket buffers: unpaced, a sender
+/// that outruns a receiver not yet scheduled (a loaded CI machine, a TCG guest) sends all of
+/// it on TCP and the control sees nothing redirected.
+fn paced_transfer(w: &VethPair, cg: &TestCgroup, addr: SocketAddr, bytes: u64) {
+    let rate = (16u64 << 20).to_string();
+    bidir_transfer_with(w, Some(cg), addr, addr, bytes, &["--rate", &rate]);
+}
+
 /// [`bidir_transfer`] with more arguments for the client (`--rate B/s`).
 fn bidir_transfer_with(
     w: &VethPair,
@@ -531,13 +541,7 @@ fn processes_outside_the_cgroup_are_untouched() {
     assert_eq!(sc.stats().unwrap(), Stats::default());
     // The positive control: the same transfer inside the attached cgroup is redirected, so
     // the zeros above are the other processes', not a shortcut that sees nothing.
-    bidir_transfer(
-        &w,
-        Some(&attached),
-        server_addr(5014),
-        server_addr(5014),
-        1 << 20,
-    );
+    paced_transfer(&w, &attached, server_addr(5014), 1 << 20);
     let st = sc.stats().unwrap();
     assert_eq!(st.pairs, 1, "{st:?}");
     assert_carried(&st, 2 << 20);
@@ -607,7 +611,7 @@ fn connections_established_before_run_keep_the_normal_path() {
     // The positive control: a connection made after the attach, same cgroup, same check,
     // is paired and redirected (so the zero above is the old connection's, not a blind spot).
     let small: u64 = 1 << 20;
-    bidir_transfer(&w, Some(&cg), server_addr(5013), server_addr(5013), small);
+    paced_transfer(&w, &cg, server_addr(5013), small);
     let st = sc.stats().unwrap();
     assert_eq!(st.pairs, 1, "{st:?}");
     assert_carried(&st, 2 * small);
@@ -701,7 +705,7 @@ fn sigkill_of_the_loader_mid_transfer_loses_nothing() {
     let loader2 = spawn_run(&cg);
     let pid2 = loader2.id();
     wait_for_instance(pid2, true);
-    bidir_transfer(&w, Some(&cg), server_addr(5012), server_addr(5012), 8 << 20);
+    paced_transfer(&w, &cg, server_addr(5012), 8 << 20);
     let inst = wait_for_instance(pid2, true);
     assert_eq!(inst.stats.pairs, 1, "{:?}", inst.stats);
     assert_carried(&inst.stats, 2 * (8 << 20));
@@ -805,18 +809,7 @@ fn port_filters_select_connections() {
     })
     .unwrap();
     let bytes = 1 << 20;
-    // Included. The client sends at 16 MiB/s: a direction redirects only once its receiver
-    // has read everything sent so far, and 1 MiB fits in the socket buffers, so a sender that
-    // outruns a slow receiver (a loaded TCG guest) would keep all of it on TCP.
-    let rate = (16u64 << 20).to_string();
-    bidir_transfer_with(
-        &w,
-        Some(&cg),
-        server_addr(5100),
-        server_addr(5100),
-        bytes,
-        &["--rate", &rate],
-    );
+    paced_transfer(&w, &cg, server_addr(5100), bytes); // included
     bidir_transfer(&w, Some(&cg), server_addr(5101), server_addr(5101), bytes); // excluded
     bidir_transfer(&w, Some(&cg), server_addr(5200), server_addr(5200), bytes); // not listed
     let st = sc.stats().unwrap();
