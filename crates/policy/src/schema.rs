@@ -6,8 +6,8 @@
 //! The JSON shapes are the API's: `camelCase` field names, absent optional fields left out
 //! when written, `port` an integer or a name, `apiVersion` and `kind` written on every
 //! object and, when read, required to be this schema's. A field the schema does not have is
-//! ignored here; [`crate::parse`] rejects it by comparing what was read with what is written
-//! back. Fields the API marks required (`IPBlock.cidr`, a requirement's `key` and
+//! ignored here; [`parse`](mod@crate::parse) rejects it by comparing what was read with what
+//! is written back. Fields the API marks required (`IPBlock.cidr`, a requirement's `key` and
 //! `operator`) read as empty when absent or `null`, so that [`crate::parse::validate`] names
 //! them with the API server's own message rather than serde's.
 //!
