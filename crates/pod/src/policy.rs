@@ -21,7 +21,7 @@ use std::fs::{self, File};
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 
-use k8s_openapi::api::networking::v1::NetworkPolicy;
+use nsfast_policy::schema::NetworkPolicy;
 use nsfast_policy::{Cluster, Labels, Parsed, PodInfo};
 use serde::{Deserialize, Serialize};
 

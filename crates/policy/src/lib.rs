@@ -4,7 +4,9 @@
 //! tables to the datapath; this crate says what a policy means.
 //!
 //! Module map:
-//! - [`parse`]   — YAML/JSON documents into `k8s-openapi`'s `NetworkPolicy` objects, checked
+//! - [`schema`]  — the `networking.k8s.io/v1` NetworkPolicy object model in the API's field
+//!   names: the part of the Kubernetes API nsfast reads.
+//! - [`parse`]   — YAML/JSON documents into [`schema::NetworkPolicy`] objects, checked
 //!   strictly and as the API server validates them, errors naming the field and value.
 //! - [`model`]   — the validated form ([`Policy`]): defaults applied, selectors, peers, ports.
 //! - [`eval`]    — the reference evaluator, written from the Kubernetes spec.
@@ -19,6 +21,7 @@ pub mod compile;
 pub mod eval;
 pub mod model;
 pub mod parse;
+pub mod schema;
 
 #[cfg(test)]
 mod tests;

@@ -1,6 +1,6 @@
 //! Reading NetworkPolicy objects: YAML (one or more `---` documents) or JSON (one or more
 //! values, or an array), each a `networking.k8s.io/v1` `NetworkPolicy` or a `List` /
-//! `NetworkPolicyList` of them, in the schema's own field names (`k8s-openapi`'s types).
+//! `NetworkPolicyList` of them, in the API's own field names ([`crate::schema`]).
 //!
 //! Every object is checked as the API server checks it (see [`validate`]) and also strictly:
 //! a field the schema does not have is an error, not ignored, because an ignored
@@ -9,20 +9,16 @@
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::networking::v1 as netv1;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
-use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use serde::Deserialize;
 use serde_json::Value;
 
 use crate::model::{
     Cidr, Expression, Operator, Peer, Policy, PortMatch, PortRule, Protocol, Rule, Selector,
 };
+use crate::schema::{self, IntOrString, LabelSelector};
 
-/// The `apiVersion` every object must have.
-pub const API_VERSION: &str = "networking.k8s.io/v1";
-/// The `kind` every object must have.
-pub const KIND: &str = "NetworkPolicy";
+/// The `apiVersion` and `kind` every object must have.
+pub use crate::schema::{API_VERSION, KIND};
 /// The namespace of an object that names none (as `kubectl apply` without `-n`).
 pub const DEFAULT_NAMESPACE: &str = "default";
 /// Largest input read (a policy file is kilobytes; this bounds what a typo'd path costs).
@@ -59,7 +55,7 @@ fn field_prefix(path: &str) -> String {
 /// filled in) and its checked form.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Parsed {
-    pub object: netv1::NetworkPolicy,
+    pub object: schema::NetworkPolicy,
     pub policy: Policy,
 }
 
@@ -189,7 +185,7 @@ fn parse_object(v: Value) -> Result<Parsed, FieldError> {
             }
         }
     }
-    let object: netv1::NetworkPolicy = serde_path_to_error::deserialize(&v).map_err(|e| {
+    let object: schema::NetworkPolicy = serde_path_to_error::deserialize(&v).map_err(|e| {
         let path = e.path().to_string();
         (
             if path == "." { String::new() } else { path },
@@ -241,7 +237,7 @@ fn unknown_fields(input: &Value, back: &Value, path: &str) -> Result<(), FieldEr
 }
 
 /// Checks `np` as the API server's validation does and applies its defaults.
-pub fn validate(np: &netv1::NetworkPolicy) -> Result<Policy, FieldError> {
+pub fn validate(np: &schema::NetworkPolicy) -> Result<Policy, FieldError> {
     let name = np.metadata.name.clone().unwrap_or_default();
     if name.is_empty() {
         return err("metadata.name", "missing; every policy needs a name");
@@ -334,8 +330,8 @@ pub fn validate(np: &netv1::NetworkPolicy) -> Result<Policy, FieldError> {
 }
 
 fn rule(
-    peers: Option<&[netv1::NetworkPolicyPeer]>,
-    ports: Option<&[netv1::NetworkPolicyPort]>,
+    peers: Option<&[schema::NetworkPolicyPeer]>,
+    ports: Option<&[schema::NetworkPolicyPort]>,
     path: &str,
     peers_field: &str,
 ) -> Result<Rule, FieldError> {
@@ -360,7 +356,7 @@ fn rule(
     Ok(Rule { peers, ports })
 }
 
-fn peer(p: &netv1::NetworkPolicyPeer, path: &str) -> Result<Peer, FieldError> {
+fn peer(p: &schema::NetworkPolicyPeer, path: &str) -> Result<Peer, FieldError> {
     match (&p.ip_block, &p.pod_selector, &p.namespace_selector) {
         (None, None, None) => err(
             path,
@@ -410,7 +406,7 @@ fn peer(p: &netv1::NetworkPolicyPeer, path: &str) -> Result<Peer, FieldError> {
     }
 }
 
-fn port(p: &netv1::NetworkPolicyPort, path: &str) -> Result<PortRule, FieldError> {
+fn port(p: &schema::NetworkPolicyPort, path: &str) -> Result<PortRule, FieldError> {
     let protocol = match p.protocol.as_deref() {
         None => Protocol::Tcp,
         Some(s) => Protocol::parse(s).ok_or_else(|| {
