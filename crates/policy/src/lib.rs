@@ -22,6 +22,7 @@ pub mod eval;
 pub mod model;
 pub mod parse;
 pub mod schema;
+pub mod yaml;
 
 #[cfg(test)]
 mod tests;

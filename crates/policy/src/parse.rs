@@ -9,7 +9,6 @@
 
 use std::collections::BTreeMap;
 
-use serde::Deserialize;
 use serde_json::Value;
 
 use crate::model::{
@@ -92,16 +91,12 @@ pub fn parse(input: &str) -> Result<Vec<Parsed>, ParseError> {
             }
         }
     } else {
-        for (i, d) in serde_yaml_ng::Deserializer::from_str(input).enumerate() {
-            let v = Value::deserialize(d).map_err(|e| ParseError {
-                doc: i + 1,
-                path: String::new(),
-                message: format!("not YAML: {e}"),
-            })?;
-            if !v.is_null() {
-                docs.push(v);
-            }
-        }
+        let all = crate::yaml::documents(input).map_err(|e| ParseError {
+            doc: e.doc,
+            path: String::new(),
+            message: format!("not YAML: {}", e.message),
+        })?;
+        docs.extend(all.into_iter().filter(|v| !v.is_null()));
     }
     let mut out = Vec::new();
     for (i, v) in docs.into_iter().enumerate() {

@@ -442,7 +442,7 @@ spec:
             "kubectl-client-side-apply"
         );
         // Written back, it is the input.
-        let input: Value = serde_yaml_ng::from_str(KUBECTL).unwrap();
+        let input = crate::yaml::documents(KUBECTL).unwrap().remove(0);
         assert_eq!(serde_json::to_value(o).unwrap(), input);
     }
 
