@@ -25,6 +25,8 @@ pub mod schema;
 pub mod yaml;
 
 #[cfg(test)]
+mod schema_tests;
+#[cfg(test)]
 mod tests;
 
 pub use compile::{compile, Compiled};

@@ -155,7 +155,7 @@ impl Builder {
         let fits = match &v {
             Value::Null => !core("int") && !core("float") && !core("bool"),
             Value::Bool(_) => !core("int") && !core("float") && !core("null"),
-            Value::Number(n) => !core("bool") && !core("null") && !(core("int") && !n.is_i64()),
+            Value::Number(n) => !core("bool") && !core("null") && (!core("int") || n.is_i64()),
             _ => tag.is_none(),
         };
         if !fits {
