@@ -22,6 +22,7 @@
 #include "sockmap_key.h"
 #include "sockmap_maps.h"
 #include "sockmap_pair.h"
+#include "pod_policy_rules.h"
 
 char LICENSE[] SEC("license") = "Dual MIT/GPL";
 
@@ -212,6 +213,26 @@ NSF_INLINE void nsf_leave_shortcut(struct nsf_sk_state *st, struct nsf_rx *rx)
 	st->flags &= ~NSF_SK_REDIRECTING;
 }
 
+/*
+ * Pod mode: whether st's connection is still allowed by the host's NetworkPolicies
+ * (lib/pod_policy_rules.h), checked once per policy generation: at the first send after a
+ * change, as its SYN would be checked now. The tables name pods by IPv4 address: an IPv6
+ * connection is not policed here, as it is not in the pod programs.
+ */
+NSF_INLINE int nsf_pair_policy_ok(struct nsf_sk_state *st)
+{
+	__u32 gen = nsf_pol_generation();
+
+	if (gen == st->pol_gen)
+		return 1;
+	if (st->key.client_ip[0] == 0 && st->key.client_ip[1] == 0 &&
+	    st->key.client_ip[2] == bpf_htonl(0x0000ffff) &&
+	    !nsf_pol_conn_allowed(st->key.client_ip[3], st->key.server_ip[3], st->key.server_port))
+		return 0;
+	st->pol_gen = gen;
+	return 1;
+}
+
 SEC("sk_msg")
 int nsf_sk_msg(struct sk_msg_md *msg)
 {
@@ -240,6 +261,13 @@ int nsf_sk_msg(struct sk_msg_md *msg)
 	if (st->flags & NSF_SK_KEEP_TCP) {
 		fallback = NSF_STAT_KEPT_TCP;
 		goto to_tcp_counted;
+	}
+	if (st->pod_slot && !nsf_pair_policy_ok(st)) {
+		/* Denied now: TCP for good, where the pod programs drop what the policies deny. */
+		fallback = NSF_STAT_POLICY_DENIED;
+		if (st->flags & NSF_SK_PEER_CACHED)
+			rx = bpf_map_lookup_elem(&nsf_rx, &st->peer);
+		goto to_tcp;
 	}
 	if (!(st->flags & NSF_SK_PEER_CACHED)) {
 		__u64 *peer = bpf_map_lookup_elem(&nsf_peers, &st->cookie);

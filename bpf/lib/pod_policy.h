@@ -14,55 +14,27 @@
  *   nsf_pol_peers: port sets allowed with one peer pod, or with any peer (peer 0);
  *   nsf_pol_cidrs: longest-prefix table of port sets by peer address (excepts already
  *                  subtracted; each prefix holds the union of the prefixes covering it).
- * Replies: an allowed packet whose replies would meet an isolated direction (the source's
- * ingress, the destination's egress) records its flow in nsf_pol_flows (an LRU hash); a
- * packet the rules deny passes when its reverse flow is there. That is the
- * whole of the connection tracking: the datapath has no other, and the LRU bounds it.
+ * Replies: a packet that opens a flow (a TCP SYN without ACK; any packet of another
+ * protocol) and is allowed records the flow in nsf_pol_flows (an LRU hash) with the policy
+ * generation it was checked under; a packet the rules deny passes when its reverse flow is
+ * there. Only an opening packet records: a later TCP segment may be the reply direction's,
+ * and recording it would turn the connection's own direction into a "reply" that no rule
+ * checks. That is the whole of the connection tracking: the datapath has no other, and the
+ * LRU bounds it.
+ *
+ * Changes: `nsfast policy` rewrites the tables, forgets the flows of other protocols than
+ * TCP (their next allowed packet records them again), then adds one to nsf_pol_gen. A TCP
+ * flow recorded under an older generation is checked again when a reply needs it (still
+ * allowed: it takes the new generation; denied: it is removed and the reply dropped), and a
+ * pair of the pod shortcut checks its connection again at its next send (sockmap.bpf.c): a
+ * change that denies a connection stops it on every path, one that allows it keeps it.
  */
 #pragma once
 
 #include <linux/ip.h>
 
 #include "nsfast.h"
-
-#define NSF_POL_INGRESS 0
-#define NSF_POL_EGRESS 1
-#define NSF_POL_RANGES 16 /* port ranges in one port set */
-#define NSF_PROTO_TCP 6
-#define NSF_PROTO_UDP 17
-#define NSF_PROTO_SCTP 132
-
-/* Protocol 0 in a range: every protocol and port (a rule without ports). */
-struct nsf_pol_range {
-	__u16 lo;
-	__u16 hi;
-	__u8 proto;
-	__u8 pad[3];
-};
-
-struct nsf_pol_ports {
-	__u32 n; /* ranges used */
-	struct nsf_pol_range r[NSF_POL_RANGES];
-};
-
-struct nsf_pol_iso_key {
-	__u32 pod; /* IPv4, network order */
-	__u32 dir;
-};
-
-struct nsf_pol_peer_key {
-	__u32 pod;
-	__u32 peer; /* IPv4 of the peer pod; 0: any peer */
-	__u32 dir;
-};
-
-/* LPM key: prefixlen counts 64 bits of pod and dir, then the peer prefix. */
-struct nsf_pol_cidr_key {
-	__u32 prefixlen;
-	__u32 pod;
-	__u32 dir; /* network order, so that it sorts as bytes */
-	__u32 addr;
-};
+#include "pod_policy_rules.h"
 
 struct nsf_pol_flow {
 	__u32 saddr;
@@ -72,28 +44,7 @@ struct nsf_pol_flow {
 	__u32 proto;
 };
 
-struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, 8192);
-	__type(key, struct nsf_pol_iso_key);
-	__type(value, __u32);
-} nsf_pol_iso SEC(".maps");
-
-struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, 65536);
-	__type(key, struct nsf_pol_peer_key);
-	__type(value, struct nsf_pol_ports);
-} nsf_pol_peers SEC(".maps");
-
-struct {
-	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
-	__uint(max_entries, 65536);
-	__uint(map_flags, BPF_F_NO_PREALLOC);
-	__type(key, struct nsf_pol_cidr_key);
-	__type(value, struct nsf_pol_ports);
-} nsf_pol_cidrs SEC(".maps");
-
+/* flow -> the policy generation it was allowed under */
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
 	__uint(max_entries, 65536);
@@ -109,56 +60,6 @@ struct {
 	__type(value, __u64);
 } nsf_pol_drops SEC(".maps");
 
-NSF_INLINE int nsf_pol_ports_match(const struct nsf_pol_ports *s, __u8 proto, __u16 port)
-{
-	if (!s)
-		return 0;
-#pragma unroll
-	for (int i = 0; i < NSF_POL_RANGES; i++) {
-		const struct nsf_pol_range *r = &s->r[i];
-
-		if (i >= s->n)
-			break;
-		if (r->proto == 0 || (r->proto == proto && port >= r->lo && port <= r->hi))
-			return 1;
-	}
-	return 0;
-}
-
-NSF_INLINE int nsf_pol_isolated(__u32 pod, __u32 dir)
-{
-	struct nsf_pol_iso_key k = { .pod = pod, .dir = dir };
-	__u32 *v = bpf_map_lookup_elem(&nsf_pol_iso, &k);
-
-	/* The value (1), not the pointer: clang may otherwise OR the pointers together, which
-	 * the verifier refuses on maybe-null map values. */
-	return v ? *v != 0 : 0;
-}
-
-/*
- * Whether direction `dir` of pod `pod` lets (proto, port) through with the peer at `peer`
- * (`peer_is_pod`: the address is a local pod's, so its identity entries apply).
- */
-NSF_INLINE int nsf_pol_allows(__u32 pod, __u32 dir, __u32 peer, int peer_is_pod, __u8 proto,
-			      __u16 port)
-{
-	struct nsf_pol_peer_key pk = { .pod = pod, .peer = 0, .dir = dir };
-	struct nsf_pol_cidr_key ck = {
-		.prefixlen = 96, .pod = pod, .dir = bpf_htonl(dir), .addr = peer,
-	};
-
-	if (!nsf_pol_isolated(pod, dir))
-		return 1;
-	if (nsf_pol_ports_match(bpf_map_lookup_elem(&nsf_pol_peers, &pk), proto, port))
-		return 1;
-	if (peer_is_pod) {
-		pk.peer = peer;
-		if (nsf_pol_ports_match(bpf_map_lookup_elem(&nsf_pol_peers, &pk), proto, port))
-			return 1;
-	}
-	return nsf_pol_ports_match(bpf_map_lookup_elem(&nsf_pol_cidrs, &ck), proto, port);
-}
-
 NSF_INLINE void nsf_pol_count_drop(__u32 pod)
 {
 	__u64 one = 1, *c = bpf_map_lookup_elem(&nsf_pol_drops, &pod);
@@ -167,6 +68,15 @@ NSF_INLINE void nsf_pol_count_drop(__u32 pod)
 		*c += 1;
 	else
 		bpf_map_update_elem(&nsf_pol_drops, &pod, &one, BPF_NOEXIST);
+}
+
+/* Records flow f as allowed under generation gen (no write when it already is). */
+NSF_INLINE void nsf_pol_remember(const struct nsf_pol_flow *f, __u32 gen)
+{
+	__u32 *v = bpf_map_lookup_elem(&nsf_pol_flows, f);
+
+	if (!v || *v != gen)
+		bpf_map_update_elem(&nsf_pol_flows, f, &gen, BPF_ANY);
 }
 
 /*
@@ -181,8 +91,8 @@ NSF_INLINE int nsf_pol_check4(struct __sk_buff *skb, struct iphdr *ip, int src_p
 	struct nsf_pol_flow f = { .saddr = ip->saddr, .daddr = ip->daddr, .proto = ip->protocol };
 	struct nsf_pol_flow rev;
 	__u16 dport = 0;
-	__u32 one = 1;
-	int in_iso = 0, out_iso = 0, replies_iso = 0, ok = 1;
+	__u32 gen, *seen;
+	int in_iso = 0, out_iso = 0, replies_iso = 0, opens = 1;
 	__u32 denied_by = 0;
 
 	if ((ip->protocol == NSF_PROTO_TCP || ip->protocol == NSF_PROTO_UDP ||
@@ -195,7 +105,17 @@ NSF_INLINE int nsf_pol_check4(struct __sk_buff *skb, struct iphdr *ip, int src_p
 		f.sport = ports[0];
 		f.dport = ports[1];
 		dport = bpf_ntohs(ports[1]);
+		if (ip->protocol == NSF_PROTO_TCP) {
+			__u8 *flags = (__u8 *)ports + 13; /* CWR ECE URG ACK PSH RST SYN FIN */
+
+			if ((void *)(flags + 1) > data_end)
+				return 0;
+			opens = (*flags & 0x12) == 0x02; /* SYN without ACK */
+		}
+	} else if (ip->protocol == NSF_PROTO_TCP) {
+		opens = 0; /* a non-first fragment */
 	}
+	gen = nsf_pol_generation();
 	if (src_pod) {
 		out_iso = nsf_pol_isolated(ip->saddr, NSF_POL_EGRESS);
 		replies_iso = nsf_pol_isolated(ip->saddr, NSF_POL_INGRESS);
@@ -204,33 +124,40 @@ NSF_INLINE int nsf_pol_check4(struct __sk_buff *skb, struct iphdr *ip, int src_p
 		in_iso = nsf_pol_isolated(ip->daddr, NSF_POL_INGRESS);
 		replies_iso |= nsf_pol_isolated(ip->daddr, NSF_POL_EGRESS);
 	}
-	/* Neither this direction nor the replies' is policed: nothing to check or remember. */
-	if (!in_iso && !out_iso && !replies_iso)
-		return 1;
-	if (out_iso && !nsf_pol_allows(ip->saddr, NSF_POL_EGRESS, ip->daddr, dst_pod, ip->protocol,
-				       dport)) {
-		ok = 0;
-		denied_by = ip->saddr;
-	}
-	if (ok && in_iso &&
-	    !nsf_pol_allows(ip->daddr, NSF_POL_INGRESS, ip->saddr, src_pod, ip->protocol, dport)) {
-		ok = 0;
-		denied_by = ip->daddr;
-	}
-	if (ok) {
-		/* Replies will meet isolation: remember the flow so they pass. */
-		if (replies_iso && !bpf_map_lookup_elem(&nsf_pol_flows, &f))
-			bpf_map_update_elem(&nsf_pol_flows, &f, &one, BPF_ANY);
+	if (!in_iso && !out_iso && !replies_iso) {
+		/* Nothing to check. A TCP connection is remembered all the same once the host has
+		 * policies, so that its replies still pass when a later policy isolates them. */
+		if (opens && gen && ip->protocol == NSF_PROTO_TCP)
+			nsf_pol_remember(&f, gen);
 		return 1;
 	}
-	/* A reply of a connection the policies allowed the other way. */
+	if (nsf_pol_rules_allow(ip->saddr, ip->daddr, out_iso, in_iso, src_pod, dst_pod,
+				ip->protocol, dport, &denied_by)) {
+		/* Replies will meet isolation, or (TCP) may once a later policy isolates them. */
+		if (opens && (replies_iso || ip->protocol == NSF_PROTO_TCP))
+			nsf_pol_remember(&f, gen);
+		return 1;
+	}
+	/* A reply of a flow the rules allowed the other way: checked again if the rules changed
+	 * since (the flow's own direction must still be allowed). */
 	rev.saddr = f.daddr;
 	rev.daddr = f.saddr;
 	rev.sport = f.dport;
 	rev.dport = f.sport;
 	rev.proto = f.proto;
-	if (bpf_map_lookup_elem(&nsf_pol_flows, &rev))
-		return 1;
+	seen = bpf_map_lookup_elem(&nsf_pol_flows, &rev);
+	if (seen) {
+		__u32 other = 0;
+
+		if (*seen == gen)
+			return 1;
+		if (nsf_pol_rules_allow(rev.saddr, rev.daddr, dst_pod, src_pod, dst_pod, src_pod,
+					rev.proto, bpf_ntohs(rev.dport), &other)) {
+			*seen = gen;
+			return 1;
+		}
+		bpf_map_delete_elem(&nsf_pol_flows, &rev);
+	}
 	nsf_pol_count_drop(denied_by);
 	return 0;
 }

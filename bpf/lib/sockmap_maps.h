@@ -61,6 +61,7 @@ enum nsf_stat {
 	NSF_STAT_GATED_MSGS,     /* sends on TCP until the receiver is seen reading all of it */
 	NSF_STAT_GATED_BYTES,
 	NSF_STAT_KEPT_TCP,       /* sockets kept on TCP for an option or read flag (nsf_setsockopt, MSG_WAITALL) */
+	NSF_STAT_POLICY_DENIED,  /* pod mode: directions moved to TCP because a policy change denies their connection */
 	NSF_STAT_MAX,
 };
 
@@ -98,6 +99,8 @@ struct nsf_sk_state {
 	__u32 kept_pid;
 	__u32 kept_reason;
 	char kept_comm[16];
+	__u32 pol_gen; /* pod mode: the policy generation its connection was last allowed under */
+	__u32 pad;
 };
 
 /*

@@ -1519,3 +1519,152 @@ fn host_firewall_pods_stay_off_the_shortcut() {
     }
     assert_eq!(st["pods"][na.as_str()]["paired"], 0, "{st}");
 }
+
+/// NetworkPolicy state of host `host`, removed on drop (also on panic).
+struct Policies {
+    host: String,
+    dir: PathBuf,
+}
+
+impl Policies {
+    fn new(host: &str) -> Self {
+        let key = nsfast_pod::Host::open(Some(host)).unwrap().key;
+        Policies {
+            host: host.to_string(),
+            dir: PathBuf::from(nsfast_pod::policy::POLICY_ROOT).join(key),
+        }
+    }
+
+    fn apply(&self, yaml: &str) {
+        let f = std::env::temp_dir().join(format!("{}.yaml", unique("nsft-policy")));
+        std::fs::write(&f, yaml).unwrap();
+        let out = nsfast_ok(&[
+            "policy",
+            "apply",
+            "-f",
+            &f.to_string_lossy(),
+            "--host",
+            &self.host,
+        ]);
+        let _ = std::fs::remove_file(&f);
+        assert!(out.contains("server-ingress"), "{out}");
+    }
+}
+
+impl Drop for Policies {
+    fn drop(&mut self) {
+        let _ = nsfast_env(
+            &["policy", "delete", "server-ingress", "--host", &self.host],
+            &[],
+        );
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// The server pods' ingress isolated, every pod of the namespace allowed in.
+const ALLOW_NAMESPACE: &str = "apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: server-ingress}
+spec:
+  podSelector: {matchLabels: {role: server}}
+  ingress:
+  - from: [{podSelector: {}}]
+";
+
+/// The server pods' ingress isolated, nothing allowed in.
+const DENY_ALL: &str = "apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: server-ingress}
+spec:
+  podSelector: {matchLabels: {role: server}}
+  policyTypes: [Ingress]
+";
+
+/// A NetworkPolicy change reaches connections already open, on TCP (`shortcut` false) and
+/// through the shortcut: one that still allows a connection keeps it, byte-exact (and, through
+/// the shortcut, on it), one that denies it stops it. Only the server's ingress is isolated,
+/// so the server's packets to the client meet no rule: a datapath that took them for the start
+/// of a flow would let the client's packets through as its replies.
+fn a_policy_change_reaches_open_connections(shortcut: bool) {
+    require_root();
+    let mut w = World::new(if shortcut { &[0] } else { &[] });
+    let cg = w.cg.procs();
+    let (sname, cname) = (unique("sc-ps"), unique("sc-pc"));
+    let sns = w.add_pod(0, &sname, "10.251.1.50/24", &["--label", "role=server"]);
+    let cns = w.add_pod(0, &cname, "10.251.1.51/24", &[]);
+    let pol = Policies::new(w.host(0));
+    let server = |port| SocketAddr::new("10.251.1.50".parse().unwrap(), port);
+    // 8 MiB each way at 2 MiB/s: the change lands mid-transfer.
+    let bytes: u64 = 8 << 20;
+    let rate = (2u64 << 20).to_string();
+
+    let s = bidir_server(&sns, &cg, server(5500), bytes, 1);
+    let c = bidir_client(&cns, &cg, server(5500), bytes, 2, &["--rate", &rate]);
+    std::thread::sleep(Duration::from_millis(700));
+    pol.apply(ALLOW_NAMESPACE);
+    let cr: BidirReport = peer::finish(c, "client");
+    let sr: BidirReport = peer::finish(s, "server");
+    check_bidir(&cr, &sr, bytes);
+    if shortcut {
+        let st = w.status(0);
+        assert_eq!(st["policy_denied"], 0, "{st}");
+        assert_pod_redirected(&st, &cname, bytes);
+    }
+
+    // Denied mid-transfer: the client's bytes stop reaching the server, which never sees EOF.
+    let s = bidir_server(&sns, &cg, server(5501), bytes, 1);
+    let c = peer::spawn(
+        &nsfast_lab::bins::testpeer(),
+        &cns,
+        Some(&cg),
+        &args(&[
+            "--timeout",
+            "6",
+            "bidir-client",
+            "--connect",
+            &server(5501).to_string(),
+            "--bytes",
+            &bytes.to_string(),
+            "--seed",
+            "2",
+            "--rate",
+            &rate,
+        ]),
+    );
+    std::thread::sleep(Duration::from_millis(700));
+    if shortcut {
+        let st = w.status(0);
+        assert!(
+            st["pods"][cname.as_str()]["redirected_bytes"]
+                .as_u64()
+                .unwrap()
+                > 0,
+            "the connection was not on the shortcut before the change: {st}"
+        );
+    }
+    pol.apply(DENY_ALL);
+    let (ok, out, err) = peer::finish_raw(c);
+    assert!(
+        !ok,
+        "the client finished a transfer its policy denies: {out} {err}"
+    );
+    drop(s);
+    let list: Value =
+        serde_json::from_str(&nsfast_ok(&["-j", "pod", "list", "--host", w.host(0)])).unwrap();
+    let drops = list["policy_drops"][sname.as_str()].as_u64().unwrap_or(0);
+    assert!(drops > 0, "no packet to {sname} was dropped: {list}");
+    if shortcut {
+        let st = w.status(0);
+        assert!(st["policy_denied"].as_u64().unwrap() >= 1, "{st}");
+    }
+}
+
+#[test]
+fn a_policy_change_reaches_open_connections_on_tcp() {
+    a_policy_change_reaches_open_connections(false);
+}
+
+#[test]
+fn a_policy_change_reaches_open_connections_through_the_shortcut() {
+    a_policy_change_reaches_open_connections(true);
+}

@@ -49,19 +49,22 @@ pub struct Endpoint {
 // every bit pattern is a valid value.
 unsafe impl aya::Pod for Endpoint {}
 
-/// NetworkPolicy maps (`bpf/lib/pod_policy.h`).
+/// NetworkPolicy maps (`bpf/lib/pod_policy.h`, `bpf/lib/pod_policy_rules.h`).
 pub const MAP_POL_ISO: &str = "nsf_pol_iso";
 pub const MAP_POL_PEERS: &str = "nsf_pol_peers";
 pub const MAP_POL_CIDRS: &str = "nsf_pol_cidrs";
 pub const MAP_POL_FLOWS: &str = "nsf_pol_flows";
 pub const MAP_POL_DROPS: &str = "nsf_pol_drops";
+/// The policy generation (one `u32`): one more after each change of the tables.
+pub const MAP_POL_GEN: &str = "nsf_pol_gen";
 /// Every policy map, pinned per host like the endpoint table.
-pub const POLICY_MAPS: [&str; 5] = [
+pub const POLICY_MAPS: [&str; 6] = [
     MAP_POL_ISO,
     MAP_POL_PEERS,
     MAP_POL_CIDRS,
     MAP_POL_FLOWS,
     MAP_POL_DROPS,
+    MAP_POL_GEN,
 ];
 /// `NSF_POL_INGRESS`, `NSF_POL_EGRESS`.
 pub const POL_INGRESS: u32 = 0;
@@ -114,6 +117,9 @@ pub struct PolCidrData {
     pub dir_be: u32,
     pub addr: u32,
 }
+
+/// `NSF_PROTO_TCP`: IPPROTO_TCP, as `nsf_pol_flow.proto` holds it.
+pub const PROTO_TCP: u32 = 6;
 
 /// `struct nsf_pol_flow`.
 #[repr(C)]

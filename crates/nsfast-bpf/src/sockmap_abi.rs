@@ -108,9 +108,10 @@ pub enum Stat {
     GatedMsgs,
     GatedBytes,
     KeptTcp,
+    PolicyDenied,
 }
 
-pub const STAT_COUNT: u32 = 20;
+pub const STAT_COUNT: u32 = 21;
 
 /// struct nsf_counters: the one per-CPU value of `nsf_stats`.
 #[repr(C)]
@@ -378,7 +379,7 @@ mod tests {
         assert_eq!(std::mem::size_of::<ConnView>(), 64);
         assert_eq!(std::mem::size_of::<Pending>(), 16);
         assert_eq!(ConnView::default().to_bytes().len(), 64);
-        assert_eq!(Stat::KeptTcp as u32 + 1, STAT_COUNT);
+        assert_eq!(Stat::PolicyDenied as u32 + 1, STAT_COUNT);
         assert_eq!(std::mem::size_of::<PodEntry>(), 16);
         assert_eq!(PodStat::OptedOut as u32 + 1, POD_STAT_COUNT);
     }

@@ -60,6 +60,7 @@ fn load(host_pins: &Path) -> Result<Ebpf, PodError> {
         .map_pin_path(abi::MAP_POL_CIDRS, host_pins.join(abi::MAP_POL_CIDRS))
         .map_pin_path(abi::MAP_POL_FLOWS, host_pins.join(abi::MAP_POL_FLOWS))
         .map_pin_path(abi::MAP_POL_DROPS, host_pins.join(abi::MAP_POL_DROPS))
+        .map_pin_path(abi::MAP_POL_GEN, host_pins.join(abi::MAP_POL_GEN))
         .load(nsfast_bpf::POD)
         .map_err(|e| PodError::Load(Box::new(e)))
 }
@@ -471,10 +472,11 @@ fn pinned(host: &Host, name: &str) -> Result<Option<MapData>, PodError> {
 }
 
 /// Makes the host's policy maps hold `want`: entries added or replaced first, then stale ones
-/// removed, then the reply flows forgotten (so a change that now denies a connection stops
-/// it at once; an allowed one records its flow again with its next packet). Nothing to do on
-/// a host whose maps are not pinned yet (no pod). The maps change entry by entry: a packet
-/// during the change sees some entries of each generation.
+/// removed, then the generation advanced, so that every reply flow and shortcut pair
+/// recorded before is checked again against the new rules when next used (a change that
+/// now denies a connection stops it; one that allows it keeps it). Nothing to do on a host
+/// whose maps are not pinned yet (no pod). The maps change entry by entry: a packet during
+/// the change sees some entries of each generation.
 pub fn write_policy_maps(host: &Host, want: &PolicyMaps) -> Result<bool, PodError> {
     use aya::maps::lpm_trie::{Key, LpmTrie};
     use aya::maps::HashMap as H;
@@ -493,8 +495,7 @@ pub fn write_policy_maps(host: &Host, want: &PolicyMaps) -> Result<bool, PodErro
         H::try_from(Map::HashMap(peers)).map_err(e("peers type"))?;
     let mut cidrs: LpmTrie<MapData, abi::PolCidrData, abi::PolPorts> =
         LpmTrie::try_from(Map::LpmTrie(cidrs)).map_err(e("cidrs type"))?;
-    let mut flows: H<MapData, abi::PolFlow, u32> =
-        H::try_from(Map::LruHashMap(flows)).map_err(e("flows type"))?;
+
     // Allows first, isolation after: a pod that becomes isolated has its allows in place.
     for (k, v) in &want.peers {
         peers.insert(k, v, 0).map_err(e("peers insert"))?;
@@ -531,9 +532,31 @@ pub fn write_policy_maps(host: &Host, want: &PolicyMaps) -> Result<bool, PodErro
     for k in stale {
         cidrs.remove(&k).map_err(e("cidrs remove"))?;
     }
-    let all: Vec<abi::PolFlow> = flows.keys().filter_map(Result::ok).collect();
-    for k in all {
+    // Flows without a connection (UDP and the rest: any packet records one, either way) are
+    // forgotten: the next packet of an allowed one records it again. TCP flows, recorded by
+    // their SYN alone, are kept and checked again under the new generation; the programs of
+    // an nsfast without generations (no pinned nsf_pol_gen) only see the flows that are
+    // there, so for them every flow is forgotten.
+    let gen = pinned(host, abi::MAP_POL_GEN)?;
+    let mut flows: H<MapData, abi::PolFlow, u32> =
+        H::try_from(Map::LruHashMap(flows)).map_err(e("flows type"))?;
+    let forget: Vec<abi::PolFlow> = flows
+        .keys()
+        .filter_map(Result::ok)
+        .filter(|f| gen.is_none() || f.proto != abi::PROTO_TCP)
+        .collect();
+    for k in forget {
         let _ = flows.remove(&k);
+    }
+    if let Some(gen) = gen {
+        let mut gen: aya::maps::Array<MapData, u32> =
+            aya::maps::Array::try_from(Map::Array(gen)).map_err(e("generation type"))?;
+        let next = gen
+            .get(&0, 0)
+            .map_err(e("generation read"))?
+            .wrapping_add(1)
+            .max(1);
+        gen.set(0, next, 0).map_err(e("generation write"))?;
     }
     Ok(true)
 }

@@ -29,6 +29,7 @@ use nsfast_sys::cgroup::{cgroup2_mount, Cgroup};
 use serde::{Deserialize, Serialize};
 use tracing::{info, warn};
 
+use crate::abi as pabi;
 use crate::error::PodError;
 use crate::fault::crash_point;
 use crate::state::{create_dir_all_racy, ensure_bpffs, Host, HostLock, PodRecord};
@@ -252,8 +253,16 @@ fn build(
     nd: &Path,
     state: &EnabledState,
 ) -> Result<bool, PodError> {
+    // The host's NetworkPolicy tables and generation, shared with its pod programs (created
+    // here if no pod has made them yet): a pair checks its connection again after a change.
+    let pins = host.pin_dir();
+    let pol = |m: &str| pins.join(m);
     let mut ebpf = EbpfLoader::new()
         .override_global(abi::GLOBAL_QUEUE_LIMIT, &abi::DEFAULT_QUEUE_LIMIT, true)
+        .map_pin_path(pabi::MAP_POL_ISO, pol(pabi::MAP_POL_ISO))
+        .map_pin_path(pabi::MAP_POL_PEERS, pol(pabi::MAP_POL_PEERS))
+        .map_pin_path(pabi::MAP_POL_CIDRS, pol(pabi::MAP_POL_CIDRS))
+        .map_pin_path(pabi::MAP_POL_GEN, pol(pabi::MAP_POL_GEN))
         .load(nsfast_bpf::SOCKMAP)
         .map_err(|e| PodError::Load(Box::new(e)))?;
     {
@@ -686,6 +695,9 @@ pub struct Status {
     /// Sockets kept on TCP for a socket option or read flag the shortcut cannot honour
     /// (SO_RCVLOWAT, SO_ZEROCOPY, TCP_ULP, MSG_WAITALL, MSG_OOB).
     pub kept_tcp: u64,
+    /// Directions of paired connections moved to TCP because a NetworkPolicy change denies
+    /// their connection (where the pod programs then drop what the policies deny).
+    pub policy_denied: u64,
     /// The last connection ends that kept TCP, oldest first (up to 64), with the process and
     /// the reason.
     pub kept_recent: Vec<nsfast_bpf::sockmap_kept::KeptConn>,
@@ -752,6 +764,7 @@ pub fn status(host: &Host) -> Result<Status, PodError> {
         splice_refused: 0,
         queue_limit: 0,
         kept_tcp: 0,
+        policy_denied: 0,
         kept_recent: Vec::new(),
         pods: Default::default(),
     };
@@ -779,6 +792,7 @@ pub fn status(host: &Host) -> Result<Status, PodError> {
     s.splice_refused = sum(Stat::SpliceRefused);
     s.queue_limit = sum(Stat::QueueLimit);
     s.kept_tcp = sum(Stat::KeptTcp);
+    s.policy_denied = sum(Stat::PolicyDenied);
     if let (Ok(e), Ok(h)) = (
         open_pinned(&d, abi::MAP_KEPT),
         open_pinned(&d, abi::MAP_KEPT_HEAD),

@@ -254,10 +254,16 @@ impl Drop for Shortcut {
     }
 }
 
-/// Loads the sockmap object with its per-connection queue limit (bytes).
+/// Loads the sockmap object with its per-connection queue limit (bytes). The NetworkPolicy
+/// tables it shares with the pod datapath in pod mode are left empty here, one entry each:
+/// outside pod mode no socket consults them.
 pub fn load(queue_limit: u64) -> Result<Ebpf, SockmapError> {
+    use nsfast_bpf::pod_abi::{MAP_POL_CIDRS, MAP_POL_ISO, MAP_POL_PEERS};
     EbpfLoader::new()
         .override_global(abi::GLOBAL_QUEUE_LIMIT, &queue_limit, true)
+        .map_max_entries(MAP_POL_ISO, 1)
+        .map_max_entries(MAP_POL_PEERS, 1)
+        .map_max_entries(MAP_POL_CIDRS, 1)
         .load(nsfast_bpf::SOCKMAP)
         .map_err(|e| SockmapError::Load(Box::new(e)))
 }

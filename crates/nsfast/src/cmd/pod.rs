@@ -455,6 +455,12 @@ fn shortcut(c: ShortcutCmd) -> Result<()> {
                     nsfast_sys::outln!("  {k}")?;
                 }
             }
+            if s.policy_denied > 0 {
+                nsfast_sys::outln!(
+                    "moved to TCP by a NetworkPolicy change that denies them: {} directions",
+                    s.policy_denied
+                )?;
+            }
             print_shortcut_pods(&s.pods)?;
         }
     }
