@@ -97,6 +97,18 @@ pub fn registry() -> Vec<TopologyDef> {
             build: build_bpf_remote,
         },
         TopologyDef {
+            name: "bpf-policy-10",
+            about: "bpf with both pods isolated by NetworkPolicy: 10 ingress rules, one of which allows the pair",
+            probe: |_| Ok(()),
+            build: |ctx| build_bpf_policy(ctx, "bpf-policy-10", 10),
+        },
+        TopologyDef {
+            name: "bpf-policy-1000",
+            about: "bpf-policy-10 with 1,000 ingress rules",
+            probe: |_| Ok(()),
+            build: |ctx| build_bpf_policy(ctx, "bpf-policy-1000", 1000),
+        },
+        TopologyDef {
             name: "bpf-tc",
             about: "bpf with the programs attached by classic tc (clsact + cls_bpf) instead of TCX",
             probe: |_| Ok(()),
@@ -548,6 +560,56 @@ fn build_bpf_shortcut(ctx: &BuildCtx) -> Result<Built, TopologyError> {
     Ok(b)
 }
 
+/// `bpf` with a NetworkPolicy of `rules` ingress rules applied on host A (what the policy
+/// check costs per packet and per connection against `bpf`, the same path without one).
+/// The policy directory goes with the topology.
+fn build_bpf_policy(ctx: &BuildCtx, t: &'static str, rules: usize) -> Result<Built, TopologyError> {
+    let mut b = build_pods(ctx, t, ModeRequest::Veth, AttachRequest::Auto, false)?;
+    let Some(crate::evidence::FastPath::Pod { hosts, .. }) = &b.fast_path else {
+        return Err(other(t, "no pod host".to_string()));
+    };
+    let host_name = hosts[0].1.clone();
+    let host = nsfast_pod::Host::open(Some(&host_name)).map_err(|e| other(t, e.to_string()))?;
+    let dir = nsfast_pod::policy::dir(&host);
+    b.extras.push(Box::new(RemoveOnDrop(dir)));
+    nsfast_pod::policy::apply(&host, &policy_yaml(rules)).map_err(|e| other(t, e.to_string()))?;
+    b.note = Some(format!(
+        "{}; NetworkPolicy with {rules} ingress rules on every pod of host {host_name}",
+        b.note.take().unwrap_or_default()
+    ));
+    Ok(b)
+}
+
+/// One NetworkPolicy selecting every pod of namespace `default` with `rules` ingress rules:
+/// `rules - 1` allowing one address of the reserved 240.0.0.0/4 (which no host uses) on a
+/// port of its own, and the last allowing every pod of the namespace, the bench's client and
+/// server included.
+pub fn policy_yaml(rules: usize) -> String {
+    let mut y = String::from(
+        "apiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\n\
+         metadata: {name: bench-rules, namespace: default}\n\
+         spec:\n  podSelector: {}\n  ingress:\n",
+    );
+    for i in 0..rules.saturating_sub(1) {
+        let a = Ipv4Addr::from(u32::from(Ipv4Addr::new(240, 0, 0, 0)) + i as u32);
+        y.push_str(&format!(
+            "  - from: [{{ipBlock: {{cidr: {a}/32}}}}]\n    ports: [{{protocol: TCP, port: {}}}]\n",
+            10_000 + i
+        ));
+    }
+    y.push_str("  - from: [{podSelector: {}}]\n");
+    y
+}
+
+/// Removes a directory when dropped (a topology's policy state).
+struct RemoveOnDrop(std::path::PathBuf);
+
+impl Drop for RemoveOnDrop {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
 /// `bpf` with classic tc attachments (what kernels without TCX, e.g. 6.1, get), to compare
 /// the two attach methods on one kernel.
 fn build_bpf_tc(ctx: &BuildCtx) -> Result<Built, TopologyError> {
@@ -621,4 +683,22 @@ pub fn stale_leftovers() -> nsfast_lab::cleanup::Leftovers {
 /// `nsfast bench --cleanup`: [`nsfast_lab::cleanup::dead_runs`]. Returns what was removed.
 pub fn cleanup_stale() -> Vec<String> {
     nsfast_lab::cleanup::dead_runs()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::policy_yaml;
+
+    #[test]
+    fn the_bench_policies_are_valid_and_have_their_rule_counts() {
+        for n in [1, 10, 1000] {
+            let p = nsfast_policy::parse(&policy_yaml(n)).unwrap_or_else(|e| panic!("{n}: {e}"));
+            assert_eq!(p.len(), 1);
+            let pol = &p[0].policy;
+            assert_eq!(pol.ingress.len(), n);
+            assert!(pol.ingress_isolates && !pol.egress_isolates);
+            // The last rule, the one the bench's pods meet, allows every pod of the namespace.
+            assert!(pol.ingress[n - 1].ports.is_none(), "{n}");
+        }
+    }
 }

@@ -71,9 +71,11 @@ fn pod_pins() -> Vec<String> {
 }
 
 /// Topologies that claim a fast path: every sample on them must carry that path's evidence.
-const FAST_PATHS: [&str; 6] = [
+const FAST_PATHS: [&str; 8] = [
     "sockmap",
     "bpf",
+    "bpf-policy-10",
+    "bpf-policy-1000",
     "bpf-tc",
     "bpf-shortcut",
     "bpf-remote",
@@ -244,6 +246,8 @@ fn build_and_teardown_leave_nothing_behind() {
             "routed",
             "sockmap",
             "bpf",
+            "bpf-policy-10",
+            "bpf-policy-1000",
             "bpf-tc",
             "bpf-shortcut",
             "bpf-remote",

@@ -56,8 +56,8 @@ pub struct BenchArgs {
     /// Short run for demos (5 rounds × 0.6 s, 0.2 s warm-up; about a minute on 2 vCPUs).
     #[arg(long)]
     pub quick: bool,
-    /// Comma-separated topologies: host, pipe, unix, veth, routed, sockmap, bpf, bpf-tc, bpf-shortcut,
-    /// bpf-remote, netkit, cni-ptp, cni-ptp-remote, slirp4netns, vpnrelay, vsock, vsock-relay, vsock-socat (the
+    /// Comma-separated topologies: host, pipe, unix, veth, routed, sockmap, bpf, bpf-policy-10,
+    /// bpf-policy-1000, bpf-tc, bpf-shortcut, bpf-remote, netkit, cni-ptp, cni-ptp-remote, slirp4netns, vpnrelay, vsock, vsock-relay, vsock-socat (the
     /// vsock ones in VM guests only; slirp4netns and vpnrelay with --tenant only)
     /// [default: host,pipe,unix,veth,routed,sockmap]. Unsupported ones are skipped with the reason.
     #[arg(long, value_name = "LIST", value_delimiter = ',', allow_hyphen_values = true,
