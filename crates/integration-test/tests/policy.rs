@@ -364,3 +364,95 @@ fn pods_carry_a_namespace_labels_and_named_ports() {
     ]);
     assert_eq!(o.status.code(), Some(2), "{}", text(&o));
 }
+
+/// Whether a TCP connection from netns `src` to `to` is accepted within `wait`.
+fn connects(src: &str, to: std::net::SocketAddr, wait: std::time::Duration) -> bool {
+    NetNs::open(src)
+        .unwrap()
+        .run(move || std::net::TcpStream::connect_timeout(&to, wait).is_ok())
+        .unwrap()
+}
+
+/// A pod is policed from its first packet: `pod add` writes its policies before its endpoint
+/// (what lets its packets through the programs) exists. Killed right after the endpoint step,
+/// the half-made pod is already isolated by a deny-all policy; a policy change made while it
+/// is half-made (its record pending) keeps it isolated; the control, an allowing policy, lets
+/// the connection through.
+#[test]
+fn a_pod_is_policed_from_its_first_packet() {
+    require_root();
+    let mut h = TestHost::new();
+    let host = h.name.clone();
+    let (a, b) = (unique("pa"), unique("pb"));
+    h.pods.extend([a.clone(), b.clone()]);
+    nsfast_ok(&[
+        "pod",
+        "add",
+        &a,
+        "--ip",
+        "10.77.0.2/24",
+        "--host",
+        &host,
+        "--mode",
+        "veth",
+    ]);
+    let deny = "apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: deny-in}
+spec:
+  podSelector: {}
+  policyTypes: [Ingress]
+";
+    let o = nsfast_stdin(&["policy", "apply", "-f", "-", "--host", &host], deny);
+    assert!(o.status.success(), "{}", text(&o));
+    let o = nsfast_env(
+        &[
+            "pod",
+            "add",
+            &b,
+            "--ip",
+            "10.77.0.3/24",
+            "--host",
+            &host,
+            "--mode",
+            "veth",
+        ],
+        &[(nsfast_pod::fault::CRASH_ENV, "endpoint")],
+    );
+    assert_eq!(o.status.signal(), Some(9), "{}", text(&o));
+    let to: std::net::SocketAddr = "10.77.0.3:8080".parse().unwrap();
+    let listener = NetNs::open(&b)
+        .unwrap()
+        .run(move || std::net::TcpListener::bind(to).unwrap())
+        .unwrap();
+    let wait = std::time::Duration::from_millis(1500);
+    assert!(
+        !connects(&a, to, wait),
+        "the half-made pod took a connection its policy denies"
+    );
+    // Another policy change while the pod is half-made: still isolated.
+    let o = nsfast_stdin(
+        &["policy", "apply", "-f", "-", "--host", &host],
+        &deny.replace("deny-in", "deny-in-2"),
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(
+        !connects(&a, to, wait),
+        "a policy change unpoliced the half-made pod"
+    );
+    // The control: allowed, the same connection goes through.
+    let allow = "apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: allow-in}
+spec:
+  podSelector: {}
+  ingress: [{from: [{podSelector: {}}]}]
+";
+    let o = nsfast_stdin(&["policy", "apply", "-f", "-", "--host", &host], allow);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(
+        connects(&a, to, std::time::Duration::from_secs(5)),
+        "the allowed connection failed"
+    );
+    drop(listener);
+}

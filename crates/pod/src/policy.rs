@@ -195,11 +195,14 @@ pub fn set_namespace(host: &Host, namespace: &str, labels: Labels) -> Result<u64
     })
 }
 
-/// The world policies are evaluated over: `pods` (pending ones left out: they have no
-/// traffic yet) and the namespaces of `p`, every namespace with its name label.
+/// The world policies are evaluated over: `pods` and the namespaces of `p`, every namespace
+/// with its name label. Pending pods count: `pod add` writes the policies of a pod before its
+/// endpoint exists, so a pod being added (or one whose add was killed) is policed from its
+/// first packet.
 pub fn cluster(p: &Policies, pods: &[PodRecord]) -> Cluster {
     let mut c = Cluster::default();
-    for r in pods.iter().filter(|r| !r.pending) {
+    // (A CNI intent written before IPAM leased the address has none yet.)
+    for r in pods.iter().filter(|r| !r.ip.is_unspecified()) {
         c.pods.push(PodInfo {
             namespace: r.identity.namespace.clone(),
             name: r.name.clone(),

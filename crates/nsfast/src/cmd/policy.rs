@@ -97,7 +97,8 @@ pub fn run(cmd: PolicyCmd) -> Result<()> {
                 j.print(&p.output_json(&h.display))?;
                 return Ok(());
             }
-            let pods = h.records()?;
+            // What the policies select among the pods made (not one being added).
+            let pods: Vec<_> = h.records()?.into_iter().filter(|r| !r.pending).collect();
             let world = policy::cluster(&p, &pods);
             nsfast_sys::outln!("host {}  generation {}", h.display, p.generation)?;
             nsfast_sys::outln!(

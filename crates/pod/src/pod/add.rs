@@ -193,7 +193,7 @@ pub fn add_locked(plan: &Plan, _lock: &HostLock, opts: &AddOptions) -> Result<Ad
         crash_point("netns");
     }
     let mut undo = Undo::default();
-    match build(host, &pod_ns, opts, dp, attach, &mut undo) {
+    match build(host, _lock, &pod_ns, opts, dp, attach, &mut undo) {
         Ok(mut built) => {
             built.netns = record.netns.clone();
             built.netns_owned = record.netns_owned;
@@ -204,10 +204,6 @@ pub fn add_locked(plan: &Plan, _lock: &HostLock, opts: &AddOptions) -> Result<Ad
                 return Err(fail(e, undo, Some(pod_ns)));
             }
             crash_point("record");
-            // The policies now see the pod (its selectors, its address as a peer).
-            if let Err(e) = crate::policy::sync(host, _lock) {
-                warn!("pod {}: the policy maps were not updated: {e}", opts.name);
-            }
             // The shortcut (if on) learns the pod; a failure leaves the pod on the kernel
             // path, and the next add/del/enable of the host retries.
             if crate::shortcut::is_enabled(host) {

@@ -13,7 +13,7 @@ use super::*;
 use crate::abi::{self, Endpoint};
 use crate::datapath;
 use crate::error::PodError;
-use crate::state::{AttachMethod, Datapath, Host, PodRecord, TcFilter};
+use crate::state::{AttachMethod, Datapath, Host, HostLock, PodRecord, TcFilter};
 
 /// Undo steps of a half-made pod, run in reverse on failure.
 #[derive(Default)]
@@ -98,6 +98,7 @@ fn mac_str(m: [u8; 6]) -> String {
 /// host's (through `host`) and the pod's.
 pub(super) fn build(
     host: &Host,
+    lock: &HostLock,
     pod_ns: &NetNs,
     opts: &AddOptions,
     dp: Datapath,
@@ -116,6 +117,12 @@ pub(super) fn build(
     crash_point("addresses");
     attach_programs(host, opts, dp, attach, &host_if, host_ifindex, undo)?;
     crash_point("attach");
+    // The host's NetworkPolicies count the pod before its endpoint exists. Until then the
+    // programs drop what it sends (the source-address check needs the endpoint) and do not
+    // deliver to it, so it never sends or receives through them unpoliced; a pod whose
+    // policies cannot be written is not made.
+    // (The pending record written before the build names its address and identity.)
+    crate::policy::sync(host, lock)?;
     insert_endpoint(host, opts, dp, host_ifindex, pod_mac, host_mac, undo)?;
     crash_point("endpoint");
     // The intent record with what only building could tell: index, MACs, what was attached.
