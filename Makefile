@@ -167,6 +167,7 @@ deb:
 		$(DEB_ROOT)/usr/bin/vpnrelay $(DEB_ROOT)/usr/lib/cni/nsfast-cni
 	gzip -9n $(DEB_ROOT)/usr/share/man/man*/*
 	install -m644 dist/deb/copyright $(DEB_ROOT)/usr/share/doc/nsfast/copyright
+	install -D -m644 dist/deb/lintian-overrides $(DEB_ROOT)/usr/share/lintian/overrides/nsfast
 	scripts/deb-control.sh $(DEB_ROOT) $(VERSION) $(DEB_ARCH)
 	install -m755 dist/deb/postinst dist/deb/prerm dist/deb/postrm $(DEB_ROOT)/DEBIAN/
 	dpkg-deb --build --root-owner-group $(DEB_ROOT) $(DEB_FILE)
