@@ -5,7 +5,7 @@
 //! shortcut status`. `NSFAST_BIN` runs another build.
 
 mod common;
-use common::{nft_in, nsfast_env, nsfast_ok, text};
+use common::{nft_in, nsfast_env, nsfast_ok, nsfast_stdin, text};
 use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -1536,18 +1536,13 @@ impl Policies {
     }
 
     fn apply(&self, yaml: &str) {
-        let f = std::env::temp_dir().join(format!("{}.yaml", unique("nsft-policy")));
-        std::fs::write(&f, yaml).unwrap();
-        let out = nsfast_ok(&[
-            "policy",
-            "apply",
-            "-f",
-            &f.to_string_lossy(),
-            "--host",
-            &self.host,
-        ]);
-        let _ = std::fs::remove_file(&f);
-        assert!(out.contains("server-ingress"), "{out}");
+        let o = nsfast_stdin(&["policy", "apply", "-f", "-", "--host", &self.host], yaml);
+        assert!(o.status.success(), "policy apply: {}", text(&o));
+        assert!(
+            String::from_utf8_lossy(&o.stdout).contains("server-ingress"),
+            "{}",
+            text(&o)
+        );
     }
 }
 

@@ -5,11 +5,9 @@
 //! shows in `pod list -j` and in the pods a policy selects. Run as root.
 
 mod common;
-use common::{nsfast, nsfast_env, nsfast_ok, text};
-use std::io::Write;
+use common::{nsfast, nsfast_env, nsfast_ok, nsfast_stdin, text};
 use std::os::unix::process::ExitStatusExt;
 use std::path::PathBuf;
-use std::process::{Command, Output, Stdio};
 
 use nsfast_lab::require_root;
 use nsfast_lab::world::unique;
@@ -47,21 +45,6 @@ impl Drop for TestHost {
         let _ = std::fs::remove_dir("/run/nsfast");
         let _ = netns::delete_named(&self.name);
     }
-}
-
-/// Runs nsfast with `stdin` as its standard input.
-fn nsfast_stdin(args: &[&str], stdin: &str) -> Output {
-    let mut c = Command::new(common::nsfast_bin())
-        .args(args)
-        .env("RUST_LOG", "warn")
-        .env_remove(nsfast_pod::fault::CRASH_ENV)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    c.stdin.take().unwrap().write_all(stdin.as_bytes()).unwrap();
-    c.wait_with_output().unwrap()
 }
 
 fn list(host: &str) -> serde_json::Value {

@@ -11,11 +11,11 @@
 //! isolation lookup, the port match, the reply flows) makes this test fail.
 
 mod common;
-use common::{nsfast, nsfast_ok, text};
+use common::{nsfast, nsfast_ok, nsfast_stdin, text};
 use std::io::{Read, Write};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, TcpStream, UdpSocket};
 use std::path::PathBuf;
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -218,16 +218,7 @@ fn probe(src: &str, dst: IpAddr, protocol: Protocol, port: u16, wait: Duration) 
 }
 
 fn apply(host: &str, yaml: &str) {
-    let mut c = Command::new(common::nsfast_bin())
-        .args(["policy", "apply", "-f", "-", "--host", host])
-        .env("RUST_LOG", "warn")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    c.stdin.take().unwrap().write_all(yaml.as_bytes()).unwrap();
-    let o = c.wait_with_output().unwrap();
+    let o = nsfast_stdin(&["policy", "apply", "-f", "-", "--host", host], yaml);
     assert!(o.status.success(), "policy apply: {}\n{yaml}", text(&o));
 }
 

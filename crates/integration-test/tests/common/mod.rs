@@ -21,6 +21,27 @@ pub fn nsfast_env(args: &[&str], env: &[(&str, &str)]) -> Output {
     c.output().expect("run nsfast")
 }
 
+/// Runs nsfast with `args` and `stdin` as its standard input (as [`nsfast_env`] does).
+pub fn nsfast_stdin(args: &[&str], stdin: &str) -> Output {
+    use std::io::Write;
+    use std::process::Stdio;
+    let mut c = Command::new(nsfast_bin())
+        .args(args)
+        .env("RUST_LOG", "warn")
+        .env_remove(nsfast_pod::pod::CRASH_ENV)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run nsfast");
+    c.stdin
+        .take()
+        .expect("nsfast's stdin")
+        .write_all(stdin.as_bytes())
+        .expect("write nsfast's stdin");
+    c.wait_with_output().expect("wait for nsfast")
+}
+
 /// Runs nsfast with `args`.
 pub fn nsfast(args: &[&str]) -> Output {
     nsfast_env(args, &[])
