@@ -262,13 +262,6 @@ int nsf_sk_msg(struct sk_msg_md *msg)
 		fallback = NSF_STAT_KEPT_TCP;
 		goto to_tcp_counted;
 	}
-	if (st->pod_slot && !nsf_pair_policy_ok(st)) {
-		/* Denied now: TCP for good, where the pod programs drop what the policies deny. */
-		fallback = NSF_STAT_POLICY_DENIED;
-		if (st->flags & NSF_SK_PEER_CACHED)
-			rx = bpf_map_lookup_elem(&nsf_rx, &st->peer);
-		goto to_tcp;
-	}
 	if (!(st->flags & NSF_SK_PEER_CACHED)) {
 		__u64 *peer = bpf_map_lookup_elem(&nsf_peers, &st->cookie);
 
@@ -288,6 +281,11 @@ int nsf_sk_msg(struct sk_msg_md *msg)
 	rx = bpf_map_lookup_elem(&nsf_rx, &peer_cookie);
 	if (!rx) {
 		fallback = NSF_STAT_RX_MISSING;
+		goto to_tcp;
+	}
+	if (st->pod_slot && !nsf_pair_policy_ok(st)) {
+		/* Denied now: TCP for good, where the pod programs drop what the policies deny. */
+		fallback = NSF_STAT_POLICY_DENIED;
 		goto to_tcp;
 	}
 	fl = rx->flags;

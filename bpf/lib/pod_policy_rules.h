@@ -48,7 +48,6 @@ struct nsf_pol_cidr_key {
 	__u32 addr;
 };
 
-
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(max_entries, 8192);

@@ -57,6 +57,9 @@ pub const MAP_POL_FLOWS: &str = "nsf_pol_flows";
 pub const MAP_POL_DROPS: &str = "nsf_pol_drops";
 /// The policy generation (one `u32`): one more after each change of the tables.
 pub const MAP_POL_GEN: &str = "nsf_pol_gen";
+/// The rule tables and generation (`bpf/lib/pod_policy_rules.h`), which the pod shortcut's
+/// sockmap object shares with the host's pod programs.
+pub const POLICY_RULE_MAPS: [&str; 4] = [MAP_POL_ISO, MAP_POL_PEERS, MAP_POL_CIDRS, MAP_POL_GEN];
 /// Every policy map, pinned per host like the endpoint table.
 pub const POLICY_MAPS: [&str; 6] = [
     MAP_POL_ISO,

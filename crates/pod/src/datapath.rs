@@ -51,16 +51,14 @@ pub fn prepare_pins(host: &Host) -> Result<(), PodError> {
 
 /// Loads the object with the host's maps (created and pinned on first use).
 fn load(host_pins: &Path) -> Result<Ebpf, PodError> {
-    EbpfLoader::new()
-        .map_pin_path(abi::MAP_ENDPOINTS, host_pins.join(abi::MAP_ENDPOINTS))
-        .map_pin_path(abi::MAP_ENDPOINTS6, host_pins.join(abi::MAP_ENDPOINTS6))
-        .map_pin_path(abi::MAP_COUNTERS, host_pins.join(abi::MAP_COUNTERS))
-        .map_pin_path(abi::MAP_POL_ISO, host_pins.join(abi::MAP_POL_ISO))
-        .map_pin_path(abi::MAP_POL_PEERS, host_pins.join(abi::MAP_POL_PEERS))
-        .map_pin_path(abi::MAP_POL_CIDRS, host_pins.join(abi::MAP_POL_CIDRS))
-        .map_pin_path(abi::MAP_POL_FLOWS, host_pins.join(abi::MAP_POL_FLOWS))
-        .map_pin_path(abi::MAP_POL_DROPS, host_pins.join(abi::MAP_POL_DROPS))
-        .map_pin_path(abi::MAP_POL_GEN, host_pins.join(abi::MAP_POL_GEN))
+    let mut loader = EbpfLoader::new();
+    for m in [abi::MAP_ENDPOINTS, abi::MAP_ENDPOINTS6, abi::MAP_COUNTERS]
+        .into_iter()
+        .chain(abi::POLICY_MAPS)
+    {
+        loader.map_pin_path(m, host_pins.join(m));
+    }
+    loader
         .load(nsfast_bpf::POD)
         .map_err(|e| PodError::Load(Box::new(e)))
 }
@@ -495,7 +493,6 @@ pub fn write_policy_maps(host: &Host, want: &PolicyMaps) -> Result<bool, PodErro
         H::try_from(Map::HashMap(peers)).map_err(e("peers type"))?;
     let mut cidrs: LpmTrie<MapData, abi::PolCidrData, abi::PolPorts> =
         LpmTrie::try_from(Map::LpmTrie(cidrs)).map_err(e("cidrs type"))?;
-
     // Allows first, isolation after: a pod that becomes isolated has its allows in place.
     for (k, v) in &want.peers {
         peers.insert(k, v, 0).map_err(e("peers insert"))?;

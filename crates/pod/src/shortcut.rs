@@ -253,16 +253,14 @@ fn build(
     nd: &Path,
     state: &EnabledState,
 ) -> Result<bool, PodError> {
+    let mut loader = EbpfLoader::new();
+    loader.override_global(abi::GLOBAL_QUEUE_LIMIT, &abi::DEFAULT_QUEUE_LIMIT, true);
     // The host's NetworkPolicy tables and generation, shared with its pod programs (created
     // here if no pod has made them yet): a pair checks its connection again after a change.
-    let pins = host.pin_dir();
-    let pol = |m: &str| pins.join(m);
-    let mut ebpf = EbpfLoader::new()
-        .override_global(abi::GLOBAL_QUEUE_LIMIT, &abi::DEFAULT_QUEUE_LIMIT, true)
-        .map_pin_path(pabi::MAP_POL_ISO, pol(pabi::MAP_POL_ISO))
-        .map_pin_path(pabi::MAP_POL_PEERS, pol(pabi::MAP_POL_PEERS))
-        .map_pin_path(pabi::MAP_POL_CIDRS, pol(pabi::MAP_POL_CIDRS))
-        .map_pin_path(pabi::MAP_POL_GEN, pol(pabi::MAP_POL_GEN))
+    for m in pabi::POLICY_RULE_MAPS {
+        loader.map_pin_path(m, host.pin_dir().join(m));
+    }
+    let mut ebpf = loader
         .load(nsfast_bpf::SOCKMAP)
         .map_err(|e| PodError::Load(Box::new(e)))?;
     {

@@ -258,12 +258,12 @@ impl Drop for Shortcut {
 /// tables it shares with the pod datapath in pod mode are left empty here, one entry each:
 /// outside pod mode no socket consults them.
 pub fn load(queue_limit: u64) -> Result<Ebpf, SockmapError> {
-    use nsfast_bpf::pod_abi::{MAP_POL_CIDRS, MAP_POL_ISO, MAP_POL_PEERS};
-    EbpfLoader::new()
-        .override_global(abi::GLOBAL_QUEUE_LIMIT, &queue_limit, true)
-        .map_max_entries(MAP_POL_ISO, 1)
-        .map_max_entries(MAP_POL_PEERS, 1)
-        .map_max_entries(MAP_POL_CIDRS, 1)
+    let mut loader = EbpfLoader::new();
+    loader.override_global(abi::GLOBAL_QUEUE_LIMIT, &queue_limit, true);
+    for m in nsfast_bpf::pod_abi::POLICY_RULE_MAPS {
+        loader.map_max_entries(m, 1);
+    }
+    loader
         .load(nsfast_bpf::SOCKMAP)
         .map_err(|e| SockmapError::Load(Box::new(e)))
 }

@@ -57,7 +57,8 @@ pub struct BenchArgs {
     #[arg(long)]
     pub quick: bool,
     /// Comma-separated topologies: host, pipe, unix, veth, routed, sockmap, bpf, bpf-policy-10,
-    /// bpf-policy-1000, bpf-tc, bpf-shortcut, bpf-remote, netkit, cni-ptp, cni-ptp-remote, slirp4netns, vpnrelay, vsock, vsock-relay, vsock-socat (the
+    /// bpf-policy-1000, bpf-tc, bpf-shortcut, bpf-remote, netkit, cni-ptp, cni-ptp-remote,
+    /// slirp4netns, vpnrelay, vsock, vsock-relay, vsock-socat (the
     /// vsock ones in VM guests only; slirp4netns and vpnrelay with --tenant only)
     /// [default: host,pipe,unix,veth,routed,sockmap]. Unsupported ones are skipped with the reason.
     #[arg(long, value_name = "LIST", value_delimiter = ',', allow_hyphen_values = true,

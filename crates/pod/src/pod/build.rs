@@ -117,11 +117,10 @@ pub(super) fn build(
     crash_point("addresses");
     attach_programs(host, opts, dp, attach, &host_if, host_ifindex, undo)?;
     crash_point("attach");
-    // The host's NetworkPolicies count the pod before its endpoint exists. Until then the
-    // programs drop what it sends (the source-address check needs the endpoint) and do not
-    // deliver to it, so it never sends or receives through them unpoliced; a pod whose
-    // policies cannot be written is not made.
-    // (The pending record written before the build names its address and identity.)
+    // The host's NetworkPolicies count the pod (its pending record names its address and
+    // identity) before its endpoint exists. Until then the programs drop what it sends (the
+    // source-address check needs the endpoint) and do not deliver to it, so it never sends
+    // or receives through them unpoliced; a pod whose policies cannot be written is not made.
     crate::policy::sync(host, lock)?;
     insert_endpoint(host, opts, dp, host_ifindex, pod_mac, host_mac, undo)?;
     crash_point("endpoint");
