@@ -278,6 +278,7 @@ impl NetNs {
             name: name.into(),
             source: e,
         })?;
+        share_run_dir(dir).map_err(sys("make /run/netns a shared mount", name))?;
         let path = dir.join(name);
         match fs::OpenOptions::new()
             .write(true)
@@ -472,6 +473,38 @@ impl Drop for NetNs {
     }
 }
 
+/// Makes `dir` its own mount with shared propagation, as iproute2 does before its first
+/// `ip netns add`: the namespace bind mounts made in it then reach every mount namespace that
+/// holds a copy of it, and a later `ip netns add` finds the mount already there. Without it,
+/// that `ip netns add` binds the directory onto itself and the namespaces mounted before sit
+/// under the new mount, where `delete_named` cannot unmount them (the unlink fails with
+/// EBUSY and the namespace lives on).
+fn share_run_dir(dir: &Path) -> nix::Result<()> {
+    let shared = || {
+        mount(
+            None::<&str>,
+            dir,
+            None::<&str>,
+            MsFlags::MS_SHARED | MsFlags::MS_REC,
+            None::<&str>,
+        )
+    };
+    match shared() {
+        // EINVAL: `dir` is not a mount point yet.
+        Err(nix::Error::EINVAL) => {
+            mount(
+                Some(dir),
+                dir,
+                None::<&str>,
+                MsFlags::MS_BIND | MsFlags::MS_REC,
+                None::<&str>,
+            )?;
+            shared()
+        }
+        r => r,
+    }
+}
+
 /// Deletes /run/netns/NAME (unmount, then unlink). Missing is not an error.
 pub fn delete_named(name: &str) -> Result<(), NetnsError> {
     let path = Path::new(NETNS_RUN_DIR).join(name);
@@ -631,6 +664,61 @@ mod tests {
             std::net::TcpStream::connect(l.local_addr().unwrap()).unwrap();
         })
         .unwrap();
+    }
+
+    /// In a mount namespace of its own whose /run/netns is a plain directory: after `create`,
+    /// /run/netns is a shared mount, and an `ip netns add` made next does not hide the first
+    /// namespace's mount (its delete would fail with EBUSY and leak the namespace).
+    #[test]
+    fn create_shares_run_netns_so_ip_netns_add_does_not_hide_it() {
+        if !nix::unistd::geteuid().is_root() || Command::new("ip").arg("-V").output().is_err() {
+            eprintln!("skipped: needs root and iproute2");
+            return;
+        }
+        let tag = format!("nsft{}x0-sh", std::process::id());
+        std::thread::spawn(move || {
+            // This thread only: a mount namespace with nothing propagating back, and a fresh
+            // tmpfs at /run so /run/netns starts as a plain directory.
+            unshare(CloneFlags::CLONE_NEWNS).unwrap();
+            mount(
+                None::<&str>,
+                "/",
+                None::<&str>,
+                MsFlags::MS_REC | MsFlags::MS_PRIVATE,
+                None::<&str>,
+            )
+            .unwrap();
+            mount(
+                Some("tmpfs"),
+                "/run",
+                Some("tmpfs"),
+                MsFlags::empty(),
+                Some("mode=0755"),
+            )
+            .unwrap();
+            let a = NetNs::create(&format!("{tag}-a")).unwrap();
+            let info = fs::read_to_string("/proc/thread-self/mountinfo").unwrap();
+            let own: Vec<&str> = info
+                .lines()
+                .filter(|l| l.split(' ').nth(4) == Some(NETNS_RUN_DIR))
+                .collect();
+            assert!(
+                own.iter().any(|l| l.contains(" shared:")),
+                "/run/netns is not a shared mount of its own: {own:?}"
+            );
+            let b = format!("{tag}-b");
+            let st = Command::new("ip")
+                .args(["netns", "add", &b])
+                .status()
+                .unwrap();
+            assert!(st.success(), "ip netns add {b}");
+            let r = a.delete();
+            let _ = Command::new("ip").args(["netns", "del", &b]).status();
+            r.expect("delete the namespace made before `ip netns add`");
+            assert!(!Path::new(NETNS_RUN_DIR).join(format!("{tag}-a")).exists());
+        })
+        .join()
+        .expect("the test thread");
     }
 
     /// The cookie identifies the namespace: the same through two paths, different for another.
