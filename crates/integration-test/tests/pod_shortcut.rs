@@ -963,8 +963,9 @@ impl Drop for PodmanWorld {
 
 /// A real runtime: podman (CNI backend, runc, cgroupfs) in a throwaway node namespace entered
 /// with `nsenter --net`, on an nsfast network with `"shortcut": true`; a busybox httpd container
-/// and a wget container talk HTTP over the shortcut; `podman rm` leaves no pod, device, pin,
-/// state or lease behind.
+/// and a wget container talk HTTP over the shortcut (a static page, then a CGI response that
+/// streams in paced chunks, as a streaming endpoint does); `podman rm` leaves no pod, device,
+/// pin, state or lease behind.
 #[test]
 fn podman_containers_talk_http_over_the_shortcut_and_rm_leaves_nothing() {
     require_root();
@@ -996,15 +997,30 @@ fn podman_containers_talk_http_over_the_shortcut_and_rm_leaves_nothing() {
     }
     // The image: a static busybox and one page, imported from a tarball (no registry).
     std::fs::copy(&busybox, d.join("rootfs/bin/busybox")).unwrap();
-    for a in ["sh", "httpd", "wget"] {
+    for a in ["sh", "httpd", "wget", "cat", "sleep"] {
         std::os::unix::fs::symlink("busybox", d.join("rootfs/bin").join(a)).unwrap();
     }
-    // 4 MiB: the response spans many sends, and those after wget's first read returned take
-    // the shortcut (a sender redirects only into a receiver seen reading all of it; a
-    // one-send response to a client that has not read yet stays on TCP).
+    // A static 4 MiB page: httpd sendfile()s it as fast as TCP takes it, so whether wget
+    // catches up (and later sends take the shortcut) is a race; it proves the bytes arrive.
     let line = format!("hello from nsfast pod {tag}\n");
     let page = line.repeat((4 << 20) / line.len());
     std::fs::write(d.join("rootfs/www/index.html"), &page).unwrap();
+    // The streamed response: 64 chunks of 64 KiB, 20 ms apart. wget drains each chunk
+    // before the next, so from the second chunk on the sends find a receiver that has read
+    // all of it and are redirected (docs/sockmap.md, "What keeps TCP, and why").
+    let chunk = line.repeat((64 << 10) / line.len());
+    let stream = chunk.repeat(64);
+    std::fs::create_dir_all(d.join("rootfs/www/cgi-bin")).unwrap();
+    std::fs::create_dir_all(d.join("rootfs/data")).unwrap();
+    std::fs::write(d.join("rootfs/data/chunk"), &chunk).unwrap();
+    let cgi = d.join("rootfs/www/cgi-bin/stream");
+    std::fs::write(
+        &cgi,
+        "#!/bin/sh\nprintf 'Content-Type: text/plain\\r\\n\\r\\n'\n\
+         i=0\nwhile [ $i -lt 64 ]; do cat /data/chunk; sleep 0.02; i=$((i+1)); done\n",
+    )
+    .unwrap();
+    std::fs::set_permissions(&cgi, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
     let tar = d.join("rootfs.tar");
     let st = Command::new("tar")
         .arg("-C")
@@ -1075,35 +1091,52 @@ fn podman_containers_talk_http_over_the_shortcut_and_rm_leaves_nothing() {
         w.network
     );
     let ip = w.ok(&["inspect", &server, "--format", &fmt]);
-    let url = format!("http://{ip}/index.html");
-    let mut get = vec!["run", "--rm", "--network", &w.network];
-    get.extend_from_slice(&ul);
-    get.extend_from_slice(&[&image, "wget", "-qO-", &url]);
-    // httpd may need a moment to listen: retry the request (a bounded number of times).
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let body = loop {
-        let o = w.podman(&get);
-        if o.status.success() {
-            break String::from_utf8_lossy(&o.stdout).into_owned();
+    let wget = |path: &str| {
+        let url = format!("http://{ip}{path}");
+        let mut get = vec!["run", "--rm", "--network", &w.network];
+        get.extend_from_slice(&ul);
+        get.extend_from_slice(&[&image, "wget", "-qO-", &url]);
+        // httpd may need a moment to listen: retry the request (a bounded number of times).
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let o = w.podman(&get);
+            if o.status.success() {
+                break String::from_utf8_lossy(&o.stdout).into_owned();
+            }
+            assert!(Instant::now() < deadline, "wget {url}: {}", text(&o));
         }
-        assert!(Instant::now() < deadline, "wget {url}: {}", text(&o));
     };
-    assert_eq!(body, page);
     let node = w.node.as_ref().unwrap().name().to_string();
-    let st: Value = serde_json::from_str(&nsfast_ok(&[
-        "-j", "pod", "shortcut", "status", "--host", &node,
-    ]))
-    .unwrap();
+    let status = || -> Value {
+        serde_json::from_str(&nsfast_ok(&[
+            "-j", "pod", "shortcut", "status", "--host", &node,
+        ]))
+        .unwrap()
+    };
+    let bytes = |st: &Value, k: &str| st[k].as_u64().unwrap();
+    assert_eq!(wget("/index.html"), page);
+    let st = status();
     assert_eq!(st["enabled"], true, "{st}");
-    assert!(
-        st["pairs"].as_u64().unwrap() >= 1,
-        "HTTP did not pair: {st}"
-    );
-    let carried = st["redirected_bytes"].as_u64().unwrap() + st["passed_bytes"].as_u64().unwrap();
+    assert!(bytes(&st, "pairs") >= 1, "HTTP did not pair: {st}");
+    let carried = bytes(&st, "redirected_bytes") + bytes(&st, "passed_bytes");
     assert!(carried >= page.len() as u64, "HTTP not carried: {st}");
+    assert_eq!(wget("/cgi-bin/stream"), stream);
+    let after = status();
     assert!(
-        st["redirected_bytes"].as_u64().unwrap() >= page.len() as u64 / 4,
-        "HTTP not redirected: {st}"
+        bytes(&after, "pairs") >= 2,
+        "the stream did not pair: {after}"
+    );
+    let redirected = bytes(&after, "redirected_bytes") - bytes(&st, "redirected_bytes");
+    eprintln!(
+        "static page: {} of {} bytes redirected; stream: {redirected} of {}",
+        bytes(&st, "redirected_bytes"),
+        page.len(),
+        stream.len()
+    );
+    assert!(
+        redirected >= stream.len() as u64 / 2,
+        "the streamed response was not redirected ({redirected} of {} bytes): {after}",
+        stream.len()
     );
     w.ok(&["rm", "-f", "-t", "0", &server]);
     // Nothing left: no pod, no device but lo, no pin or state, no lease.
