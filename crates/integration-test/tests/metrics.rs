@@ -79,11 +79,15 @@ fn stop(run: KillOnDrop, log: &Path) {
     );
 }
 
-/// A byte-exact transfer of `bytes` each way between the pair's namespaces, both peers in `cg`.
+/// A byte-exact transfer of `bytes` each way between the pair's namespaces, both peers in `cg`,
+/// the client paced.
 fn transfer(w: &VethPair, cg: &TestCgroup, port: u16, bytes: u64) {
     let procs = cg.procs();
     let listen = SocketAddr::new(IpAddr::V4(VethPair::SERVER_V4), port).to_string();
     let n = bytes.to_string();
+    // Paced at 16 MiB/s: the server drains each send, so the client's sends find a receiver
+    // that has read all of it and are redirected (an unpaced burst may stay gated).
+    let rate = (16u64 << 20).to_string();
     let args = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
     let bin = nsfast_lab::bins::testpeer();
     let s = peer::spawn(
@@ -113,6 +117,8 @@ fn transfer(w: &VethPair, cg: &TestCgroup, port: u16, bytes: u64) {
             &n,
             "--seed",
             "2",
+            "--rate",
+            &rate,
         ]),
     );
     let cr: BidirReport = peer::finish(c, "client");
