@@ -216,8 +216,7 @@ NSF_INLINE void nsf_leave_shortcut(struct nsf_sk_state *st, struct nsf_rx *rx)
 /*
  * Pod mode: whether st's connection is still allowed by the host's NetworkPolicies
  * (lib/pod_policy_rules.h), checked once per policy generation: at the first send after a
- * change, as its SYN would be checked now. The tables name pods by IPv4 address: an IPv6
- * connection is not policed here, as it is not in the pod programs.
+ * change, as its SYN would be checked now (IPv4 and IPv6 alike).
  */
 NSF_INLINE int nsf_pair_policy_ok(struct nsf_sk_state *st)
 {
@@ -225,9 +224,7 @@ NSF_INLINE int nsf_pair_policy_ok(struct nsf_sk_state *st)
 
 	if (gen == st->pol_gen)
 		return 1;
-	if (st->key.client_ip[0] == 0 && st->key.client_ip[1] == 0 &&
-	    st->key.client_ip[2] == bpf_htonl(0x0000ffff) &&
-	    !nsf_pol_conn_allowed(st->key.client_ip[3], st->key.server_ip[3], st->key.server_port))
+	if (!nsf_pol_conn_allowed(st->key.client_ip, st->key.server_ip, st->key.server_port))
 		return 0;
 	st->pol_gen = gen;
 	return 1;

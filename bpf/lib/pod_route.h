@@ -394,21 +394,6 @@ NSF_INLINE long nsf_icmp6_from_pod(struct __sk_buff *skb, __u32 l2,
 	return nsf_ndp_answer(skb, l2, src);
 }
 
-/* IPv6 extension headers that can come before the upper-layer header (RFC 8200 4, the IANA
- * list): hop-by-hop, routing, fragment, destination options, AH, mobility, HIP, shim6 and the
- * two experimental numbers. ESP (50) ends what can be read. */
-#define NSF_NEXTHDR_FRAGMENT 44
-#define NSF_NEXTHDR_AUTH 51
-NSF_INLINE int nsf_ip6_ext(__u8 nh)
-{
-	return nh == 0 || nh == 43 || nh == NSF_NEXTHDR_FRAGMENT || nh == 60 ||
-	       nh == NSF_NEXTHDR_AUTH || nh == 135 || nh == 139 || nh == 140 || nh == 253 ||
-	       nh == 254;
-}
-
-/* How many extension headers a pod's packet may carry; more is dropped as malformed. */
-#define NSF_IP6_EXT_MAX 8
-
 /*
  * NDP hidden behind IPv6 extension headers (a packet from pod endpoint `src`, source
  * checked, whose next header `nh` is one): the chain is walked to its upper-layer header;
@@ -547,6 +532,14 @@ NSF_INLINE long nsf_from_pod6(struct __sk_buff *skb, __u32 l2, int netkit, long 
 		return pass;
 	}
 
+	/* NetworkPolicy, as for IPv4 (every destination but the pod's own link). */
+	if (!nsf_pol_check6(skb, l2, ip6, 1, nsf_endpoint6(&ip6->daddr) != 0))
+		return NSF_DROP;
+	data = (void *)(long)skb->data;
+	data_end = (void *)(long)skb->data_end;
+	ip6 = data + l2;
+	if ((void *)(ip6 + 1) > data_end)
+		return NSF_DROP;
 	ep = nsf_endpoint6(&ip6->daddr);
 	if (ep) {
 		if ((src->flags | ep->flags) & NSF_EP_HOST_FW) {
@@ -617,6 +610,17 @@ NSF_INLINE long nsf_from_wire6(struct __sk_buff *skb)
 		nsf_count(NSF_CNT_SPOOFED);
 		return TC_ACT_SHOT;
 	}
+	/* NetworkPolicy: the destination pod's ingress. */
+	if (!nsf_pol_check6(skb, ETH_HLEN, ip6, 0, 1))
+		return TC_ACT_SHOT;
+	data = (void *)(long)skb->data;
+	data_end = (void *)(long)skb->data_end;
+	ip6 = data + ETH_HLEN;
+	if ((void *)(ip6 + 1) > data_end)
+		return TC_ACT_OK;
+	ep = nsf_endpoint6(&ip6->daddr);
+	if (!ep)
+		return TC_ACT_OK;
 	if (nsf_dec_hop_limit(skb, ETH_HLEN, ip6->hop_limit) < 0) {
 		nsf_count(NSF_CNT_WIRE_TO_STACK);
 		return TC_ACT_OK;
@@ -678,7 +682,7 @@ NSF_INLINE long nsf_from_pod(struct __sk_buff *skb, __u32 l2, int netkit, long p
 	/* NetworkPolicy: the source's egress, and the destination's ingress if it is a local
 	 * pod (lib/pod_policy.h). Every destination: pods, the wire and the host alike. (The
 	 * endpoint is looked up again after: a map value kept across the check does not verify.) */
-	if (!nsf_pol_check4(skb, ip, 1, nsf_endpoint(ip->daddr) != 0))
+	if (!nsf_pol_check4(skb, l2, ip, 1, nsf_endpoint(ip->daddr) != 0))
 		return NSF_DROP;
 	data = (void *)(long)skb->data;
 	data_end = (void *)(long)skb->data_end;
@@ -768,7 +772,7 @@ NSF_INLINE long nsf_from_wire(struct __sk_buff *skb)
 		return TC_ACT_SHOT;
 	}
 	/* NetworkPolicy: the destination pod's ingress (lib/pod_policy.h). */
-	if (!nsf_pol_check4(skb, ip, 0, 1))
+	if (!nsf_pol_check4(skb, ETH_HLEN, ip, 0, 1))
 		return TC_ACT_SHOT;
 	data = (void *)(long)skb->data;
 	data_end = (void *)(long)skb->data_end;

@@ -3,8 +3,10 @@
 //! ports 80 and 81, plus `ext`, a namespace on the wire behind the host's uplink (veth
 //! `up0`, the wire program attached), and for every case of `nsfast_policy::cases` (applied
 //! with `nsfast policy apply`), every probe between them (pod to pod, pod to wire, wire to
-//! pod), TCP connect and UDP echo, compared with the reference evaluator. A TCP connect needs the SYN-ACK back and a UDP probe the echo,
-//! so replies of allowed connections are tested too. Run as root.
+//! pod), TCP connect and UDP echo, compared with the reference evaluator. A TCP connect needs
+//! the SYN-ACK back and a UDP probe the echo, so replies of allowed connections are tested
+//! too. The pods are dual-stack and the wire carries both families: every case runs in IPv4
+//! and again in IPv6 (its addresses and ipBlocks rendered in IPv6). Run as root.
 //!
 //! Sabotage check (docs/pod.md, "NetworkPolicy"): disabling one rule kind in
 //! bpf/lib/pod_policy.h (the any-peer entry, the per-peer entry, the prefix table, the
@@ -13,7 +15,7 @@
 mod common;
 use common::{nsfast, nsfast_ok, nsfast_stdin, text};
 use std::io::{Read, Write};
-use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, TcpStream, UdpSocket};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream, UdpSocket};
 use std::path::PathBuf;
 use std::process::Command;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -40,6 +42,36 @@ fn addr(e: &str) -> IpAddr {
     let ni = cases::NAMESPACES.iter().position(|x| *x == n).unwrap() as u8;
     let pi = cases::PODS.iter().position(|x| *x == p).unwrap() as u8;
     IpAddr::V4(Ipv4Addr::new(10, 79, 0, 10 + ni * 10 + pi))
+}
+
+/// An endpoint's address in one family.
+type AddrOf = dyn Fn(&str) -> IpAddr;
+
+/// The IPv6 address of the same endpoint.
+fn addr6(e: &str) -> IpAddr {
+    match addr(e) {
+        IpAddr::V4(a) if e == cases::EXT => IpAddr::V6(Ipv6Addr::new(
+            0xfd79,
+            2,
+            0,
+            0,
+            0,
+            0,
+            0,
+            u16::from(a.octets()[3]),
+        )),
+        IpAddr::V4(a) => IpAddr::V6(Ipv6Addr::new(
+            0xfd79,
+            0,
+            0,
+            0,
+            0,
+            0,
+            0,
+            u16::from(a.octets()[3]),
+        )),
+        v6 => v6,
+    }
 }
 
 /// The host, its nine pods and the wire; everything goes on drop (also on panic).
@@ -83,7 +115,29 @@ fn build() -> World {
     ]);
     ip(&["-n", &host, "addr", "add", "192.0.2.254/24", "dev", "up0"]);
     ip(&["-n", &host, "link", "set", "up0", "up"]);
+    ip(&[
+        "-n",
+        &host,
+        "-6",
+        "addr",
+        "add",
+        "fd79:2::fe/64",
+        "dev",
+        "up0",
+        "nodad",
+    ]);
     ip(&["-n", &wire, "addr", "add", "192.0.2.1/24", "dev", "eth0"]);
+    ip(&[
+        "-n",
+        &wire,
+        "-6",
+        "addr",
+        "add",
+        "fd79:2::1/64",
+        "dev",
+        "eth0",
+        "nodad",
+    ]);
     ip(&["-n", &wire, "link", "set", "eth0", "up"]);
     ip(&["-n", &wire, "link", "set", "lo", "up"]);
     ip(&[
@@ -94,6 +148,16 @@ fn build() -> World {
         "10.79.0.0/24",
         "via",
         "192.0.2.254",
+    ]);
+    ip(&[
+        "-n",
+        &wire,
+        "-6",
+        "route",
+        "add",
+        "fd79::/64",
+        "via",
+        "fd79:2::fe",
     ]);
     let mut w = World {
         host: host.clone(),
@@ -107,7 +171,7 @@ fn build() -> World {
             let e = format!("{n}/{p}");
             let pod = unique(&format!("{n}{p}"));
             w.pods.push((e.clone(), pod.clone()));
-            let ip = format!("{}/24", addr(&e));
+            let ip = format!("{}/24,{}/64", addr(&e), addr6(&e));
             let mut args = vec![
                 "pod",
                 "add",
@@ -153,7 +217,8 @@ fn serve(pod: &str, stop: Arc<AtomicBool>) {
     for port in cases::PORTS {
         let (tcp, udp) = ns
             .run(|| {
-                let any = SocketAddr::from(([0, 0, 0, 0], port));
+                // Both families (a dual-stack socket: IPv4 arrives v4-mapped).
+                let any = SocketAddr::from((Ipv6Addr::UNSPECIFIED, port));
                 (
                     TcpListener::bind(any).unwrap(),
                     UdpSocket::bind(any).unwrap(),
@@ -201,7 +266,7 @@ fn probe(src: &str, dst: IpAddr, protocol: Protocol, port: u16, wait: Duration) 
             matches!(c.read(&mut b), Ok(1))
         }
         _ => {
-            let u = UdpSocket::bind("0.0.0.0:0").unwrap();
+            let u = UdpSocket::bind(if dst.is_ipv6() { "[::]:0" } else { "0.0.0.0:0" }).unwrap();
             u.set_read_timeout(Some(wait)).unwrap();
             let mut b = [0u8; 8];
             // Two tries: the first datagram may wait for the pod's ARP of its gateway.
@@ -238,7 +303,6 @@ fn delete_all(host: &str) {
 fn the_datapath_decides_every_upstream_case_as_the_evaluator() {
     require_root();
     let w = build();
-    let world = cases::world(&addr);
     let netns_of = |e: &str| {
         if e == cases::EXT {
             return w.wire.clone();
@@ -249,73 +313,79 @@ fn the_datapath_decides_every_upstream_case_as_the_evaluator() {
     let mut allowed_seen = 0usize;
     let mut denied_seen = 0usize;
     let only = std::env::var("NSFAST_TEST_POLICY_CASE").ok();
-    for c in cases::cases() {
-        if only.as_deref().is_some_and(|o| !c.name.contains(o)) {
-            continue;
-        }
-        delete_all(&w.host);
-        let yaml = cases::render(c.yaml, &addr);
-        if !yaml.trim().is_empty() {
-            apply(&w.host, &yaml);
-        }
-        let policies: Vec<_> = nsfast_policy::parse(&yaml)
-            .unwrap()
-            .into_iter()
-            .map(|p| p.policy)
-            .collect();
-        let probes = cases::probes(&world, &addr);
-        let run = |wait: Duration, which: &dyn Fn(usize) -> bool| -> Vec<Option<bool>> {
-            std::thread::scope(|s| {
-                let hs: Vec<_> = probes
-                    .iter()
-                    .enumerate()
-                    .map(|(i, (src, dst, probe))| {
-                        let go = which(i);
-                        let src_ns = netns_of(src);
-                        let (proto, port, dst_ip) = (probe.protocol, probe.port, addr(dst));
-                        s.spawn(move || go.then(|| probe_fn(&src_ns, dst_ip, proto, port, wait)))
-                    })
-                    .collect();
-                hs.into_iter().map(|h| h.join().unwrap()).collect()
-            })
-        };
-        let first = run(TIMEOUT, &|_| true);
-        let again = run(RETRY_TIMEOUT, &|i| first[i] == Some(false));
-        let results: Vec<(String, bool, bool)> = probes
-            .iter()
-            .enumerate()
-            .map(|(i, (src, dst, probe))| {
-                let want = nsfast_policy::allowed(&world, &policies, probe);
-                let label = format!("{src} -> {dst} {}/{}", probe.protocol, probe.port);
-                (
-                    label,
-                    want,
-                    first[i] == Some(true) || again[i] == Some(true),
-                )
-            })
-            .collect();
-        let mut wrong = Vec::new();
-        for (label, want, got) in results {
-            if want {
-                allowed_seen += 1;
-            } else {
-                denied_seen += 1;
+    let families: [(&str, &AddrOf); 2] = [("IPv4", &addr), ("IPv6", &addr6)];
+    for (family, addr) in families {
+        let world = cases::world(addr);
+        for c in cases::cases() {
+            if only.as_deref().is_some_and(|o| !c.name.contains(o)) {
+                continue;
             }
-            if want != got {
-                wrong.push(format!(
-                    "{label}: evaluator {}, datapath {}",
-                    if want { "allow" } else { "deny" },
-                    if got { "allow" } else { "deny" }
+            delete_all(&w.host);
+            let yaml = cases::render(c.yaml, addr);
+            if !yaml.trim().is_empty() {
+                apply(&w.host, &yaml);
+            }
+            let policies: Vec<_> = nsfast_policy::parse(&yaml)
+                .unwrap()
+                .into_iter()
+                .map(|p| p.policy)
+                .collect();
+            let probes = cases::probes(&world, addr);
+            let run = |wait: Duration, which: &dyn Fn(usize) -> bool| -> Vec<Option<bool>> {
+                std::thread::scope(|s| {
+                    let hs: Vec<_> = probes
+                        .iter()
+                        .enumerate()
+                        .map(|(i, (src, dst, probe))| {
+                            let go = which(i);
+                            let src_ns = netns_of(src);
+                            let (proto, port, dst_ip) = (probe.protocol, probe.port, addr(dst));
+                            s.spawn(move || {
+                                go.then(|| probe_fn(&src_ns, dst_ip, proto, port, wait))
+                            })
+                        })
+                        .collect();
+                    hs.into_iter().map(|h| h.join().unwrap()).collect()
+                })
+            };
+            let first = run(TIMEOUT, &|_| true);
+            let again = run(RETRY_TIMEOUT, &|i| first[i] == Some(false));
+            let results: Vec<(String, bool, bool)> = probes
+                .iter()
+                .enumerate()
+                .map(|(i, (src, dst, probe))| {
+                    let want = nsfast_policy::allowed(&world, &policies, probe);
+                    let label = format!("{src} -> {dst} {}/{}", probe.protocol, probe.port);
+                    (
+                        label,
+                        want,
+                        first[i] == Some(true) || again[i] == Some(true),
+                    )
+                })
+                .collect();
+            let mut wrong = Vec::new();
+            for (label, want, got) in results {
+                if want {
+                    allowed_seen += 1;
+                } else {
+                    denied_seen += 1;
+                }
+                if want != got {
+                    wrong.push(format!(
+                        "{label}: evaluator {}, datapath {}",
+                        if want { "allow" } else { "deny" },
+                        if got { "allow" } else { "deny" }
+                    ));
+                }
+            }
+            if !wrong.is_empty() {
+                failures.push(format!(
+                    "{} in {family} ({} wrong):\n    {}",
+                    c.name,
+                    wrong.len(),
+                    wrong.join("\n    ")
                 ));
             }
-        }
-        if !wrong.is_empty() {
-            failures.push(format!(
-                "{} ({} wrong):\n    {}",
-                c.name,
-                wrong.len(),
-                wrong.join("\n    ")
-            ));
         }
     }
     // The drops were counted per pod.

@@ -50,6 +50,7 @@ pub struct Endpoint {
 unsafe impl aya::Pod for Endpoint {}
 
 /// NetworkPolicy maps (`bpf/lib/pod_policy.h`, `bpf/lib/pod_policy_rules.h`).
+pub const MAP_POL_IDS: &str = "nsf_pol_ids";
 pub const MAP_POL_ISO: &str = "nsf_pol_iso";
 pub const MAP_POL_PEERS: &str = "nsf_pol_peers";
 pub const MAP_POL_CIDRS: &str = "nsf_pol_cidrs";
@@ -59,9 +60,16 @@ pub const MAP_POL_DROPS: &str = "nsf_pol_drops";
 pub const MAP_POL_GEN: &str = "nsf_pol_gen";
 /// The rule tables and generation (`bpf/lib/pod_policy_rules.h`), which the pod shortcut's
 /// sockmap object shares with the host's pod programs.
-pub const POLICY_RULE_MAPS: [&str; 4] = [MAP_POL_ISO, MAP_POL_PEERS, MAP_POL_CIDRS, MAP_POL_GEN];
+pub const POLICY_RULE_MAPS: [&str; 5] = [
+    MAP_POL_IDS,
+    MAP_POL_ISO,
+    MAP_POL_PEERS,
+    MAP_POL_CIDRS,
+    MAP_POL_GEN,
+];
 /// Every policy map, pinned per host like the endpoint table.
-pub const POLICY_MAPS: [&str; 6] = [
+pub const POLICY_MAPS: [&str; 7] = [
+    MAP_POL_IDS,
     MAP_POL_ISO,
     MAP_POL_PEERS,
     MAP_POL_CIDRS,
@@ -93,6 +101,39 @@ pub struct PolPorts {
     pub r: [PolRange; POL_RANGES],
 }
 
+/// `struct nsf_pol_addr`: an IPv6 address, or an IPv4 one as `::ffff:a.b.c.d`, as 16 bytes in
+/// network order.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct PolAddr(pub [u8; 16]);
+
+impl PolAddr {
+    pub fn new(ip: std::net::IpAddr) -> Self {
+        match ip {
+            std::net::IpAddr::V4(a) => Self(a.to_ipv6_mapped().octets()),
+            std::net::IpAddr::V6(a) => Self(a.octets()),
+        }
+    }
+
+    /// The address; an IPv4 one for the `::ffff:` form.
+    pub fn ip(&self) -> std::net::IpAddr {
+        Ipv6Addr::from(self.0).to_canonical()
+    }
+}
+
+/// `struct nsf_pol_id_key`: the address `addr` of a local pod in table slot `slot`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct PolIdKey {
+    pub slot: u32,
+    pub addr: PolAddr,
+}
+
+/// `NSF_POL_SLOT_DIR`: direction `dir` in table slot `slot`.
+pub const fn pol_slot_dir(dir: u32, slot: u32) -> u32 {
+    dir | slot << 1
+}
+
 /// `struct nsf_pol_iso_key`.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -112,13 +153,14 @@ pub struct PolPeerKey {
 
 /// The data of `struct nsf_pol_cidr_key` after its `prefixlen` (aya's `lpm_trie::Key`
 /// holds that): the pod, the direction in network order, the peer address. A prefix of `n`
-/// bits of peer address has prefix length `64 + n`.
+/// bits of the 128-bit peer address has prefix length `64 + n` (an IPv4 prefix of `n` bits
+/// is `96 + n` bits of its `::ffff:` form).
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct PolCidrData {
     pub pod: u32,
     pub dir_be: u32,
-    pub addr: u32,
+    pub addr: PolAddr,
 }
 
 /// `NSF_PROTO_TCP`: IPPROTO_TCP, as `nsf_pol_flow.proto` holds it.
@@ -128,8 +170,8 @@ pub const PROTO_TCP: u32 = 6;
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
 pub struct PolFlow {
-    pub saddr: u32,
-    pub daddr: u32,
+    pub saddr: PolAddr,
+    pub daddr: PolAddr,
     pub sport: u16,
     pub dport: u16,
     pub proto: u32,
@@ -145,9 +187,15 @@ unsafe impl aya::Pod for PolPorts {}
 unsafe impl aya::Pod for PolIsoKey {}
 // SAFETY: PolPeerKey is repr(C), three u32, no padding; every bit pattern is valid.
 unsafe impl aya::Pod for PolPeerKey {}
-// SAFETY: PolCidrData is repr(C), three u32, no padding; every bit pattern is valid.
+// SAFETY: PolAddr is repr(C), 16 bytes, no padding; every bit pattern is valid.
+unsafe impl aya::Pod for PolAddr {}
+// SAFETY: PolIdKey is repr(C) without padding (4 + 16 = 20 bytes, alignment 4) and every bit
+// pattern is a valid value.
+unsafe impl aya::Pod for PolIdKey {}
+// SAFETY: PolCidrData is repr(C) without padding (4 + 4 + 16 = 24 bytes, alignment 4) and
+// every bit pattern is valid.
 unsafe impl aya::Pod for PolCidrData {}
-// SAFETY: PolFlow is repr(C) without padding (4 + 4 + 2 + 2 + 4 = 16 bytes, alignment 4)
+// SAFETY: PolFlow is repr(C) without padding (16 + 16 + 2 + 2 + 4 = 40 bytes, alignment 4)
 // and every bit pattern is a valid value.
 unsafe impl aya::Pod for PolFlow {}
 
@@ -202,10 +250,61 @@ mod tests {
         assert_eq!(std::mem::size_of::<PolPorts>(), 4 + 8 * POL_RANGES);
         assert_eq!(std::mem::size_of::<PolIsoKey>(), 8);
         assert_eq!(std::mem::size_of::<PolPeerKey>(), 12);
-        assert_eq!(std::mem::size_of::<PolCidrData>(), 12);
-        assert_eq!(std::mem::size_of::<PolFlow>(), 16);
+        assert_eq!(std::mem::size_of::<PolIdKey>(), 20);
+        assert_eq!(std::mem::size_of::<PolCidrData>(), 24);
+        assert_eq!(std::mem::size_of::<PolFlow>(), 40);
         assert_eq!(std::mem::offset_of!(PolRange, proto), 4);
-        assert_eq!(std::mem::offset_of!(PolFlow, sport), 8);
+        assert_eq!(std::mem::offset_of!(PolFlow, sport), 32);
+    }
+
+    /// The object's policy maps have the key and value sizes of the mirrors here (an LPM
+    /// key is the prefix length then the data).
+    #[test]
+    fn policy_maps_of_the_object_match_the_mirrors() {
+        use std::mem::size_of;
+        let want: [(&str, usize, usize); 7] = [
+            (MAP_POL_IDS, size_of::<PolIdKey>(), 4),
+            (MAP_POL_ISO, size_of::<PolIsoKey>(), 4),
+            (
+                MAP_POL_PEERS,
+                size_of::<PolPeerKey>(),
+                size_of::<PolPorts>(),
+            ),
+            (
+                MAP_POL_CIDRS,
+                4 + size_of::<PolCidrData>(),
+                size_of::<PolPorts>(),
+            ),
+            (MAP_POL_FLOWS, size_of::<PolFlow>(), 4),
+            (MAP_POL_DROPS, size_of::<PolAddr>(), 8),
+            (MAP_POL_GEN, 4, 4),
+        ];
+        for (name, key, value) in want {
+            for object in [crate::POD, crate::SOCKMAP] {
+                let Some(l) = crate::map_layout(object, name) else {
+                    assert!(
+                        !POLICY_RULE_MAPS.contains(&name) || object != crate::SOCKMAP,
+                        "{name} missing from the sockmap object"
+                    );
+                    continue;
+                };
+                assert_eq!(
+                    (l.key_size as usize, l.value_size as usize),
+                    (key, value),
+                    "{name}"
+                );
+            }
+            assert!(crate::map_layout(crate::POD, name).is_some(), "{name}");
+        }
+    }
+
+    #[test]
+    fn pol_addr_holds_ipv4_in_its_mapped_form() {
+        let a = PolAddr::new("10.1.2.3".parse().unwrap());
+        assert_eq!(a.0[10..], [0xff, 0xff, 10, 1, 2, 3]);
+        assert_eq!(a.ip(), "10.1.2.3".parse::<std::net::IpAddr>().unwrap());
+        let b = PolAddr::new("fd00::1".parse().unwrap());
+        assert_eq!(b.ip(), "fd00::1".parse::<std::net::IpAddr>().unwrap());
     }
 
     #[test]

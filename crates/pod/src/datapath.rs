@@ -49,8 +49,43 @@ pub fn prepare_pins(host: &Host) -> Result<(), PodError> {
     crate::state::create_dir_all_racy(&host.pin_dir())
 }
 
+/// Removes the pins among `names` in `pins` whose map has another layout (key or value size,
+/// entries, flags) than `object` defines, so that loading `object` makes them anew: the
+/// pinned maps of an older nsfast with other table layouts. Programs already attached keep
+/// the maps they hold (docs/security.md, "Known gaps": pods from an older nsfast keep their
+/// programs until re-added).
+pub fn replace_stale_pins(pins: &Path, object: &[u8], names: &[&str]) -> Result<(), PodError> {
+    for name in names {
+        let p = pins.join(name);
+        if !p.exists() {
+            continue;
+        }
+        let Some(want) = nsfast_bpf::map_layout(object, name) else {
+            continue;
+        };
+        let info = aya::maps::MapInfo::from_pin(&p)
+            .map_err(PodError::map(format!("open {}", p.display())))?;
+        let have = nsfast_bpf::MapLayout {
+            map_type: want.map_type, // (not compared: the sizes tell the layouts apart)
+            key_size: info.key_size(),
+            value_size: info.value_size(),
+            max_entries: info.max_entries(),
+            map_flags: info.map_flags(),
+        };
+        if have != want {
+            tracing::warn!(
+                "{}: pinned by an nsfast with another layout ({have:?}, this one has {want:?}); made anew",
+                p.display()
+            );
+            std::fs::remove_file(&p).map_err(PodError::io(format!("remove {}", p.display())))?;
+        }
+    }
+    Ok(())
+}
+
 /// Loads the object with the host's maps (created and pinned on first use).
 fn load(host_pins: &Path) -> Result<Ebpf, PodError> {
+    replace_stale_pins(host_pins, nsfast_bpf::POD, &abi::POLICY_MAPS)?;
     let mut loader = EbpfLoader::new();
     for m in [abi::MAP_ENDPOINTS, abi::MAP_ENDPOINTS6, abi::MAP_COUNTERS]
         .into_iter()
@@ -449,10 +484,13 @@ pub fn tcx_uplinks(host: &Host) -> Vec<String> {
     v
 }
 
-/// What the policy maps of a host should hold (`bpf/lib/pod_policy.h`): built by
-/// `crate::policy::sync` from the compiled tables.
+/// What the policy maps of a host should hold (`bpf/lib/pod_policy_rules.h`): built by
+/// `crate::policy::sync` from the compiled tables, without table slots (directions are
+/// `POL_INGRESS`/`POL_EGRESS`): [`write_policy_maps`] puts them in one.
 #[derive(Debug, Default, Clone, PartialEq)]
 pub struct PolicyMaps {
+    /// Every address of every local pod → the pod's id (nonzero).
+    pub ids: std::collections::BTreeMap<abi::PolAddr, u32>,
     pub iso: std::collections::BTreeSet<abi::PolIsoKey>,
     pub peers: std::collections::BTreeMap<abi::PolPeerKey, abi::PolPorts>,
     /// (prefix length including the 64 bits of pod and direction, data) → ports.
@@ -469,108 +507,148 @@ fn pinned(host: &Host, name: &str) -> Result<Option<MapData>, PodError> {
         .map_err(PodError::map(format!("open {}", p.display())))
 }
 
-/// Makes the host's policy maps hold `want`: entries added or replaced first, then stale ones
-/// removed, then the generation advanced, so that every reply flow and shortcut pair
-/// recorded before is checked again against the new rules when next used (a change that
-/// now denies a connection stops it; one that allows it keeps it). Nothing to do on a host
-/// whose maps are not pinned yet (no pod). The maps change entry by entry: a packet during
-/// the change sees some entries of each generation.
+/// The generation after `gen`: one more, skipping 0 (which means "never written"), so that
+/// the table slot (the low bit) alternates also across the wrap.
+pub fn next_generation(gen: u32) -> u32 {
+    match gen.wrapping_add(1) {
+        0 => 2,
+        n => n,
+    }
+}
+
+/// The crash point of a policy map write ([`crate::fault::CRASH_ENV`]): the new slot is
+/// written, the generation not advanced yet.
+pub const POLICY_MAPS_WRITTEN: &str = "policy-maps-written";
+
+/// Makes the host's policy maps enforce `want`, at once: the slot that the current
+/// generation does not use is emptied and filled with `want`, then the generation advances,
+/// which makes packets and shortcut pairs read that slot (`bpf/lib/pod_policy_rules.h`).
+/// A packet sees the old rules or the new ones, never a mix; a write killed before the
+/// generation advanced left the rules packets see as they were, and the next write (every
+/// policy change and `pod add`/`del` writes) empties that slot again. Every reply flow and
+/// shortcut pair recorded before is checked again against the new rules when next used (a
+/// change that now denies a connection stops it; one that allows it keeps it). Nothing to do
+/// on a host whose maps are not pinned yet (no pod).
 pub fn write_policy_maps(host: &Host, want: &PolicyMaps) -> Result<bool, PodError> {
     use aya::maps::lpm_trie::{Key, LpmTrie};
     use aya::maps::HashMap as H;
-    let (Some(iso), Some(peers), Some(cidrs), Some(flows)) = (
+    let (Some(ids), Some(iso), Some(peers), Some(cidrs), Some(flows), Some(gen)) = (
+        pinned(host, abi::MAP_POL_IDS)?,
         pinned(host, abi::MAP_POL_ISO)?,
         pinned(host, abi::MAP_POL_PEERS)?,
         pinned(host, abi::MAP_POL_CIDRS)?,
         pinned(host, abi::MAP_POL_FLOWS)?,
+        pinned(host, abi::MAP_POL_GEN)?,
     ) else {
         return Ok(false);
     };
     let e = |what: &'static str| PodError::map(format!("policy map {what}"));
+    let mut ids: H<MapData, abi::PolIdKey, u32> =
+        H::try_from(Map::HashMap(ids)).map_err(e("ids type"))?;
     let mut iso: H<MapData, abi::PolIsoKey, u32> =
         H::try_from(Map::HashMap(iso)).map_err(e("iso type"))?;
     let mut peers: H<MapData, abi::PolPeerKey, abi::PolPorts> =
         H::try_from(Map::HashMap(peers)).map_err(e("peers type"))?;
     let mut cidrs: LpmTrie<MapData, abi::PolCidrData, abi::PolPorts> =
         LpmTrie::try_from(Map::LpmTrie(cidrs)).map_err(e("cidrs type"))?;
-    // Allows first, isolation after: a pod that becomes isolated has its allows in place.
+    let mut gen: aya::maps::Array<MapData, u32> =
+        aya::maps::Array::try_from(Map::Array(gen)).map_err(e("generation type"))?;
+    let next = next_generation(gen.get(&0, 0).map_err(e("generation read"))?);
+    let slot = next & 1;
+    let in_slot = |dir: u32| dir >> 1 == slot;
+    // Empty the slot (what a write two generations ago, or a killed one, left there).
+    let old: Vec<abi::PolIdKey> = ids
+        .keys()
+        .filter_map(Result::ok)
+        .filter(|k| k.slot == slot)
+        .collect();
+    for k in old {
+        ids.remove(&k).map_err(e("ids remove"))?;
+    }
+    let old: Vec<abi::PolIsoKey> = iso
+        .keys()
+        .filter_map(Result::ok)
+        .filter(|k| in_slot(k.dir))
+        .collect();
+    for k in old {
+        iso.remove(&k).map_err(e("iso remove"))?;
+    }
+    let old: Vec<abi::PolPeerKey> = peers
+        .keys()
+        .filter_map(Result::ok)
+        .filter(|k| in_slot(k.dir))
+        .collect();
+    for k in old {
+        peers.remove(&k).map_err(e("peers remove"))?;
+    }
+    let old: Vec<Key<abi::PolCidrData>> = cidrs
+        .keys()
+        .filter_map(Result::ok)
+        .filter(|k| in_slot(u32::from_be(k.data().dir_be)))
+        .collect();
+    for k in old {
+        cidrs.remove(&k).map_err(e("cidrs remove"))?;
+    }
+    // Fill it.
+    for (addr, id) in &want.ids {
+        let k = abi::PolIdKey { slot, addr: *addr };
+        ids.insert(k, id, 0).map_err(e("ids insert"))?;
+    }
+    for k in &want.iso {
+        let k = abi::PolIsoKey {
+            dir: abi::pol_slot_dir(k.dir, slot),
+            ..*k
+        };
+        iso.insert(k, 1, 0).map_err(e("iso insert"))?;
+    }
     for (k, v) in &want.peers {
+        let k = abi::PolPeerKey {
+            dir: abi::pol_slot_dir(k.dir, slot),
+            ..*k
+        };
         peers.insert(k, v, 0).map_err(e("peers insert"))?;
     }
     for ((len, d), v) in &want.cidrs {
+        let d = abi::PolCidrData {
+            dir_be: abi::pol_slot_dir(u32::from_be(d.dir_be), slot).to_be(),
+            ..*d
+        };
         cidrs
-            .insert(&Key::new(*len, *d), v, 0)
+            .insert(&Key::new(*len, d), v, 0)
             .map_err(e("cidrs insert"))?;
     }
-    for k in &want.iso {
-        iso.insert(k, 1, 0).map_err(e("iso insert"))?;
-    }
-    let stale: Vec<abi::PolIsoKey> = iso
-        .keys()
-        .filter_map(Result::ok)
-        .filter(|k| !want.iso.contains(k))
-        .collect();
-    for k in stale {
-        iso.remove(&k).map_err(e("iso remove"))?;
-    }
-    let stale: Vec<abi::PolPeerKey> = peers
-        .keys()
-        .filter_map(Result::ok)
-        .filter(|k| !want.peers.contains_key(k))
-        .collect();
-    for k in stale {
-        peers.remove(&k).map_err(e("peers remove"))?;
-    }
-    let stale: Vec<Key<abi::PolCidrData>> = cidrs
-        .keys()
-        .filter_map(Result::ok)
-        .filter(|k| !want.cidrs.contains_key(&(k.prefix_len(), k.data())))
-        .collect();
-    for k in stale {
-        cidrs.remove(&k).map_err(e("cidrs remove"))?;
-    }
+    crate::fault::crash_point(POLICY_MAPS_WRITTEN);
     // Flows without a connection (UDP and the rest: any packet records one, either way) are
     // forgotten: the next packet of an allowed one records it again. TCP flows, recorded by
-    // their SYN alone, are kept and checked again under the new generation; the programs of
-    // an nsfast without generations (no pinned nsf_pol_gen) only see the flows that are
-    // there, so for them every flow is forgotten.
-    let gen = pinned(host, abi::MAP_POL_GEN)?;
+    // their SYN alone, are kept and checked again under the new generation.
     let mut flows: H<MapData, abi::PolFlow, u32> =
         H::try_from(Map::LruHashMap(flows)).map_err(e("flows type"))?;
     let forget: Vec<abi::PolFlow> = flows
         .keys()
         .filter_map(Result::ok)
-        .filter(|f| gen.is_none() || f.proto != abi::PROTO_TCP)
+        .filter(|f| f.proto != abi::PROTO_TCP)
         .collect();
     for k in forget {
         let _ = flows.remove(&k);
     }
-    if let Some(gen) = gen {
-        let mut gen: aya::maps::Array<MapData, u32> =
-            aya::maps::Array::try_from(Map::Array(gen)).map_err(e("generation type"))?;
-        let next = gen
-            .get(&0, 0)
-            .map_err(e("generation read"))?
-            .wrapping_add(1)
-            .max(1);
-        gen.set(0, next, 0).map_err(e("generation write"))?;
-    }
+    gen.set(0, next, 0).map_err(e("generation write"))?;
     Ok(true)
 }
 
-/// Packets the policies dropped, per pod IPv4 address (summed over CPUs).
+/// Packets the policies dropped, per pod address (summed over CPUs).
 pub fn policy_drops(
     host: &Host,
-) -> Result<std::collections::BTreeMap<std::net::Ipv4Addr, u64>, PodError> {
+) -> Result<std::collections::BTreeMap<std::net::IpAddr, u64>, PodError> {
     use aya::maps::PerCpuHashMap;
     let mut out = std::collections::BTreeMap::new();
     let Some(md) = pinned(host, abi::MAP_POL_DROPS)? else {
         return Ok(out);
     };
-    let m: PerCpuHashMap<MapData, u32, u64> = PerCpuHashMap::try_from(Map::PerCpuHashMap(md))
-        .map_err(PodError::map("policy drop map type"))?;
+    let m: PerCpuHashMap<MapData, abi::PolAddr, u64> =
+        PerCpuHashMap::try_from(Map::PerCpuHashMap(md))
+            .map_err(PodError::map("policy drop map type"))?;
     for (k, v) in m.iter().filter_map(Result::ok) {
-        out.insert(std::net::Ipv4Addr::from(k.to_ne_bytes()), v.iter().sum());
+        out.insert(k.ip(), v.iter().sum());
     }
     Ok(out)
 }

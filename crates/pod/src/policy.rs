@@ -202,7 +202,7 @@ pub fn set_namespace(host: &Host, namespace: &str, labels: Labels) -> Result<u64
 pub fn cluster(p: &Policies, pods: &[PodRecord]) -> Cluster {
     let mut c = Cluster::default();
     // (A CNI intent written before IPAM leased the address has none yet.)
-    for r in pods.iter().filter(|r| !r.ip.is_unspecified()) {
+    for r in pods.iter().filter(|r| !r.addrs().is_empty()) {
         c.pods.push(PodInfo {
             namespace: r.identity.namespace.clone(),
             name: r.name.clone(),
@@ -357,30 +357,27 @@ fn write(d: &Path, p: &mut Policies) -> Result<u64, PodError> {
 /// Makes the datapath enforce the host's stored policies over its pods: compiles them
 /// (`nsfast_policy::compile`) and writes the policy maps. Called with the host's lock held
 /// by every policy change and by `pod add`/`del` (a pod's arrival or departure changes what
-/// selectors choose). `Ok(false)`: the host has no maps yet (no pod). IPv4 only: IPv6
-/// traffic is not looked at by the policy checks.
+/// selectors choose). `Ok(false)`: the host has no maps yet (no pod).
 pub fn sync(host: &Host, _lock: &HostLock) -> Result<bool, PodError> {
     let p = load(host)?;
     let maps = tables(&p, &host.records()?)?;
     datapath::write_policy_maps(host, &maps)
 }
 
-/// The policy maps' contents for `p` over `pods`.
+/// The policy maps' contents for `p` over `pods`: pod `i` of the cluster has id `i + 1`, for
+/// each of its addresses; an IPv4 prefix is held in its `::ffff:` form (96 more bits).
 pub fn tables(p: &Policies, pods: &[PodRecord]) -> Result<PolicyMaps, PodError> {
     use std::net::IpAddr;
     let c = cluster(p, pods);
     let compiled = nsfast_policy::compile(&c, &p.checked());
-    let v4 = |i: usize| {
-        c.pods[i].ips.iter().find_map(|a| match a {
-            IpAddr::V4(v) => Some(u32::from_ne_bytes(v.octets())),
-            IpAddr::V6(_) => None,
-        })
-    };
+    let id = |i: usize| i as u32 + 1;
     let mut m = PolicyMaps::default();
-    for i in 0..c.pods.len() {
-        let Some(pod) = v4(i) else {
-            continue;
-        };
+    for (i, pod) in c.pods.iter().enumerate() {
+        for a in &pod.ips {
+            m.ids.insert(abi::PolAddr::new(*a), id(i));
+        }
+    }
+    for (i, pod) in c.pods.iter().enumerate() {
         for (dir, d) in [
             (abi::POL_INGRESS, &compiled.pods[i].ingress),
             (abi::POL_EGRESS, &compiled.pods[i].egress),
@@ -388,28 +385,39 @@ pub fn tables(p: &Policies, pods: &[PodRecord]) -> Result<PolicyMaps, PodError> 
             if !d.isolated {
                 continue;
             }
-            let name = &c.pods[i].name;
-            m.iso.insert(abi::PolIsoKey { pod, dir });
+            let (me, name) = (id(i), &pod.name);
+            m.iso.insert(abi::PolIsoKey { pod: me, dir });
             if !d.any.is_empty() {
-                m.peers
-                    .insert(abi::PolPeerKey { pod, peer: 0, dir }, ports(&d.any, name)?);
+                m.peers.insert(
+                    abi::PolPeerKey {
+                        pod: me,
+                        peer: 0,
+                        dir,
+                    },
+                    ports(&d.any, name)?,
+                );
             }
             for (j, s) in &d.peers {
-                if let Some(peer) = v4(*j) {
-                    m.peers
-                        .insert(abi::PolPeerKey { pod, peer, dir }, ports(s, name)?);
-                }
+                m.peers.insert(
+                    abi::PolPeerKey {
+                        pod: me,
+                        peer: id(*j),
+                        dir,
+                    },
+                    ports(s, name)?,
+                );
             }
             for (cidr, s) in &d.cidrs {
-                if let IpAddr::V4(a) = cidr.addr {
-                    let data = abi::PolCidrData {
-                        pod,
-                        dir_be: dir.to_be(),
-                        addr: u32::from_ne_bytes(a.octets()),
-                    };
-                    m.cidrs
-                        .insert((64 + u32::from(cidr.prefix), data), ports(s, name)?);
-                }
+                let bits = match cidr.addr {
+                    IpAddr::V4(_) => 96 + u32::from(cidr.prefix),
+                    IpAddr::V6(_) => u32::from(cidr.prefix),
+                };
+                let data = abi::PolCidrData {
+                    pod: me,
+                    dir_be: dir.to_be(),
+                    addr: abi::PolAddr::new(cidr.addr),
+                };
+                m.cidrs.insert((64 + bits, data), ports(s, name)?);
             }
         }
     }
@@ -448,4 +456,79 @@ fn ports(s: &nsfast_policy::compile::PortSet, pod: &str) -> Result<abi::PolPorts
     out.n = ranges.len() as u32;
     out.r[..ranges.len()].copy_from_slice(&ranges);
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(name: &str, ip: &str, ip6: Option<&str>, app: &str) -> PodRecord {
+        let ip6 = ip6.map_or(String::new(), |a| format!(r#""ip6":"{a}","prefix6":64,"#));
+        let body = format!(
+            r#"{{"name":"{name}","ip":"{ip}","prefix":24,"gateway":"169.254.1.1",{ip6}
+            "datapath":"veth","host":"h","netns":"n-{name}","netns_owned":true,
+            "host_if":"nsf-{name}","host_ifindex":3,"pod_if":"eth0","pod_mac":"","host_mac":"",
+            "link_pins":[],"namespace":"x","labels":{{"app":"{app}"}}}}"#
+        );
+        crate::state::parse_record(body.as_bytes()).unwrap()
+    }
+
+    fn policies(yaml: &str) -> Policies {
+        Policies {
+            generation: 1,
+            policies: nsfast_policy::parse(yaml).unwrap(),
+            namespaces: BTreeMap::new(),
+        }
+    }
+
+    /// Every address of a pod names the same id, IPv6-only pods included; rules name pods by
+    /// id; an IPv4 prefix is held in its ::ffff: form, an IPv6 one as it is.
+    #[test]
+    fn tables_name_pods_by_id_in_both_families() {
+        let pods = [
+            record("a", "10.1.0.2", Some("fd00::2"), "db"),
+            record("b", "10.1.0.3", None, "web"),
+            record("c", "0.0.0.0", Some("fd00::4"), "web"),
+        ];
+        let p = policies(
+            "apiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\n\
+             metadata: {name: db, namespace: x}\n\
+             spec:\n  podSelector: {matchLabels: {app: db}}\n  ingress:\n\
+             \x20 - from: [{podSelector: {matchLabels: {app: web}}}]\n\
+             \x20 - from: [{ipBlock: {cidr: 192.0.2.0/24}}, {ipBlock: {cidr: '2001:db8::/32'}}]\n",
+        );
+        let m = tables(&p, &pods).unwrap();
+        let id = |a: &str| m.ids[&abi::PolAddr::new(a.parse().unwrap())];
+        assert_eq!(m.ids.len(), 4);
+        assert_eq!(id("10.1.0.2"), id("fd00::2"));
+        assert_ne!(id("10.1.0.3"), id("fd00::4"));
+        let a = id("10.1.0.2");
+        assert_eq!(
+            m.iso.iter().copied().collect::<Vec<_>>(),
+            [abi::PolIsoKey {
+                pod: a,
+                dir: abi::POL_INGRESS
+            }]
+        );
+        let peers: Vec<u32> = m.peers.keys().map(|k| k.peer).collect();
+        assert_eq!(peers, [id("10.1.0.3"), id("fd00::4")]);
+        let cidrs: Vec<(u32, std::net::IpAddr)> =
+            m.cidrs.keys().map(|(len, d)| (*len, d.addr.ip())).collect();
+        assert!(
+            cidrs.contains(&(64 + 96 + 24, "192.0.2.0".parse().unwrap())),
+            "{cidrs:?}"
+        );
+        assert!(
+            cidrs.contains(&(64 + 32, "2001:db8::".parse().unwrap())),
+            "{cidrs:?}"
+        );
+    }
+
+    #[test]
+    fn generations_skip_zero_so_slots_alternate() {
+        assert_eq!(datapath::next_generation(0), 1);
+        assert_eq!(datapath::next_generation(1), 2);
+        assert_eq!(datapath::next_generation(u32::MAX), 2);
+        assert_eq!(datapath::next_generation(u32::MAX) & 1, 0, "u32::MAX is odd");
+    }
 }

@@ -257,6 +257,11 @@ fn build(
     loader.override_global(abi::GLOBAL_QUEUE_LIMIT, &abi::DEFAULT_QUEUE_LIMIT, true);
     // The host's NetworkPolicy tables and generation, shared with its pod programs (created
     // here if no pod has made them yet): a pair checks its connection again after a change.
+    crate::datapath::replace_stale_pins(
+        &host.pin_dir(),
+        nsfast_bpf::SOCKMAP,
+        &pabi::POLICY_RULE_MAPS,
+    )?;
     for m in pabi::POLICY_RULE_MAPS {
         loader.map_pin_path(m, host.pin_dir().join(m));
     }

@@ -114,13 +114,19 @@ pub fn probes(cluster: &Cluster, addr: &dyn Fn(&str) -> IpAddr) -> Vec<(String, 
     v
 }
 
-/// Fills `{x/a}`-style placeholders with the endpoint's address.
+/// Fills `{x/a}`-style placeholders with the endpoint's address; with IPv6 addresses, the
+/// cases' `0.0.0.0/0` becomes `::/0`.
 pub fn render(template: &str, addr: &dyn Fn(&str) -> IpAddr) -> String {
     let mut s = template.to_string();
+    let mut v6 = false;
     for e in endpoints() {
         let a = addr(&e);
+        v6 |= a.is_ipv6();
         let host = if a.is_ipv4() { 32 } else { 128 };
         s = s.replace(&format!("{{{e}/net}}"), &format!("{a}/{host}"));
+    }
+    if v6 {
+        s = s.replace("0.0.0.0/0", "::/0");
     }
     s
 }

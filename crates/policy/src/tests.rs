@@ -2,7 +2,7 @@
 //! reference evaluator, and the compiled tables against the evaluator on generated worlds.
 
 use std::collections::BTreeMap;
-use std::net::{IpAddr, Ipv4Addr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use proptest::prelude::*;
 
@@ -24,8 +24,28 @@ fn addr(e: &str) -> IpAddr {
     IpAddr::V4(Ipv4Addr::new(10, 244, ni, 10 + pi))
 }
 
-fn policies(yaml: &str) -> Vec<Policy> {
-    parse(&cases::render(yaml, &addr))
+/// The same world in IPv6.
+fn addr6(e: &str) -> IpAddr {
+    match addr(e) {
+        IpAddr::V4(a) => {
+            let [_, _, n, p] = a.octets();
+            IpAddr::V6(Ipv6Addr::new(
+                0xfd44,
+                0,
+                0,
+                0,
+                0,
+                0,
+                u16::from(n),
+                u16::from(p),
+            ))
+        }
+        v6 => v6,
+    }
+}
+
+fn policies_in(yaml: &str, addr: &dyn Fn(&str) -> IpAddr) -> Vec<Policy> {
+    parse(&cases::render(yaml, addr))
         .unwrap_or_else(|e| panic!("{e}\n{yaml}"))
         .into_iter()
         .map(|p| p.policy)
@@ -35,10 +55,21 @@ fn policies(yaml: &str) -> Vec<Policy> {
 /// The case's truth table: every probe's expected and evaluated verdicts, mismatches listed
 /// as the upstream suite prints them.
 fn check_case(c: &Case, judge: &dyn Fn(&Cluster, &[Policy], &Probe) -> bool) -> Vec<String> {
-    let world = cases::world(&addr);
-    let pols = policies(c.yaml);
+    let mut wrong = check_case_in(c, judge, &addr);
+    wrong.extend(check_case_in(c, judge, &addr6));
+    wrong
+}
+
+/// [`check_case`] in the world whose addresses `addr` gives (IPv4 or IPv6).
+fn check_case_in(
+    c: &Case,
+    judge: &dyn Fn(&Cluster, &[Policy], &Probe) -> bool,
+    addr: &dyn Fn(&str) -> IpAddr,
+) -> Vec<String> {
+    let world = cases::world(addr);
+    let pols = policies_in(c.yaml, addr);
     let mut wrong = Vec::new();
-    for (s, d, probe) in cases::probes(&world, &addr) {
+    for (s, d, probe) in cases::probes(&world, addr) {
         let want = (c.expect)(&s, &d, probe.protocol, probe.port);
         let got = judge(&world, &pols, &probe);
         if want != got {

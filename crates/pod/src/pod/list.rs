@@ -39,8 +39,10 @@ pub fn list(host: Option<&str>) -> Result<Listing, PodError> {
     });
     let policy_drops = pods
         .iter()
-        .filter(|r| !r.ip.is_unspecified())
-        .filter_map(|r| drops.get(&r.ip).map(|n| (r.name.clone(), *n)))
+        .filter_map(|r| {
+            let n: u64 = r.addrs().iter().filter_map(|a| drops.get(a)).sum();
+            (n > 0).then(|| (r.name.clone(), n))
+        })
         .collect();
     let counters = abi::COUNTERS
         .iter()
