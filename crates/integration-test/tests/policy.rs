@@ -439,3 +439,75 @@ spec:
     );
     drop(listener);
 }
+
+/// A policy change reaches the datapath at once: killed after the new rules are written but
+/// before the generation advanced (`policy-maps-written`), the datapath enforces the old rules
+/// whole (the old peer allowed, the new one still denied; an entry-by-entry write would
+/// already allow both); the next command finishes the change, whole.
+#[test]
+fn a_killed_policy_write_leaves_the_old_rules_whole_and_a_retry_the_new() {
+    require_root();
+    let mut h = TestHost::new();
+    let host = h.name.clone();
+    let pods = [
+        (unique("pdb"), "10.77.1.2/24", "db"),
+        (unique("pweb"), "10.77.1.3/24", "web"),
+        (unique("papi"), "10.77.1.4/24", "api"),
+    ];
+    for (name, ip, app) in &pods {
+        h.pods.push(name.clone());
+        let label = format!("app={app}");
+        nsfast_ok(&[
+            "pod", "add", name, "--ip", ip, "--host", &host, "--mode", "veth", "--label", &label,
+        ]);
+    }
+    let to: std::net::SocketAddr = "10.77.1.2:8080".parse().unwrap();
+    let listener = NetNs::open(&pods[0].0)
+        .unwrap()
+        .run(move || std::net::TcpListener::bind(to).unwrap())
+        .unwrap();
+    let allow_from = |app: &str| {
+        format!(
+            "apiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\n\
+             metadata: {{name: db}}\n\
+             spec:\n  podSelector: {{matchLabels: {{app: db}}}}\n\
+             \x20 ingress: [{{from: [{{podSelector: {{matchLabels: {{app: {app}}}}}}}]}}]\n"
+        )
+    };
+    let (deny_wait, allow_wait) = (
+        std::time::Duration::from_millis(1500),
+        std::time::Duration::from_secs(5),
+    );
+    let verdicts = || {
+        (
+            connects(&pods[1].0, to, allow_wait),
+            connects(&pods[2].0, to, deny_wait),
+        )
+    };
+    let apply = ["policy", "apply", "-f", "-", "--host", host.as_str()];
+    let o = nsfast_stdin(&apply, &allow_from("web"));
+    assert!(o.status.success(), "{}", text(&o));
+    assert_eq!(verdicts(), (true, false), "web allowed, api denied");
+
+    let o = common::nsfast_stdin_env(
+        &apply,
+        &allow_from("api"),
+        &[(
+            nsfast_pod::fault::CRASH_ENV,
+            nsfast_pod::datapath::POLICY_MAPS_WRITTEN,
+        )],
+    );
+    assert_eq!(o.status.signal(), Some(9), "{}", text(&o));
+    assert_eq!(
+        verdicts(),
+        (true, false),
+        "killed before the generation advanced: the old rules, whole"
+    );
+    // The retry: the stored change is there already ("unchanged"), and its write finishes.
+    let o = nsfast_stdin(&apply, &allow_from("api"));
+    assert!(o.status.success(), "{}", text(&o));
+    let (web, _) = verdicts();
+    let api = connects(&pods[2].0, to, allow_wait);
+    assert_eq!((web, api), (false, true), "the new rules, whole");
+    drop(listener);
+}

@@ -529,6 +529,10 @@ mod tests {
         assert_eq!(datapath::next_generation(0), 1);
         assert_eq!(datapath::next_generation(1), 2);
         assert_eq!(datapath::next_generation(u32::MAX), 2);
-        assert_eq!(datapath::next_generation(u32::MAX) & 1, 0, "u32::MAX is odd");
+        assert_eq!(
+            datapath::next_generation(u32::MAX) & 1,
+            0,
+            "u32::MAX is odd"
+        );
     }
 }

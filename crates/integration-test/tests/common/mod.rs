@@ -23,17 +23,24 @@ pub fn nsfast_env(args: &[&str], env: &[(&str, &str)]) -> Output {
 
 /// Runs nsfast with `args` and `stdin` as its standard input (as [`nsfast_env`] does).
 pub fn nsfast_stdin(args: &[&str], stdin: &str) -> Output {
+    nsfast_stdin_env(args, stdin, &[])
+}
+
+/// [`nsfast_stdin`] with more environment variables.
+pub fn nsfast_stdin_env(args: &[&str], stdin: &str, env: &[(&str, &str)]) -> Output {
     use std::io::Write;
     use std::process::Stdio;
-    let mut c = Command::new(nsfast_bin())
-        .args(args)
+    let mut cmd = Command::new(nsfast_bin());
+    cmd.args(args)
         .env("RUST_LOG", "warn")
         .env_remove(nsfast_pod::pod::CRASH_ENV)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("run nsfast");
+        .stderr(Stdio::piped());
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let mut c = cmd.spawn().expect("run nsfast");
     c.stdin
         .take()
         .expect("nsfast's stdin")
