@@ -671,8 +671,13 @@ mod tests {
     /// namespace's mount (its delete would fail with EBUSY and leak the namespace).
     #[test]
     fn create_shares_run_netns_so_ip_netns_add_does_not_hide_it() {
-        if !nix::unistd::geteuid().is_root() || Command::new("ip").arg("-V").output().is_err() {
-            eprintln!("skipped: needs root and iproute2");
+        // iproute2's `ip netns` (busybox's `ip`, as in the VM guests, has none).
+        let ip_netns = Command::new("ip")
+            .args(["netns", "list"])
+            .output()
+            .is_ok_and(|o| o.status.success());
+        if !nix::unistd::geteuid().is_root() || !ip_netns {
+            eprintln!("skipped: needs root and iproute2's `ip netns`");
             return;
         }
         let tag = format!("nsft{}x0-sh", std::process::id());
