@@ -13,6 +13,13 @@ int nsf_pod_from_container(struct __sk_buff *skb)
 	return nsf_from_pod(skb, ETH_HLEN, 0, TC_ACT_OK);
 }
 
+/* TCX egress of a pod's host-side veth: what the host stack sends into the pod. */
+SEC("classifier/to_container")
+int nsf_pod_to_container(struct __sk_buff *skb)
+{
+	return nsf_from_stack(skb, TC_ACT_OK);
+}
+
 /* TCX ingress of the uplink ("wire") device: frames for local pods jump into them. */
 SEC("classifier/from_wire")
 int nsf_pod_from_wire(struct __sk_buff *skb)
@@ -40,11 +47,12 @@ int nsf_pod_netkit_peer_l3(struct __sk_buff *skb)
 	return nsf_from_pod(skb, ETH_HLEN, 1, NETKIT_NEXT);
 }
 
-/* BPF_NETKIT_PRIMARY: traffic to the pod from the host stack; nothing to do but pass. */
+/* BPF_NETKIT_PRIMARY: traffic to the pod from the host stack (and what nsf_to_pod
+ * redirects to the primary). */
 SEC("classifier/netkit_primary")
 int nsf_pod_netkit_primary(struct __sk_buff *skb)
 {
-	return NETKIT_NEXT;
+	return nsf_from_stack(skb, NETKIT_NEXT);
 }
 
 char _license[] SEC("license") = "Dual MIT/GPL";

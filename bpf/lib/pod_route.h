@@ -792,3 +792,48 @@ NSF_INLINE long nsf_from_wire(struct __sk_buff *skb)
 	nsf_count(NSF_CNT_WIRE_TO_POD);
 	return rc;
 }
+
+/*
+ * A packet the host stack sends into a pod (TCX egress of a veth pod's host-side device; the
+ * primary program of a netkit pair, which also sees what nsf_to_pod redirects there). What
+ * a local pod sent was checked at its source (nsf_from_pod: its egress and this pod's
+ * ingress), and the node's own traffic (made in the host namespace: it came in on no device,
+ * ingress_ifindex 0) is always allowed, as Kubernetes defines it. Anything else reached the pod through the host stack from elsewhere (a wire without the
+ * wire program, the inbound of a --host-firewall pod after the host's rules) and meets the
+ * pod's ingress policy here, as from the wire.
+ */
+NSF_INLINE long nsf_from_stack(struct __sk_buff *skb, long pass)
+{
+	void *data = (void *)(long)skb->data;
+	void *data_end = (void *)(long)skb->data_end;
+	struct ethhdr *eth = data;
+
+	if ((void *)(eth + 1) > data_end)
+		return pass;
+	if (eth->h_proto == bpf_htons(ETH_P_IP)) {
+		struct iphdr *ip = (void *)(eth + 1);
+
+		if ((void *)(ip + 1) > data_end || ip->ihl < 5)
+			return pass;
+		if (!skb->ingress_ifindex || nsf_endpoint(ip->saddr) || !nsf_endpoint(ip->daddr))
+			return pass;
+		return nsf_pol_check4(skb, ETH_HLEN, ip, 0, 1) ? pass : NSF_DROP;
+	}
+	if (eth->h_proto == bpf_htons(ETH_P_IPV6)) {
+		struct ipv6hdr *ip6 = (void *)(eth + 1);
+
+		if ((void *)(ip6 + 1) > data_end)
+			return pass;
+		/* The pod's own link is not policed: NDP and MLD, the gateway's answers from
+		 * fe80::1 (nsf_ndp_answer sends them back out of this device) included. */
+		if (nsf_ip6_link_local(ip6->daddr.in6_u.u6_addr8) ||
+		    nsf_ip6_multicast(ip6->daddr.in6_u.u6_addr8) ||
+		    nsf_ip6_link_local(ip6->saddr.in6_u.u6_addr8))
+			return pass;
+		if (!skb->ingress_ifindex || nsf_endpoint6(&ip6->saddr) ||
+		    !nsf_endpoint6(&ip6->daddr))
+			return pass;
+		return nsf_pol_check6(skb, ETH_HLEN, ip6, 0, 1) ? pass : NSF_DROP;
+	}
+	return pass;
+}

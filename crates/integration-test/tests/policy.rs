@@ -511,3 +511,87 @@ fn a_killed_policy_write_leaves_the_old_rules_whole_and_a_retry_the_new() {
     assert_eq!((web, api), (false, true), "the new rules, whole");
     drop(listener);
 }
+
+/// Traffic that reaches a pod through the host stack meets the pod's ingress policy at the
+/// pod's own device: from a namespace routed by the host (no wire program on its link) an
+/// isolated pod is closed, the node's own connections stay allowed (Kubernetes: traffic
+/// from the node is always allowed), and an ipBlock for the outside network opens it.
+#[test]
+fn what_the_host_stack_forwards_into_a_pod_meets_its_policy() {
+    require_root();
+    let mut h = TestHost::new();
+    let host = h.name.clone();
+    let pod = unique("pst");
+    h.pods.push(pod.clone());
+    nsfast_ok(&[
+        "pod",
+        "add",
+        &pod,
+        "--ip",
+        "10.77.2.2/24",
+        "--host",
+        &host,
+        "--mode",
+        "veth",
+    ]);
+    // A neighbour namespace on a plain veth: the host routes between it and the pod.
+    let out = unique("pso");
+    h.pods.push(out.clone());
+    NetNs::create(&out).unwrap().persist();
+    let ip = |args: &[&str]| {
+        let o = std::process::Command::new("ip")
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "ip {args:?}: {}", text(&o));
+    };
+    ip(&[
+        "-n", &host, "link", "add", "o0", "type", "veth", "peer", "name", "eth0", "netns", &out,
+    ]);
+    ip(&["-n", &host, "addr", "add", "198.51.100.254/24", "dev", "o0"]);
+    ip(&["-n", &host, "link", "set", "o0", "up"]);
+    ip(&["-n", &out, "addr", "add", "198.51.100.1/24", "dev", "eth0"]);
+    ip(&["-n", &out, "link", "set", "eth0", "up"]);
+    ip(&[
+        "-n",
+        &out,
+        "route",
+        "add",
+        "default",
+        "via",
+        "198.51.100.254",
+    ]);
+    let to: std::net::SocketAddr = "10.77.2.2:8080".parse().unwrap();
+    let listener = NetNs::open(&pod)
+        .unwrap()
+        .run(move || std::net::TcpListener::bind(to).unwrap())
+        .unwrap();
+    let (deny_wait, allow_wait) = (
+        std::time::Duration::from_millis(1500),
+        std::time::Duration::from_secs(5),
+    );
+    assert!(connects(&out, to, allow_wait), "no policy: forwarded in");
+    let apply = ["policy", "apply", "-f", "-", "--host", host.as_str()];
+    let deny = "apiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\n\
+                metadata: {name: deny-in}\nspec:\n  podSelector: {}\n  policyTypes: [Ingress]\n";
+    let o = nsfast_stdin(&apply, deny);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(
+        !connects(&out, to, deny_wait),
+        "a connection forwarded by the host stack passed a deny-all ingress policy"
+    );
+    assert!(
+        connects(&host, to, allow_wait),
+        "the node's own connection was denied"
+    );
+    let allow = "apiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\n\
+                 metadata: {name: from-outside}\nspec:\n  podSelector: {}\n\
+                 \x20 ingress: [{from: [{ipBlock: {cidr: 198.51.100.0/24}}]}]\n";
+    let o = nsfast_stdin(&apply, allow);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(
+        connects(&out, to, allow_wait),
+        "the ipBlock did not open it"
+    );
+    drop(listener);
+}

@@ -13,6 +13,8 @@ pub const GATEWAY6: Ipv6Addr = Ipv6Addr::new(0xfe80, 0, 0, 0, 0, 0, 0, 1);
 pub const MAP_COUNTERS: &str = "nsf_pod_cnt";
 /// TCX ingress of a pod's host-side veth.
 pub const PROG_FROM_CONTAINER: &str = "nsf_pod_from_container";
+/// TCX egress of a pod's host-side veth: what the host stack sends into the pod.
+pub const PROG_TO_CONTAINER: &str = "nsf_pod_to_container";
 /// TCX ingress of an uplink (wire) device.
 pub const PROG_FROM_WIRE: &str = "nsf_pod_from_wire";
 /// `BPF_NETKIT_PEER` program for L2 netkit pairs.

@@ -33,6 +33,11 @@ pub fn link_pin(host: &Host, ifname: &str) -> PathBuf {
     host.pin_dir().join(format!("link-{ifname}"))
 }
 
+/// Pin path of the TCX egress link on a pod's host-side device.
+pub fn egress_link_pin(host: &Host, ifname: &str) -> PathBuf {
+    host.pin_dir().join(format!("link-egress-{ifname}"))
+}
+
 /// Pin path of a netkit link (`which` = "peer" or "primary").
 pub fn netkit_pin(host: &Host, ifname: &str, which: &str) -> PathBuf {
     host.pin_dir().join(format!("netkit-{which}-{ifname}"))
@@ -112,20 +117,21 @@ fn loaded<'a>(ebpf: &'a mut Ebpf, name: &str) -> Result<&'a mut SchedClassifier,
     Ok(prog)
 }
 
-/// Loads the pod object against the pins in `pins` and attaches `prog_name` at the ingress
-/// of `ifname` (in the calling thread's namespace) with `opts`; `how` names the method in
-/// errors. The returned link owns the attachment.
-fn attach_ingress(
+/// Loads the pod object against the pins in `pins` and attaches `prog_name` at `at` (ingress
+/// or egress) of `ifname` (in the calling thread's namespace) with `opts`; `how` names the
+/// method in errors. The returned link owns the attachment.
+fn attach_at(
     pins: &Path,
     prog_name: &str,
     ifname: &str,
+    at: TcAttachType,
     opts: TcAttachOptions,
     how: &str,
 ) -> Result<SchedClassifierLink, PodError> {
     let mut ebpf = load(pins)?;
     let prog = loaded(&mut ebpf, prog_name)?;
     let id = prog
-        .attach_with_options(ifname, TcAttachType::Ingress, opts)
+        .attach_with_options(ifname, at, opts)
         .map_err(PodError::prog(format!(
             "attach {prog_name} to {ifname} ({how})"
         )))?;
@@ -137,14 +143,31 @@ fn attach_ingress(
 /// Attaches `prog_name` at TCX ingress of `ifname` in the host namespace and pins the link at
 /// `pin`. Nothing stays attached on error.
 pub fn attach_tcx(host: &Host, prog_name: &str, ifname: &str, pin: &Path) -> Result<(), PodError> {
+    attach_tcx_at(host, prog_name, ifname, pin, false)
+}
+
+/// [`attach_tcx`] at TCX egress when `egress`.
+pub fn attach_tcx_at(
+    host: &Host,
+    prog_name: &str,
+    ifname: &str,
+    pin: &Path,
+    egress: bool,
+) -> Result<(), PodError> {
     let pins = host.pin_dir();
+    let (at, how) = if egress {
+        (TcAttachType::Egress, "tcx egress")
+    } else {
+        (TcAttachType::Ingress, "tcx ingress")
+    };
     host.ns.run(|| -> Result<(), PodError> {
-        let link = attach_ingress(
+        let link = attach_at(
             &pins,
             prog_name,
             ifname,
+            at,
             TcAttachOptions::TcxOrder(LinkOrder::default()),
-            "tcx ingress",
+            how,
         )?;
         let link: FdLink = link.try_into().map_err(bpf_err("tcx link fd"))?;
         link.pin(pin)
@@ -158,6 +181,27 @@ pub fn attach_tcx(host: &Host, prog_name: &str, ifname: &str, pin: &Path) -> Res
 /// qdisc if the device has none. The kernel picks priority and handle; both are returned for
 /// the state, since a tc filter cannot be pinned. Nothing stays attached on error.
 pub fn attach_tc(host: &Host, prog_name: &str, ifname: &str) -> Result<TcFilter, PodError> {
+    attach_tc_at(host, prog_name, ifname, false)
+}
+
+/// [`attach_tc`] on the clsact egress hook when `egress`.
+pub fn attach_tc_at(
+    host: &Host,
+    prog_name: &str,
+    ifname: &str,
+    egress: bool,
+) -> Result<TcFilter, PodError> {
+    let (at, how) = if egress {
+        (
+            TcAttachType::Egress,
+            "tc clsact egress, cls_bpf direct-action",
+        )
+    } else {
+        (
+            TcAttachType::Ingress,
+            "tc clsact ingress, cls_bpf direct-action",
+        )
+    };
     let pins = host.pin_dir();
     let nl = host.netlink()?;
     let ifindex = nl.link_index(ifname)?;
@@ -172,12 +216,13 @@ pub fn attach_tc(host: &Host, prog_name: &str, ifname: &str) -> Result<TcFilter,
             }
         };
         let attach = || -> Result<(u16, u32), PodError> {
-            let link = attach_ingress(
+            let link = attach_at(
                 &pins,
                 prog_name,
                 ifname,
+                at,
                 TcAttachOptions::Netlink(NlOptions::default()),
-                "tc clsact ingress, cls_bpf direct-action",
+                how,
             )?;
             let priority = link.priority().map_err(PodError::prog("tc priority"))?;
             let handle = u32::from(link.handle().map_err(PodError::prog("tc handle"))?);
@@ -194,6 +239,7 @@ pub fn attach_tc(host: &Host, prog_name: &str, ifname: &str) -> Result<TcFilter,
                 handle,
                 program: prog_name.to_string(),
                 qdisc_added,
+                egress,
             }),
             Err(e) => {
                 if qdisc_added {
@@ -214,7 +260,7 @@ pub fn tc_present(host: &Host, f: &TcFilter) -> Result<bool, PodError> {
         Err(e) => return Err(e.into()),
     }
     Ok(nl
-        .tc_filters(&f.ifname, true)?
+        .tc_filters(&f.ifname, !f.egress)?
         .iter()
         .any(|x| is_ours(x, f)))
 }
@@ -236,9 +282,9 @@ pub fn detach_tc(host: &Host, f: &TcFilter) -> Result<(), PodError> {
         Ok(_) | Err(nsfast_sys::net::NetError::NoSuchLink(_)) => return Ok(()),
         Err(e) => return Err(e.into()),
     }
-    let filters = nl.tc_filters(&f.ifname, true)?;
+    let filters = nl.tc_filters(&f.ifname, !f.egress)?;
     if filters.iter().any(|x| is_ours(x, f)) {
-        nl.tc_filter_delete(&f.ifname, Some(f.ifindex), true, f.priority, f.handle)?;
+        nl.tc_filter_delete(&f.ifname, Some(f.ifindex), !f.egress, f.priority, f.handle)?;
     } else if let Some(x) = filters
         .iter()
         .find(|x| x.priority == f.priority && x.handle == f.handle)

@@ -781,6 +781,9 @@ pub struct TcFilter {
     /// Whether nsfast added the device's clsact qdisc (then it is removed with the filter,
     /// unless other filters were added to it since).
     pub qdisc_added: bool,
+    /// On the clsact egress hook (what the device sends); ingress otherwise.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub egress: bool,
 }
 
 impl Datapath {
@@ -1033,6 +1036,7 @@ mod tests {
             handle: 1,
             program: "nsf_pod_from_wire".into(),
             qdisc_added: true,
+            egress: false,
         };
         let j = serde_json::to_string(&f).unwrap();
         assert_eq!(serde_json::from_str::<TcFilter>(&j).unwrap(), f);

@@ -46,7 +46,10 @@ pub fn intent(host: &Host, opts: &AddOptions, dp: Datapath, attach: AttachMethod
     let host_if = host_ifname(host, &opts.name);
     let link_pins = match dp {
         Datapath::Veth if attach == AttachMethod::Tc => Vec::new(),
-        Datapath::Veth => vec![datapath::link_pin(host, &host_if)],
+        Datapath::Veth => vec![
+            datapath::link_pin(host, &host_if),
+            datapath::egress_link_pin(host, &host_if),
+        ],
         Datapath::NetkitL3 | Datapath::NetkitL2 => vec![
             datapath::netkit_pin(host, &host_if, "peer"),
             datapath::netkit_pin(host, &host_if, "primary"),
@@ -268,13 +271,22 @@ fn attach_programs(
 ) -> Result<(), PodError> {
     datapath::prepare_pins(host)?;
     match dp {
+        // Ingress: what the pod sends; egress: what the host stack sends into it.
         Datapath::Veth if attach == AttachMethod::Tc => {
             let f = datapath::attach_tc(host, abi::PROG_FROM_CONTAINER, host_if)?;
+            let qdisc_added = f.qdisc_added;
+            undo.tc.push(f);
+            let mut f = datapath::attach_tc_at(host, abi::PROG_TO_CONTAINER, host_if, true)?;
+            // The qdisc goes with whichever filter is removed last.
+            f.qdisc_added |= qdisc_added;
             undo.tc.push(f);
         }
         Datapath::Veth => {
             let pin = datapath::link_pin(host, host_if);
             datapath::attach_tcx(host, abi::PROG_FROM_CONTAINER, host_if, &pin)?;
+            undo.pins.push(pin);
+            let pin = datapath::egress_link_pin(host, host_if);
+            datapath::attach_tcx_at(host, abi::PROG_TO_CONTAINER, host_if, &pin, true)?;
             undo.pins.push(pin);
         }
         Datapath::NetkitL3 | Datapath::NetkitL2 => {

@@ -87,23 +87,39 @@ pub fn check(host: &Host, r: &PodRecord) -> Vec<String> {
         match datapath::tc_present(host, f) {
             Ok(true) => {}
             Ok(false) => bad.push(format!(
-                "tc filter {} prio {} handle {:#x} missing from {} ingress",
-                f.program, f.priority, f.handle, f.ifname
+                "tc filter {} prio {} handle {:#x} missing from {} {}",
+                f.program,
+                f.priority,
+                f.handle,
+                f.ifname,
+                if f.egress { "egress" } else { "ingress" }
             )),
             Err(e) => bad.push(format!("query tc filters of {}: {e}", f.ifname)),
         }
     }
     if r.datapath == Datapath::Veth && r.attach == AttachMethod::Tcx {
-        match datapath::tcx_ingress_programs(host, &r.host_if) {
-            Ok(v)
-                if v.iter()
-                    .any(|n| n == abi::kernel_name(abi::PROG_FROM_CONTAINER)) => {}
-            Ok(v) => bad.push(format!(
-                "{} has tcx ingress programs {v:?}, expected {}",
-                r.host_if,
-                abi::PROG_FROM_CONTAINER
-            )),
-            Err(e) => bad.push(format!("query {}: {e}", r.host_if)),
+        let want = [
+            (true, "ingress", abi::PROG_FROM_CONTAINER),
+            (false, "egress", abi::PROG_TO_CONTAINER),
+        ];
+        // A pod made before the egress program existed has no egress link pin.
+        for (ingress, hook, prog) in want {
+            if !ingress
+                && !r
+                    .link_pins
+                    .iter()
+                    .any(|p| p.ends_with(format!("link-egress-{}", r.host_if)))
+            {
+                continue;
+            }
+            match datapath::tcx_programs(&host.ns, &r.host_if, ingress) {
+                Ok(v) if v.iter().any(|n| n == abi::kernel_name(prog)) => {}
+                Ok(v) => bad.push(format!(
+                    "{} has tcx {hook} programs {v:?}, expected {prog}",
+                    r.host_if
+                )),
+                Err(e) => bad.push(format!("query {}: {e}", r.host_if)),
+            }
         }
     }
     for ip in r.addrs() {
