@@ -17,7 +17,8 @@
 //! - [`evidence`]   — the fast path's own counters around every sample ("fast path idle").
 //! - [`crosscheck`] — run sockperf and iperf3 on the same topology and compare.
 //! - [`sockmap_hook`] — where the `sockmap` topology attaches the shortcut (`nsfast_lab::shortcut`).
-//! - [`rootless_hook`] — the `slirp4netns` and `vpnrelay` topologies (`nsfast_lab::rootless`).
+//! - [`rootless_hook`] — the `slirp4netns`, `pasta` and `vpnrelay` topologies
+//!   (`nsfast_lab::rootless`).
 
 #![forbid(unsafe_code)]
 

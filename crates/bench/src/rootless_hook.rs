@@ -1,11 +1,14 @@
-//! Where the `slirp4netns` and `vpnrelay` topologies meet crate `nsfast-lab`'s rootless world.
+//! Where the `slirp4netns`, `pasta` and `vpnrelay` topologies meet crate `nsfast-lab`'s
+//! rootless world.
 //!
-//! Both build the vpnrelay test world ([`nsfast_lab::rootless::World`]): a tenant's
+//! All build the vpnrelay test world ([`nsfast_lab::rootless::World`]): a tenant's
 //! RootlessKit + slirp4netns network with a bridge and a "gluetun" namespace on it (the
 //! client), and a "VPN server" namespace reached over a veth from a throwaway "host"
-//! namespace (the server). `slirp4netns` is Docker's normal rootless path; `vpnrelay` is the
-//! same world with the relay running as the tenant. The server listens on the VPN port, the
-//! one the relay steers.
+//! namespace (the server). `slirp4netns` is Docker's normal rootless path; `pasta` is the same
+//! world with RootlessKit >= 2 `--net=pasta` (rootless Docker's other network; Debian
+//! unstable's packages, [`testbed::pasta_tools`]); `vpnrelay` is the slirp4netns world with
+//! the relay running as the tenant. The server listens on the VPN port, the one the relay
+//! steers.
 //!
 //! The world runs as an existing unprivileged user the operator names (`--tenant USER`,
 //! [`nsfast_lab::tenant::Tenant::lookup`]): nsfast bench never creates users or edits
@@ -36,6 +39,20 @@ pub fn probe_world(ctx: &ProbeCtx) -> Result<(), String> {
     testbed::check_programs(testbed::NEEDS).map_err(|e| e.to_string())
 }
 
+/// Which path a rootless topology measures.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Path {
+    Slirp4netns,
+    Pasta,
+    VpnRelay,
+}
+
+/// [`probe_world`] plus RootlessKit >= 2 and pasta.
+pub fn probe_pasta(ctx: &ProbeCtx) -> Result<(), String> {
+    probe_world(ctx)?;
+    testbed::pasta_tools().map(|_| ())
+}
+
 /// [`probe_world`] plus the relay binary.
 pub fn probe_relay(ctx: &ProbeCtx) -> Result<(), String> {
     probe_world(ctx)?;
@@ -57,11 +74,26 @@ pub struct Parts {
     pub note: String,
 }
 
-/// Builds the world run by `tenant`; with `relay`, starts the relay in it as the tenant.
-pub fn build(relay: bool, tenant: &Tenant) -> Result<Parts, String> {
+/// Builds the world for `path` run by `tenant`; for [`Path::VpnRelay`], starts the relay in
+/// it as the tenant.
+pub fn build(path: Path, tenant: &Tenant) -> Result<Parts, String> {
     let chain = |e: anyhow::Error| format!("{e:#}");
-    let bin = if relay { Some(vpnrelay_bin()?) } else { None };
-    let w = World::build(&WorldOpts::default(), tenant).map_err(chain)?;
+    let bin = if path == Path::VpnRelay {
+        Some(vpnrelay_bin()?)
+    } else {
+        None
+    };
+    let opts = if path == Path::Pasta {
+        let (rk, pasta) = testbed::pasta_tools()?;
+        WorldOpts {
+            rootlesskit: Some(rk),
+            pasta: Some(pasta),
+            ..Default::default()
+        }
+    } else {
+        WorldOpts::default()
+    };
+    let w = World::build(&opts, tenant).map_err(chain)?;
     let client = w.gluetun_ns().map_err(chain)?;
     let server = NetNs::open(&w.server.path().display().to_string()).map_err(|e| e.to_string())?;
     let mut guards: Vec<Box<dyn Any>> = Vec::new();
@@ -78,10 +110,11 @@ pub fn build(relay: bool, tenant: &Tenant) -> Result<Parts, String> {
             )
         }
         None => format!(
-            "slirp4netns: RootlessKit world {} (tenant {}), client in \"gluetun\" on {}; CPU cost counts client and server only, not slirp4netns",
+            "{net}: RootlessKit world {} (tenant {}), client in \"gluetun\" on {}; CPU cost counts client and server only, not {net}",
             w.prefix,
             w.tenant.name,
-            testbed::BRIDGE
+            testbed::BRIDGE,
+            net = w.net,
         ),
     };
     guards.push(Box::new(w));

@@ -140,6 +140,12 @@ pub fn registry() -> Vec<TopologyDef> {
             build: build_slirp4netns,
         },
         TopologyDef {
+            name: "pasta",
+            about: "the slirp4netns world with pasta instead (RootlessKit >= 2 --net=pasta, Debian unstable's packages from scripts/fetch-rootlesskit2.sh and scripts/fetch-pasta.sh)",
+            probe: crate::rootless_hook::probe_pasta,
+            build: build_pasta,
+        },
+        TopologyDef {
             name: "vpnrelay",
             about: "the slirp4netns world with nsfast's vpnrelay moving the client's UDP to host sockets",
             probe: crate::rootless_hook::probe_relay,
@@ -389,25 +395,34 @@ fn build_routed(ctx: &BuildCtx) -> Result<Built, TopologyError> {
 }
 
 fn build_slirp4netns(ctx: &BuildCtx) -> Result<Built, TopologyError> {
-    build_rootless(ctx, "slirp4netns", false)
+    build_rootless(ctx, "slirp4netns", crate::rootless_hook::Path::Slirp4netns)
+}
+
+fn build_pasta(ctx: &BuildCtx) -> Result<Built, TopologyError> {
+    build_rootless(ctx, "pasta", crate::rootless_hook::Path::Pasta)
 }
 
 fn build_vpnrelay(ctx: &BuildCtx) -> Result<Built, TopologyError> {
-    build_rootless(ctx, "vpnrelay", true)
+    build_rootless(ctx, "vpnrelay", crate::rootless_hook::Path::VpnRelay)
 }
 
 /// The vpnrelay test world (`nsfast_lab::rootless`): client in its "gluetun"
-/// namespace inside the tenant's RootlessKit network, server in its VPN server namespace;
-/// with `relay`, the relay runs as the tenant. The world (tenant processes, namespaces, the
-/// relay and its rule) goes away with the topology's extras.
-fn build_rootless(ctx: &BuildCtx, t: &'static str, relay: bool) -> Result<Built, TopologyError> {
+/// namespace inside the tenant's RootlessKit network (slirp4netns or pasta), server in its
+/// VPN server namespace; for vpnrelay, the relay runs as the tenant. The world (tenant
+/// processes, namespaces, the relay and its rule) goes away with the topology's extras.
+fn build_rootless(
+    ctx: &BuildCtx,
+    t: &'static str,
+    path: crate::rootless_hook::Path,
+) -> Result<Built, TopologyError> {
     let (dir, client, server) = cgroups(ctx, t)?;
     let tenant = ctx
         .tenant
         .as_ref()
         .ok_or_else(|| other(t, crate::rootless_hook::NO_TENANT))?;
-    let parts = crate::rootless_hook::build(relay, tenant).map_err(|e| other(t, e))?;
-    let fast_path = relay.then_some(crate::evidence::FastPath::VpnRelay);
+    let parts = crate::rootless_hook::build(path, tenant).map_err(|e| other(t, e))?;
+    let fast_path = (path == crate::rootless_hook::Path::VpnRelay)
+        .then_some(crate::evidence::FastPath::VpnRelay);
     Ok(Built {
         name: t,
         namespaces: vec![parts.client, parts.server],

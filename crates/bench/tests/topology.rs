@@ -16,7 +16,7 @@ use nsfast_lab::require_root;
 
 /// Topologies built from the vpnrelay test world (tested on their own: they start tenant
 /// processes, and the relay binary has to be built first).
-const ROOTLESS: [&str; 2] = ["slirp4netns", "vpnrelay"];
+const ROOTLESS: [&str; 3] = ["slirp4netns", "pasta", "vpnrelay"];
 
 /// Serialises the tests that build pod topologies or run `cleanup_stale`: a cleanup removes
 /// every dead-pid run's leftovers (also another test's fake ones mid-build), and pod state
@@ -628,7 +628,7 @@ fn rootless_leftovers(world_prefix: &str) -> Vec<String> {
     left
 }
 
-/// slirp4netns and vpnrelay build (relay running, its rule in place), carry UDP to the VPN
+/// slirp4netns, pasta and vpnrelay build (relay running, its rule in place), carry UDP to the VPN
 /// port and TCP, and tear down leaving no namespace, cgroup, tenant process, runtime
 /// directory, rule or nft change behind.
 #[test]
@@ -638,6 +638,18 @@ fn rootless_topologies_build_and_leave_nothing_behind() {
     use_vpnrelay_bin();
     // The lab makes its tenant (nsfast bench only takes an existing one).
     let tenant = nsfast_lab::test_user::ensure().unwrap();
+    // pasta's world runs Debian unstable's RootlessKit 2 and pasta, unpacked into build/.
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    for script in ["fetch-rootlesskit2.sh", "fetch-pasta.sh"] {
+        let st = std::process::Command::new(root.join("scripts").join(script))
+            .stdout(std::process::Stdio::null())
+            .status()
+            .unwrap_or_else(|e| panic!("running scripts/{script}: {e}"));
+        assert!(
+            st.success(),
+            "scripts/{script} failed: the pasta topology needs its packages"
+        );
+    }
     let probe = ProbeCtx {
         tenant: Some(tenant.clone()),
     };

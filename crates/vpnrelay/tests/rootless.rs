@@ -1,5 +1,5 @@
-//! Root integration tests: a real RootlessKit + slirp4netns world run by an unprivileged
-//! tenant inside a throwaway "host" namespace (see `nsfast_lab::rootless`). Everything of
+//! Root integration tests: a real RootlessKit + slirp4netns world (and one with pasta) run by
+//! an unprivileged tenant inside a throwaway "host" namespace (see `nsfast_lab::rootless`). Everything of
 //! vpnrelay runs as the tenant. The world is torn down on every exit path (Drop guards).
 //!
 //! Needs root and: rootlesskit slirp4netns uidmap iproute2 nftables util-linux
@@ -354,6 +354,141 @@ fn detach_netns_layout() {
             .exists()
     );
     handover(&w);
+}
+
+/// Runs scripts/`script` (a fetch script: prints one path), or says why it could not.
+fn fetched(script: &str) -> Result<PathBuf, String> {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let out = std::process::Command::new(root.join("scripts").join(script))
+        .stderr(Stdio::inherit())
+        .output()
+        .map_err(|e| format!("running scripts/{script}: {e}"))?;
+    if !out.status.success() {
+        return Err(format!("scripts/{script} failed ({})", out.status));
+    }
+    Ok(PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()))
+}
+
+/// The pasta world's RootlessKit 2 and pasta (`$VPNRELAY_ROOTLESSKIT2`, `$NSFAST_PASTA`, else
+/// Debian unstable's packages fetched by scripts/fetch-rootlesskit2.sh and
+/// scripts/fetch-pasta.sh), or why they could not be fetched.
+fn pasta_tools() -> Result<(PathBuf, PathBuf), String> {
+    let rk = match std::env::var_os("VPNRELAY_ROOTLESSKIT2") {
+        Some(p) => PathBuf::from(p),
+        None => fetched("fetch-rootlesskit2.sh")?,
+    };
+    let pasta = match std::env::var_os("NSFAST_PASTA") {
+        Some(p) => PathBuf::from(p),
+        None => fetched("fetch-pasta.sh")?,
+    };
+    Ok((rk, pasta))
+}
+
+/// The world with RootlessKit 2 `--net=pasta` instead of slirp4netns: pasta runs as the
+/// tenant in the host namespace, and datagrams of every size from 1 to 1472 bytes go from
+/// "gluetun" to the server and back byte for byte (stop-and-wait, so a lost datagram is sent
+/// again rather than failing the test; a wrong byte fails it).
+#[test]
+fn pasta_world_carries_udp_byte_exactly() {
+    let _s = serial();
+    let (rk, pasta) = match pasta_tools() {
+        Ok(t) => t,
+        Err(why) => {
+            eprintln!("SKIP pasta_world_carries_udp_byte_exactly: the packages could not be fetched: {why}");
+            return;
+        }
+    };
+    let w = World::build(
+        &WorldOpts {
+            rootlesskit: Some(rk),
+            pasta: Some(pasta),
+            ..Default::default()
+        },
+        &tenant(),
+    )
+    .expect("building the pasta world");
+    assert_eq!(w.net, "pasta");
+    let cmdlines: Vec<String> = w
+        .processes()
+        .into_iter()
+        .filter_map(|p| std::fs::read(format!("/proc/{p}/cmdline")).ok())
+        .map(|c| String::from_utf8_lossy(&c).replace('\0', " "))
+        .collect();
+    assert!(
+        cmdlines.iter().any(|c| c.contains("pasta")),
+        "no pasta process in the world: {cmdlines:#?}"
+    );
+    assert!(
+        !cmdlines.iter().any(|c| c.contains("slirp4netns")),
+        "slirp4netns in a pasta world: {cmdlines:#?}"
+    );
+
+    let srv = w
+        .server
+        .run(|| std::net::UdpSocket::bind(server()))
+        .expect("server netns")
+        .expect("server socket");
+    srv.set_read_timeout(Some(Duration::from_millis(500)))
+        .unwrap();
+    let cli = w
+        .gluetun_ns()
+        .expect("gluetun netns")
+        .run(|| -> std::io::Result<std::net::UdpSocket> {
+            let s = std::net::UdpSocket::bind(SocketAddrV4::new(GLUETUN_IP, 40100))?;
+            s.connect(server())?;
+            Ok(s)
+        })
+        .expect("gluetun netns")
+        .expect("client socket");
+    cli.set_read_timeout(Some(Duration::from_millis(500)))
+        .unwrap();
+    let mut sizes: Vec<usize> = (0..190).map(|i| 1 + (i * 61) % 1472).collect();
+    sizes.extend([1, 2, 64, 512, 1280, 1420, 1471, 1472]);
+    let mut buf = vec![0u8; 65536];
+    let mut seen_from = None;
+    for (i, len) in sizes.iter().enumerate() {
+        let p: Vec<u8> = (0..*len)
+            .map(|j| (i.wrapping_mul(131) ^ j.wrapping_mul(7) ^ (j >> 8)) as u8)
+            .collect();
+        let mut got = None;
+        for _try in 0..5 {
+            cli.send(&p).unwrap();
+            if let Ok((n, from)) = srv.recv_from(&mut buf) {
+                got = Some((buf[..n].to_vec(), from));
+                break;
+            }
+        }
+        let (data, from) = got.unwrap_or_else(|| {
+            panic!("datagram {i} ({len} bytes) never reached the server through pasta")
+        });
+        assert_eq!(data, p, "datagram {i} ({len} bytes) changed on the way up");
+        let std::net::SocketAddr::V4(from) = from else {
+            panic!("IPv6 source {from}")
+        };
+        // pasta's host socket, in the world's host namespace.
+        assert_eq!(*from.ip(), testbed::HOST_IP, "source {from}");
+        assert!(
+            seen_from.is_none() || seen_from == Some(from),
+            "the flow changed its source: {seen_from:?} then {from}"
+        );
+        seen_from = Some(from);
+        // And back: the reply reaches the client unchanged.
+        let reply: Vec<u8> = p.iter().rev().map(|b| !b).collect();
+        let mut back = None;
+        for _try in 0..5 {
+            srv.send_to(&reply, from).unwrap();
+            if let Ok(n) = cli.recv(&mut buf) {
+                back = Some(buf[..n].to_vec());
+                break;
+            }
+        }
+        let back =
+            back.unwrap_or_else(|| panic!("reply {i} ({len} bytes) never came back through pasta"));
+        assert_eq!(
+            back, reply,
+            "reply {i} ({len} bytes) changed on the way down"
+        );
+    }
 }
 
 /// One flow's counters from the relay's stats file.

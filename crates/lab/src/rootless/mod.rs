@@ -6,7 +6,9 @@
 //!   vh0 10.201.0.1/24  <------ veth ------>  vs0 10.201.0.2/24   (VPN server, UDP 51820)
 //!   tenant: rootlesskit --net=slirp4netns --mtu=65520 --copy-up=/etc --copy-up=/run
 //!           --disable-host-loopback [--detach-netns]
-//!     rootless netns: tap0 10.0.2.100 (slirp4netns), br-vpn 172.30.0.1/24, nft masquerade
+//!           (or --net=pasta --pasta-binary=PATH: RootlessKit >= 2, WorldOpts::pasta)
+//!     rootless netns: tap0 10.0.2.100 (slirp4netns or pasta), br-vpn 172.30.0.1/24,
+//!                     nft masquerade
 //!       "gluetun" netns: vg0 172.30.0.2/24 on br-vpn, default via 172.30.0.1
 //!       "gluetun2" netns: vg0 172.30.0.3/24 on br-vpn (a second container)
 //! ```
@@ -116,6 +118,10 @@ pub struct WorldOpts {
     /// directory of unpacked packages (scripts/fetch-docker.sh); the "gluetun" namespace is
     /// then a container on a Docker network whose bridge is `br-vpn`.
     pub docker: Option<PathBuf>,
+    /// The rootless network is pasta, not slirp4netns: RootlessKit `--net=pasta
+    /// --pasta-binary=PATH` with this binary (scripts/fetch-pasta.sh). Needs
+    /// [`WorldOpts::rootlesskit`] set to RootlessKit >= 2.0: 1.x has no pasta driver.
+    pub pasta: Option<PathBuf>,
 }
 
 /// A built world; dropping it tears everything down.
@@ -127,6 +133,9 @@ pub struct World {
     pub runtime_dir: PathBuf,
     pub child_pid: u32,
     pub detach: bool,
+    /// The user-space network stack that carries the rootless namespace's traffic out:
+    /// `"slirp4netns"` or `"pasta"`.
+    pub net: &'static str,
     rootlesskit: Option<Child>,
     userns_ino: u64,
     /// With a real dockerd: the unpacked packages and the container's PID.
@@ -146,6 +155,14 @@ impl World {
                 "the rootless world's tenant {} is uid 0: it must be an unprivileged user",
                 tenant.name
             );
+        }
+        if opts.pasta.is_some() && (opts.rootlesskit.is_none() || opts.docker.is_some()) {
+            bail!("a pasta world needs RootlessKit >= 2.0 given as WorldOpts::rootlesskit (RootlessKit 1.x has no --net=pasta) and no dockerd");
+        }
+        if let Some(p) = &opts.pasta {
+            if !p.is_file() {
+                bail!("the pasta binary {} is not a file", p.display());
+            }
         }
         if opts.rootlesskit.is_some() {
             check_programs(&NEEDS[1..])?;
@@ -172,6 +189,11 @@ impl World {
             runtime_dir: runtime_dir.clone(),
             child_pid: 0,
             detach: opts.detach_netns,
+            net: if opts.pasta.is_some() {
+                "pasta"
+            } else {
+                "slirp4netns"
+            },
             rootlesskit: None,
             userns_ino: 0,
             docker: None,
@@ -200,8 +222,15 @@ impl World {
             .clone()
             .unwrap_or_else(|| PathBuf::from("rootlesskit"));
         let mut cmd = w.tenant_command(&rk);
+        match &opts.pasta {
+            // pasta runs in the host namespace like slirp4netns; RootlessKit's pasta driver
+            // gives tap0 the same 10.0.2.100/24 with gateway 10.0.2.2.
+            Some(p) => cmd
+                .arg("--net=pasta")
+                .arg(format!("--pasta-binary={}", p.display())),
+            None => cmd.arg("--net=slirp4netns"),
+        };
         cmd.args([
-            "--net=slirp4netns",
             "--mtu=65520",
             "--copy-up=/etc",
             "--copy-up=/run",
@@ -710,4 +739,53 @@ pub fn vpnrelay_bin() -> Result<PathBuf, String> {
         "no vpnrelay binary next to {} (cargo build -p nsfast --bin vpnrelay, or set NSFAST_VPNRELAY_BIN)",
         exe.display()
     ))
+}
+
+/// The unpacked packages of this source tree (`build/`, where scripts/fetch-*.sh put them):
+/// found at run time from the current directory or the executable upwards (the source tree
+/// that has scripts/fetch-pasta.sh), so no build path is compiled into a binary.
+fn repo_build_dir() -> Option<PathBuf> {
+    let cwd = std::env::current_dir().ok();
+    let exe = std::env::current_exe().ok();
+    [cwd, exe].into_iter().flatten().find_map(|start| {
+        start
+            .ancestors()
+            .find(|d| d.join("scripts/fetch-pasta.sh").is_file())
+            .map(|root| root.join("build"))
+    })
+}
+
+/// What a pasta world ([`WorldOpts::pasta`]) runs: `(rootlesskit, pasta)`. RootlessKit >= 2.0
+/// (1.x has no `--net=pasta`): `$VPNRELAY_ROOTLESSKIT2`, else the source tree's
+/// build/rootlesskit-sid (scripts/fetch-rootlesskit2.sh). pasta: `$NSFAST_PASTA`, else
+/// build/passt-sid/pasta (scripts/fetch-pasta.sh). Nothing is downloaded here; the error says
+/// what is missing.
+pub fn pasta_tools() -> Result<(PathBuf, PathBuf), String> {
+    let pick = |var: &str, rel: &str, script: &str| -> Result<PathBuf, String> {
+        let p = match (std::env::var_os(var), repo_build_dir()) {
+            (Some(p), _) => PathBuf::from(p),
+            (None, Some(build)) => build.join(rel),
+            (None, None) => {
+                return Err(format!(
+                    "no source tree with build/{rel} above the current directory or this program (set ${var}, or run {script} in the source tree)"
+                ))
+            }
+        };
+        if p.is_file() {
+            Ok(p)
+        } else {
+            Err(format!("no {} (set ${var} or run {script})", p.display()))
+        }
+    };
+    let rk = pick(
+        "VPNRELAY_ROOTLESSKIT2",
+        "rootlesskit-sid/usr/bin/rootlesskit",
+        "scripts/fetch-rootlesskit2.sh",
+    );
+    let pasta = pick("NSFAST_PASTA", "passt-sid/pasta", "scripts/fetch-pasta.sh");
+    match (rk, pasta) {
+        (Ok(r), Ok(p)) => Ok((r, p)),
+        (Err(a), Err(b)) => Err(format!("{a}; {b}")),
+        (Err(e), _) | (_, Err(e)) => Err(e),
+    }
 }

@@ -58,16 +58,16 @@ pub struct BenchArgs {
     pub quick: bool,
     /// Comma-separated topologies: host, pipe, unix, veth, routed, sockmap, bpf, bpf-policy-10,
     /// bpf-policy-1000, bpf-tc, bpf-shortcut, bpf-remote, netkit, cni-ptp, cni-ptp-remote,
-    /// slirp4netns, vpnrelay, vsock, vsock-relay, vsock-socat (the
-    /// vsock ones in VM guests only; slirp4netns and vpnrelay with --tenant only)
+    /// slirp4netns, pasta, vpnrelay, vsock, vsock-relay, vsock-socat (the vsock ones in VM
+    /// guests only; slirp4netns, pasta and vpnrelay with --tenant only)
     /// [default: host,pipe,unix,veth,routed,sockmap]. Unsupported ones are skipped with the reason.
     #[arg(long, value_name = "LIST", value_delimiter = ',', allow_hyphen_values = true,
           hide_possible_values = true,
           value_parser = named(topology::registry().iter().map(|d| d.name).collect(),
                                |s: &str| topology::find(s.trim()).map(|d| d.name.to_string())))]
     pub topologies: Option<Vec<String>>,
-    /// The existing user the slirp4netns and vpnrelay topologies run as (RootlessKit,
-    /// slirp4netns and the relay start as USER, like rootless Docker): not root, with ranges in
+    /// The existing user the slirp4netns, pasta and vpnrelay topologies run as (RootlessKit,
+    /// slirp4netns, pasta and the relay start as USER, like rootless Docker): not root, with ranges in
     /// /etc/subuid and /etc/subgid. Without it those topologies are skipped with the reason;
     /// nsfast bench never creates users or edits /etc/subuid and /etc/subgid (docs/bench.md
     /// says how to make such a user).
