@@ -6,7 +6,7 @@
 //! [`registry`] is the registration point: one [`TopologyDef`] per topology, in the order they
 //! are run; each implements [`nsfast_lab::topology::Topology`]. Adapters (`sockmap_hook`,
 //! `rootless_hook`, `vsock_hook`) provide probe and build functions and import only the shared
-//! types of [`crate::world`], never this module.
+//! types of [`crate::built`], never this module.
 
 use std::any::Any;
 use std::net::{IpAddr, Ipv4Addr};

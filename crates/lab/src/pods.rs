@@ -1,5 +1,5 @@
 //! A reusable pod topology for tests and `nsfast bench`: two "hosts" (network namespaces)
-//! joined by a veth "wire", each with pods made by [`nsfast_pod::add`]. Dropping it deletes
+//! joined by a veth "wire", each with pods made by [`nsfast_pod::add()`]. Dropping it deletes
 //! the pods (and with them their pins and state), then the hosts.
 //!
 //! ```text

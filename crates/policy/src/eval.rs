@@ -1,6 +1,6 @@
 //! The reference evaluator: NetworkPolicy semantics written straight from the Kubernetes
 //! API reference (`networking.k8s.io/v1`, "Network Policies" concept page), with no
-//! precomputation, so that the compiled form ([`crate::compile`]) and the datapath can be
+//! precomputation, so that the compiled form ([`crate::compile()`]) and the datapath can be
 //! tested against it.
 //!
 //! - A pod is isolated for ingress when some policy of its namespace selects it and has

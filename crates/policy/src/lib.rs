@@ -6,11 +6,11 @@
 //! Module map:
 //! - [`schema`]  — the `networking.k8s.io/v1` NetworkPolicy object model in the API's field
 //!   names: the part of the Kubernetes API nsfast reads.
-//! - [`parse`]   — YAML/JSON documents into [`schema::NetworkPolicy`] objects, checked
+//! - [`parse`](mod@parse)   — YAML/JSON documents into [`schema::NetworkPolicy`] objects, checked
 //!   strictly and as the API server validates them, errors naming the field and value.
 //! - [`model`]   — the validated form ([`Policy`]): defaults applied, selectors, peers, ports.
 //! - [`eval`]    — the reference evaluator, written from the Kubernetes spec.
-//! - [`compile`] — policies into per-pod tables (isolation flags, peers, prefixes, port
+//! - [`compile`](mod@compile) — policies into per-pod tables (isolation flags, peers, prefixes, port
 //!   ranges): the form the BPF maps hold, checked against [`eval`].
 //! - [`cases`]   — the upstream netpol e2e world (namespaces x, y, z; pods a, b, c) and its
 //!   named cases as policy documents with expected reachability, shared by the unit tests

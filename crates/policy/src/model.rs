@@ -1,6 +1,6 @@
 //! The validated form of a NetworkPolicy: what the evaluator and the compiler read.
 //!
-//! [`crate::parse`] turns each `networking.k8s.io/v1` object into a [`Policy`], checking what
+//! [`crate::parse()`] turns each `networking.k8s.io/v1` object into a [`Policy`], checking what
 //! the Kubernetes API server checks (names, label keys and values, operators, protocols,
 //! ports, CIDRs) and filling in its defaults (namespace `default`, protocol TCP, `policyTypes`
 //! from the rules), so that nothing downstream has to decide what a missing field means.
