@@ -308,12 +308,30 @@ fn the_datapath_decides_every_upstream_case_as_the_evaluator() {
             continue;
         }
         let world = cases::world(addr);
-        for c in cases::cases() {
-            if !selected("NSFAST_TEST_POLICY_CASE", c.name) {
+        // The named cases, then the generated ones (seed `NSFAST_TEST_POLICY_SEED`, default
+        // 1; `NSFAST_TEST_POLICY_GENERATED` of them, default 8), all against the evaluator.
+        let seed = std::env::var("NSFAST_TEST_POLICY_SEED")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(1);
+        let n = std::env::var("NSFAST_TEST_POLICY_GENERATED")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(8);
+        let generated = cases::generated(seed, n);
+        let named = cases::cases();
+        let all = named.iter().map(|c| (c.name.to_string(), c.yaml)).chain(
+            generated
+                .iter()
+                .enumerate()
+                .map(|(i, y)| (format!("generated seed {seed} #{i}"), y.as_str())),
+        );
+        for (name, template) in all {
+            if !selected("NSFAST_TEST_POLICY_CASE", &name) {
                 continue;
             }
             delete_all(&w.host);
-            let yaml = cases::render(c.yaml, addr);
+            let yaml = cases::render(template, addr);
             if !yaml.trim().is_empty() {
                 apply(&w.host, &yaml);
             }
@@ -371,9 +389,14 @@ fn the_datapath_decides_every_upstream_case_as_the_evaluator() {
                 }
             }
             if !wrong.is_empty() {
+                let doc = if name.starts_with("generated") {
+                    format!("\n{yaml}")
+                } else {
+                    String::new()
+                };
                 failures.push(format!(
-                    "{} in {family} ({} wrong):\n    {}",
-                    c.name,
+                    "{} in {family} ({} wrong):\n    {}{doc}",
+                    name,
                     wrong.len(),
                     wrong.join("\n    ")
                 ));

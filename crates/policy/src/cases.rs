@@ -641,3 +641,133 @@ spec:
         },
     ]
 }
+
+/// Policy documents generated from `seed` for the world above, `n` cases of one to three
+/// policies each, mixing every rule kind: pod and namespace selectors (`matchLabels`,
+/// `matchExpressions` with `In`, `NotIn`, `Exists`), both together, `ipBlock` with and without
+/// `except`, numeric, named and ranged ports on TCP and UDP, ingress, egress, and
+/// `policyTypes` given or left to the default. Addresses are `{x/a/net}` placeholders for
+/// [`render`]. Their expected reachability is the reference evaluator's (no hand-written
+/// table). The generator is splitmix64, written here so that a seed names the same documents
+/// on every platform and version (a general-purpose generator crate does not promise that).
+pub fn generated(seed: u64, n: usize) -> Vec<String> {
+    let mut g = SplitMix(seed);
+    (0..n)
+        .map(|i| {
+            (0..1 + g.below(3))
+                .map(|j| generated_policy(&mut g, &format!("gen-{i}-{j}")))
+                .collect::<Vec<_>>()
+                .join("---\n")
+        })
+        .collect()
+}
+
+struct SplitMix(u64);
+
+impl SplitMix {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    /// A number in `0..n`.
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() % n as u64) as usize
+    }
+
+    fn pick<'a>(&mut self, from: &[&'a str]) -> &'a str {
+        from[self.below(from.len())]
+    }
+}
+
+fn generated_selector(g: &mut SplitMix, key: &str, values: &[&str]) -> String {
+    match g.below(4) {
+        0 => "{}".to_string(),
+        1 => format!("{{matchLabels: {{{key}: {}}}}}", g.pick(values)),
+        2 => format!(
+            "{{matchExpressions: [{{key: {key}, operator: {}, values: [{}, {}]}}]}}",
+            g.pick(&["In", "NotIn"]),
+            g.pick(values),
+            g.pick(values)
+        ),
+        _ => format!("{{matchExpressions: [{{key: {key}, operator: Exists}}]}}"),
+    }
+}
+
+fn generated_peer(g: &mut SplitMix) -> String {
+    let ends = endpoints();
+    let e = &ends[g.below(ends.len())];
+    match g.below(5) {
+        0 => format!("{{podSelector: {}}}", generated_selector(g, "pod", &PODS)),
+        1 => format!(
+            "{{namespaceSelector: {}}}",
+            generated_selector(g, "ns", &NAMESPACES)
+        ),
+        2 => format!(
+            "{{namespaceSelector: {}, podSelector: {}}}",
+            generated_selector(g, "ns", &NAMESPACES),
+            generated_selector(g, "pod", &PODS)
+        ),
+        3 => format!("{{ipBlock: {{cidr: \"{{{e}/net}}\"}}}}"),
+        _ => format!("{{ipBlock: {{cidr: 0.0.0.0/0, except: [\"{{{e}/net}}\"]}}}}"),
+    }
+}
+
+fn generated_port(g: &mut SplitMix) -> String {
+    let proto = g.pick(&["TCP", "UDP"]);
+    match g.below(3) {
+        0 => format!("{{port: {}, protocol: {proto}}}", g.pick(&["80", "81"])),
+        1 => {
+            let ports = named_ports();
+            format!(
+                "{{port: {}, protocol: {proto}}}",
+                ports[g.below(ports.len())].name
+            )
+        }
+        _ => format!("{{port: 80, endPort: 81, protocol: {proto}}}"),
+    }
+}
+
+fn generated_rules(g: &mut SplitMix, peers_key: &str) -> String {
+    let mut rules = Vec::new();
+    for _ in 0..g.below(3) {
+        let mut fields = Vec::new();
+        if g.below(4) != 0 {
+            let peers: Vec<String> = (0..1 + g.below(2)).map(|_| generated_peer(g)).collect();
+            fields.push(format!("{peers_key}: [{}]", peers.join(", ")));
+        }
+        if g.below(2) == 0 {
+            let ports: Vec<String> = (0..1 + g.below(2)).map(|_| generated_port(g)).collect();
+            fields.push(format!("ports: [{}]", ports.join(", ")));
+        }
+        rules.push(format!("{{{}}}", fields.join(", ")));
+    }
+    format!("[{}]", rules.join(", "))
+}
+
+fn generated_policy(g: &mut SplitMix, name: &str) -> String {
+    let namespace = g.pick(&NAMESPACES);
+    let selector = generated_selector(g, "pod", &PODS);
+    let mut spec = vec![format!("podSelector: {selector}")];
+    match g.below(4) {
+        0 => spec.push("policyTypes: [Ingress]".into()),
+        1 => spec.push("policyTypes: [Egress]".into()),
+        2 => spec.push("policyTypes: [Ingress, Egress]".into()),
+        _ => {}
+    }
+    if g.below(3) != 0 {
+        spec.push(format!("ingress: {}", generated_rules(g, "from")));
+    }
+    if g.below(2) == 0 {
+        spec.push(format!("egress: {}", generated_rules(g, "to")));
+    }
+    format!(
+        "apiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\n\
+         metadata: {{name: {name}, namespace: {namespace}}}\n\
+         spec: {{{}}}\n",
+        spec.join(", ")
+    )
+}

@@ -548,3 +548,37 @@ proptest! {
         }
     }
 }
+
+/// The generated cases parse in both families, are the same for the same seed, and as a set
+/// both allow and deny probes.
+#[test]
+fn generated_cases_parse_and_tell_allow_from_deny() {
+    let docs = cases::generated(7, 24);
+    assert_eq!(docs, cases::generated(7, 24));
+    assert_ne!(docs, cases::generated(8, 24));
+    let (mut allowed_seen, mut denied_seen) = (0, 0);
+    for yaml in &docs {
+        for a in [&addr as &dyn Fn(&str) -> IpAddr, &addr6] {
+            let pols = parse(&cases::render(yaml, a))
+                .unwrap_or_else(|e| panic!("{e}\n{yaml}"))
+                .into_iter()
+                .map(|p| p.policy)
+                .collect::<Vec<_>>();
+            let world = cases::world(a);
+            let tables = compile(&world, &pols);
+            for (_, _, probe) in cases::probes(&world, a) {
+                let want = allowed(&world, &pols, &probe);
+                if want {
+                    allowed_seen += 1;
+                } else {
+                    denied_seen += 1;
+                }
+                assert_eq!(want, tables.allowed(&world, &probe), "{yaml}");
+            }
+        }
+    }
+    assert!(
+        allowed_seen > 0 && denied_seen > 0,
+        "{allowed_seen} / {denied_seen}"
+    );
+}
