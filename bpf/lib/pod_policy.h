@@ -211,6 +211,22 @@ NSF_INLINE int nsf_ip6_ext(__u8 nh)
 /* How many extension headers a packet may carry; more is malformed. */
 #define NSF_IP6_EXT_MAX 8
 
+/* The length of extension header `nh` whose first four bytes are `h`. */
+NSF_INLINE __u32 nsf_ip6_ext_len(__u8 nh, const __u8 h[4])
+{
+	if (nh == NSF_NEXTHDR_FRAGMENT)
+		return 8;
+	if (nh == NSF_NEXTHDR_AUTH)
+		return ((__u32)h[1] + 2) * 4;
+	return ((__u32)h[1] + 1) * 8;
+}
+
+/* Whether fragment header `h` is of a later fragment (offset not 0). */
+NSF_INLINE int nsf_ip6_later_fragment(const __u8 h[4])
+{
+	return (((__u16)h[2] << 8 | h[3]) & 0xfff8) != 0;
+}
+
 /*
  * The policy verdict of an IPv6 packet at `ip6` (bounds-checked by the caller; header at
  * `l3`): as nsf_pol_check4, with the upper-layer header found behind the extension headers.
@@ -236,15 +252,9 @@ NSF_INLINE int nsf_pol_check6(struct __sk_buff *skb, __u32 l3, struct ipv6hdr *i
 			break;
 		if (bpf_skb_load_bytes(skb, off, h, 4) < 0)
 			return 0;
-		if (nh == NSF_NEXTHDR_FRAGMENT) {
-			if (((__u16)h[2] << 8 | h[3]) & 0xfff8)
-				first = 0;
-			off += 8;
-		} else if (nh == NSF_NEXTHDR_AUTH) {
-			off += ((__u32)h[1] + 2) * 4;
-		} else {
-			off += ((__u32)h[1] + 1) * 8;
-		}
+		if (nh == NSF_NEXTHDR_FRAGMENT && nsf_ip6_later_fragment(h))
+			first = 0;
+		off += nsf_ip6_ext_len(nh, h);
 		nh = h[0];
 		if (!first)
 			break;

@@ -423,15 +423,9 @@ NSF_INLINE long nsf_ip6_ext_check(struct __sk_buff *skb, __u32 l2, __u8 nh)
 		}
 		if (!nsf_ip6_ext(nh))
 			return NSF_CONTINUE;
-		if (nh == NSF_NEXTHDR_FRAGMENT) {
-			if (((__u16)h[2] << 8 | h[3]) & 0xfff8)
-				return NSF_CONTINUE; /* not the first fragment */
-			off += 8;
-		} else if (nh == NSF_NEXTHDR_AUTH) {
-			off += ((__u32)h[1] + 2) * 4;
-		} else {
-			off += ((__u32)h[1] + 1) * 8;
-		}
+		if (nh == NSF_NEXTHDR_FRAGMENT && nsf_ip6_later_fragment(h))
+			return NSF_CONTINUE; /* not the first fragment */
+		off += nsf_ip6_ext_len(nh, h);
 		nh = h[0];
 	}
 	nsf_count(NSF_CNT_NOT_IPV4);
