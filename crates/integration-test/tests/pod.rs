@@ -537,7 +537,8 @@ fn veth_without_tcx_falls_back_to_tc_and_forced_tcx_is_refused() {
             v["mode_note"].as_str().unwrap().contains("lacks TCX"),
             "{v}"
         );
-        assert_eq!(v["record"]["tc_filters"].as_array().unwrap().len(), 1);
+        // What the pod sends (ingress) and what the host stack sends into it (egress).
+        assert_eq!(v["record"]["tc_filters"].as_array().unwrap().len(), 2);
     }
     del();
     assert_unchanged(&host_ns, &pod);
@@ -547,6 +548,9 @@ fn veth_without_tcx_falls_back_to_tc_and_forced_tcx_is_refused() {
     let f = &v["record"]["tc_filters"][0];
     assert_eq!(f["program"], abi::PROG_FROM_CONTAINER, "{v}");
     assert_eq!(f["qdisc_added"], true, "{v}");
+    let f = &v["record"]["tc_filters"][1];
+    assert_eq!(f["program"], abi::PROG_TO_CONTAINER, "{v}");
+    assert_eq!(f["egress"], true, "{v}");
     del();
     assert_unchanged(&host_ns, &pod);
     // Forced TCX: works with TCX, else one clear error and nothing changed.
@@ -608,6 +612,9 @@ fn tc_attach_carries_pod_and_wire_traffic_and_cleans_up_exactly() {
             let f = nl[p.host].tc_filters(&p.record.host_if, true).unwrap();
             assert_eq!(f.len(), 1, "{f:?}");
             assert_eq!(f[0].bpf_name.as_deref(), Some(abi::PROG_FROM_CONTAINER));
+            let f = nl[p.host].tc_filters(&p.record.host_if, false).unwrap();
+            assert_eq!(f.len(), 1, "{f:?}");
+            assert_eq!(f[0].bpf_name.as_deref(), Some(abi::PROG_TO_CONTAINER));
         }
     }
     let before = counters(t.host_name(0));
