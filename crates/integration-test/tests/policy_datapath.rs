@@ -34,11 +34,15 @@ const TIMEOUT: Duration = Duration::from_millis(400);
 
 /// 1.5 s, or `NSFAST_TEST_POLICY_RETRY_MS` (the VM guests under TCG need longer).
 fn retry_timeout() -> Duration {
-    let ms = std::env::var("NSFAST_TEST_POLICY_RETRY_MS")
+    Duration::from_millis(env_number("NSFAST_TEST_POLICY_RETRY_MS", 1500))
+}
+
+/// The number in environment variable `var`, or `default`.
+fn env_number<T: std::str::FromStr>(var: &str, default: T) -> T {
+    std::env::var(var)
         .ok()
         .and_then(|v| v.parse().ok())
-        .unwrap_or(1500);
-    Duration::from_millis(ms)
+        .unwrap_or(default)
 }
 
 /// The environment's selection: `NSFAST_TEST_POLICY_CASE` (comma-separated parts of case
@@ -310,14 +314,8 @@ fn the_datapath_decides_every_upstream_case_as_the_evaluator() {
         let world = cases::world(addr);
         // The named cases, then the generated ones (seed `NSFAST_TEST_POLICY_SEED`, default
         // 1; `NSFAST_TEST_POLICY_GENERATED` of them, default 8), all against the evaluator.
-        let seed = std::env::var("NSFAST_TEST_POLICY_SEED")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(1);
-        let n = std::env::var("NSFAST_TEST_POLICY_GENERATED")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(8);
+        let seed: u64 = env_number("NSFAST_TEST_POLICY_SEED", 1);
+        let n: usize = env_number("NSFAST_TEST_POLICY_GENERATED", 8);
         let generated = cases::generated(seed, n);
         let named = cases::cases();
         let all = named.iter().map(|c| (c.name.to_string(), c.yaml)).chain(

@@ -24,29 +24,34 @@ pub static POD: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/p
 /// (`bpf/relay.bpf.c`).
 pub static RELAY: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/relay.bpf.o"));
 
-/// The layout of one map of an object: type, key size, value size, entries, flags (as
+/// The layout of one map of an object: key size, value size, entries, flags (as
 /// `BPF_OBJ_GET_INFO_BY_FD` reports them for a created map).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct MapLayout {
-    pub map_type: u32,
     pub key_size: u32,
     pub value_size: u32,
     pub max_entries: u32,
     pub map_flags: u32,
 }
 
-/// The layout of map `name` as `object` (one of the constants above) defines it; `None` if
-/// it has no such map or does not parse.
-pub fn map_layout(object: &[u8], name: &str) -> Option<MapLayout> {
-    let obj = aya_obj::Object::parse(object).ok()?;
-    let m = obj.maps.get(name)?;
-    Some(MapLayout {
-        map_type: m.map_type(),
-        key_size: m.key_size(),
-        value_size: m.value_size(),
-        max_entries: m.max_entries(),
-        map_flags: m.map_flags(),
-    })
+/// The layout of every map `object` (one of the constants above) defines, by name; empty if
+/// it does not parse.
+pub fn map_layouts(object: &[u8]) -> std::collections::BTreeMap<String, MapLayout> {
+    let Ok(obj) = aya_obj::Object::parse(object) else {
+        return Default::default();
+    };
+    obj.maps
+        .iter()
+        .map(|(name, m)| {
+            let l = MapLayout {
+                key_size: m.key_size(),
+                value_size: m.value_size(),
+                max_entries: m.max_entries(),
+                map_flags: m.map_flags(),
+            };
+            (name.clone(), l)
+        })
+        .collect()
 }
 
 /// SHA-256 over every object this crate embeds (name, length and bytes, in name order).

@@ -60,18 +60,19 @@ pub fn prepare_pins(host: &Host) -> Result<(), PodError> {
 /// the maps they hold (docs/security.md, "Known gaps": pods from an older nsfast keep their
 /// programs until re-added).
 pub fn replace_stale_pins(pins: &Path, object: &[u8], names: &[&str]) -> Result<(), PodError> {
+    let mut layouts = None;
     for name in names {
         let p = pins.join(name);
         if !p.exists() {
             continue;
         }
-        let Some(want) = nsfast_bpf::map_layout(object, name) else {
+        let layouts = layouts.get_or_insert_with(|| nsfast_bpf::map_layouts(object));
+        let Some(&want) = layouts.get(*name) else {
             continue;
         };
         let info = aya::maps::MapInfo::from_pin(&p)
             .map_err(PodError::map(format!("open {}", p.display())))?;
         let have = nsfast_bpf::MapLayout {
-            map_type: want.map_type, // (not compared: the sizes tell the layouts apart)
             key_size: info.key_size(),
             value_size: info.value_size(),
             max_entries: info.max_entries(),
@@ -553,6 +554,18 @@ fn pinned(host: &Host, name: &str) -> Result<Option<MapData>, PodError> {
         .map_err(PodError::map(format!("open {}", p.display())))
 }
 
+/// The keys of `m` that `pick` chooses (collected first: a map is not changed while its keys
+/// are walked).
+fn keys_where<K: aya::Pod, V: aya::Pod>(
+    m: &aya::maps::HashMap<MapData, K, V>,
+    pick: impl Fn(&K) -> bool,
+) -> Vec<K> {
+    m.keys()
+        .filter_map(Result::ok)
+        .filter(|k| pick(k))
+        .collect()
+}
+
 /// The generation after `gen`: one more, skipping 0 (which means "never written"), so that
 /// the table slot (the low bit) alternates also across the wrap.
 pub fn next_generation(gen: u32) -> u32 {
@@ -603,28 +616,13 @@ pub fn write_policy_maps(host: &Host, want: &PolicyMaps) -> Result<bool, PodErro
     let slot = next & 1;
     let in_slot = |dir: u32| dir >> 1 == slot;
     // Empty the slot (what a write two generations ago, or a killed one, left there).
-    let old: Vec<abi::PolIdKey> = ids
-        .keys()
-        .filter_map(Result::ok)
-        .filter(|k| k.slot == slot)
-        .collect();
-    for k in old {
+    for k in keys_where(&ids, |k| k.slot == slot) {
         ids.remove(&k).map_err(e("ids remove"))?;
     }
-    let old: Vec<abi::PolIsoKey> = iso
-        .keys()
-        .filter_map(Result::ok)
-        .filter(|k| in_slot(k.dir))
-        .collect();
-    for k in old {
+    for k in keys_where(&iso, |k| in_slot(k.dir)) {
         iso.remove(&k).map_err(e("iso remove"))?;
     }
-    let old: Vec<abi::PolPeerKey> = peers
-        .keys()
-        .filter_map(Result::ok)
-        .filter(|k| in_slot(k.dir))
-        .collect();
-    for k in old {
+    for k in keys_where(&peers, |k| in_slot(k.dir)) {
         peers.remove(&k).map_err(e("peers remove"))?;
     }
     let old: Vec<Key<abi::PolCidrData>> = cidrs
@@ -669,12 +667,7 @@ pub fn write_policy_maps(host: &Host, want: &PolicyMaps) -> Result<bool, PodErro
     // their SYN alone, are kept and checked again under the new generation.
     let mut flows: H<MapData, abi::PolFlow, u32> =
         H::try_from(Map::LruHashMap(flows)).map_err(e("flows type"))?;
-    let forget: Vec<abi::PolFlow> = flows
-        .keys()
-        .filter_map(Result::ok)
-        .filter(|f| f.proto != abi::PROTO_TCP)
-        .collect();
-    for k in forget {
+    for k in keys_where(&flows, |f| f.proto != abi::PROTO_TCP) {
         let _ = flows.remove(&k);
     }
     gen.set(0, next, 0).map_err(e("generation write"))?;

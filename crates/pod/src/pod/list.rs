@@ -107,8 +107,7 @@ pub fn check(host: &Host, r: &PodRecord) -> Vec<String> {
             if !ingress
                 && !r
                     .link_pins
-                    .iter()
-                    .any(|p| p.ends_with(format!("link-egress-{}", r.host_if)))
+                    .contains(&datapath::egress_link_pin(host, &r.host_if))
             {
                 continue;
             }
