@@ -20,6 +20,24 @@
 #define offsetof(type, member) __builtin_offsetof(type, member)
 #endif
 
+/* An IPv4 address (network order) as the IPv6 words of its ::ffff:a.b.c.d form. */
+NSF_INLINE void nsf_v4_mapped(__u32 out[4], __u32 ip4)
+{
+	out[0] = 0;
+	out[1] = 0;
+	out[2] = bpf_htonl(0x0000ffff);
+	out[3] = ip4;
+}
+
+/* Copies an IPv6 address held as four words. */
+NSF_INLINE void nsf_copy6(__u32 out[4], const __u32 in[4])
+{
+	out[0] = in[0];
+	out[1] = in[1];
+	out[2] = in[2];
+	out[3] = in[3];
+}
+
 /*
  * Reads a u32 context field with one direct load at a constant offset. Plain C reads of
  * neighbouring fields can be compiled into a moved ctx pointer, which the verifier rejects

@@ -183,14 +183,12 @@ NSF_INLINE int nsf_pol_l4(struct __sk_buff *skb, __u32 off, __u8 proto, int firs
 NSF_INLINE int nsf_pol_check4(struct __sk_buff *skb, __u32 l3, struct iphdr *ip, int src_pod,
 			      int dst_pod)
 {
-	struct nsf_pol_flow f = {
-		.saddr = { .w = { 0, 0, bpf_htonl(0x0000ffff), ip->saddr } },
-		.daddr = { .w = { 0, 0, bpf_htonl(0x0000ffff), ip->daddr } },
-		.proto = ip->protocol,
-	};
+	struct nsf_pol_flow f = { .proto = ip->protocol };
 	int first = !(ip->frag_off & bpf_htons(0x1fff)), opens;
 	__u16 dport;
 
+	nsf_v4_mapped(f.saddr.w, ip->saddr);
+	nsf_v4_mapped(f.daddr.w, ip->daddr);
 	if (nsf_pol_l4(skb, l3 + ip->ihl * 4, ip->protocol, first, &f, &dport, &opens) < 0)
 		return 0;
 	return nsf_pol_check(&f, dport, opens, src_pod, dst_pod);

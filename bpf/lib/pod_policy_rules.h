@@ -209,9 +209,10 @@ NSF_INLINE int nsf_pol_verdict(__u32 slot, const struct nsf_pol_addr *s, const s
 NSF_INLINE int nsf_pol_conn_allowed(const __u32 client[4], const __u32 server[4], __u16 port)
 {
 	__u32 slot = nsf_pol_generation() & 1;
-	struct nsf_pol_addr c = { .w = { client[0], client[1], client[2], client[3] } };
-	struct nsf_pol_addr s = { .w = { server[0], server[1], server[2], server[3] } };
+	struct nsf_pol_addr c, s;
 
+	nsf_copy6(c.w, client);
+	nsf_copy6(s.w, server);
 	return nsf_pol_verdict(slot, &c, &s, nsf_pol_id(slot, &c), nsf_pol_id(slot, &s),
 			       NSF_PROTO_TCP, port) == NSF_POL_ALLOWED;
 }

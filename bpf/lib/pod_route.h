@@ -792,9 +792,10 @@ NSF_INLINE long nsf_from_wire(struct __sk_buff *skb)
  * primary program of a netkit pair, which also sees what nsf_to_pod redirects there). What
  * a local pod sent was checked at its source (nsf_from_pod: its egress and this pod's
  * ingress), and the node's own traffic (made in the host namespace: it came in on no device,
- * ingress_ifindex 0) is always allowed, as Kubernetes defines it. Anything else reached the pod through the host stack from elsewhere (a wire without the
- * wire program, the inbound of a --host-firewall pod after the host's rules) and meets the
- * pod's ingress policy here, as from the wire.
+ * ingress_ifindex 0) is always allowed, as Kubernetes defines it. Anything else reached the
+ * pod through the host stack from elsewhere (a wire without the wire program, the inbound of
+ * a --host-firewall pod after the host's rules) and meets the pod's ingress policy here, as
+ * from the wire.
  */
 NSF_INLINE long nsf_from_stack(struct __sk_buff *skb, long pass)
 {

@@ -38,22 +38,6 @@ struct nsf_conn_view {
 	__u32 rcv_nxt;
 };
 
-NSF_INLINE void nsf_v4_mapped(__u32 out[4], __u32 ip4)
-{
-	out[0] = 0;
-	out[1] = 0;
-	out[2] = bpf_htonl(0x0000ffff);
-	out[3] = ip4;
-}
-
-NSF_INLINE void nsf_copy6(__u32 out[4], const __u32 in[4])
-{
-	out[0] = in[0];
-	out[1] = in[1];
-	out[2] = in[2];
-	out[3] = in[3];
-}
-
 /* Fills *k from *v. Returns 0, or -1 for an unsupported family. */
 NSF_INLINE int nsf_make_pair_key(const struct nsf_conn_view *v, struct nsf_pair_key *k)
 {
