@@ -713,3 +713,50 @@ fn rootless_topologies_build_and_leave_nothing_behind() {
     assert_eq!(run_text(&["ip", "-4", "rule"]), rules_before);
     assert_eq!(run_text(&["nft", "list", "ruleset"]), nft_before);
 }
+
+/// TCP sockets in TIME_WAIT (state 06 in /proc/net/tcp{,6}) in the calling thread's namespace.
+fn time_wait_sockets() -> usize {
+    ["tcp", "tcp6"]
+        .iter()
+        .map(|f| {
+            std::fs::read_to_string(format!("/proc/thread-self/net/{f}"))
+                .unwrap_or_default()
+                .lines()
+                .skip(1)
+                .filter(|l| l.split_whitespace().nth(3) == Some("06"))
+                .count()
+        })
+        .sum()
+}
+
+/// crr's client closes first, so each connection would leave a TIME_WAIT socket holding its
+/// 4-tuple, and once the ephemeral range is used up every connect(2) searches it: crr would
+/// measure the port search, the same ~32,000 tx/s cap for every topology. The client's
+/// namespace keeps none.
+#[test]
+fn crr_leaves_no_time_wait_socket_in_the_client_namespace() {
+    require_root();
+    let prefix = nsfast_lab::name::unique("tw");
+    let run_cg = RunCgroup::create(&prefix).unwrap();
+    let ctx = BuildCtx {
+        prefix: prefix.clone(),
+        cgroup_root: run_cg.path().to_path_buf(),
+        launcher: Some(worker_launcher()),
+        tenant: None,
+    };
+    for name in ["host", "veth"] {
+        let d = registry().into_iter().find(|d| d.name == name).unwrap();
+        let b = (d.build)(&ctx).unwrap_or_else(|e| panic!("build {name}: {e}"));
+        let s = measure(&b, Workload::Crr);
+        assert_eq!(s.error, None, "{name}: {s:?}");
+        let connections = s.client.as_ref().unwrap().transactions;
+        assert!(connections > 100, "{name}: {s:?}");
+        let left = b.client_ns().run(time_wait_sockets).unwrap();
+        assert_eq!(
+            left, 0,
+            "{name}: {connections} crr connections left {left} TIME_WAIT sockets in the client's namespace"
+        );
+    }
+    drop(run_cg);
+    assert_eq!(leftovers(&prefix), Vec::<String>::new());
+}
