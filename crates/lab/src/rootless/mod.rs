@@ -755,6 +755,37 @@ fn repo_build_dir() -> Option<PathBuf> {
     })
 }
 
+/// `p` resolved, if no one but root and this process's user can change what it runs: the file
+/// and every directory above it belong to root or to us and are not writable by group or
+/// others, except a sticky directory (such as /tmp), where others cannot replace our entries.
+/// The binaries found here run as the tenant, so a tree another user could write would let
+/// that user run code as the tenant.
+pub fn trusted_file(p: &Path) -> Result<PathBuf, String> {
+    let real = std::fs::canonicalize(p).map_err(|e| format!("{}: {e}", p.display()))?;
+    let me = nix::unistd::geteuid().as_raw();
+    for at in real.ancestors() {
+        let m = std::fs::metadata(at).map_err(|e| format!("{}: {e}", at.display()))?;
+        if m.uid() != 0 && m.uid() != me {
+            return Err(format!(
+                "{} is not trusted: {} belongs to uid {}, not to root or uid {me} (copy it to a directory of yours)",
+                p.display(),
+                at.display(),
+                m.uid()
+            ));
+        }
+        let sticky_dir = m.is_dir() && m.mode() & 0o1000 != 0;
+        if m.mode() & 0o022 != 0 && !sticky_dir {
+            return Err(format!(
+                "{} is not trusted: {} is writable by group or others (mode {:o}; chmod go-w it)",
+                p.display(),
+                at.display(),
+                m.mode() & 0o7777
+            ));
+        }
+    }
+    Ok(real)
+}
+
 /// What a pasta world ([`WorldOpts::pasta`]) runs: `(rootlesskit, pasta)`. RootlessKit >= 2.0
 /// (1.x has no `--net=pasta`): `$VPNRELAY_ROOTLESSKIT2`, else the source tree's
 /// build/rootlesskit-sid (scripts/fetch-rootlesskit2.sh). pasta: `$NSFAST_PASTA`, else
@@ -771,11 +802,10 @@ pub fn pasta_tools() -> Result<(PathBuf, PathBuf), String> {
                 ))
             }
         };
-        if p.is_file() {
-            Ok(p)
-        } else {
-            Err(format!("no {} (set ${var} or run {script})", p.display()))
+        if !p.is_file() {
+            return Err(format!("no {} (set ${var} or run {script})", p.display()));
         }
+        trusted_file(&p)
     };
     let rk = pick(
         "VPNRELAY_ROOTLESSKIT2",
@@ -787,5 +817,49 @@ pub fn pasta_tools() -> Result<(PathBuf, PathBuf), String> {
         (Ok(r), Ok(p)) => Ok((r, p)),
         (Err(a), Err(b)) => Err(format!("{a}; {b}")),
         (Err(e), _) | (_, Err(e)) => Err(e),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::trusted_file;
+    use std::os::unix::fs::PermissionsExt;
+
+    #[test]
+    fn a_file_others_could_change_is_not_trusted() {
+        let dir = std::env::temp_dir().join(format!("nsfast-trusted-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir(&dir).unwrap();
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let bin = dir.join("pasta");
+        std::fs::write(&bin, "#!/bin/sh\n").unwrap();
+        std::fs::set_permissions(&bin, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let link = dir.join("link");
+        std::os::unix::fs::symlink(&bin, &link).unwrap();
+        let check = |p: &std::path::Path| trusted_file(p);
+
+        // Ours, under the sticky /tmp: trusted, and a symlink resolves to its target.
+        assert_eq!(check(&bin).unwrap(), bin.canonicalize().unwrap());
+        assert_eq!(check(&link).unwrap(), bin.canonicalize().unwrap());
+        // A group-writable directory above it: anyone in the group could swap the file.
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o775)).unwrap();
+        let e = check(&bin).unwrap_err();
+        assert!(
+            e.contains("writable by group or others") && e.contains("775"),
+            "{e}"
+        );
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+        // The file itself world-writable.
+        std::fs::set_permissions(&bin, std::fs::Permissions::from_mode(0o757)).unwrap();
+        assert!(check(&bin).unwrap_err().contains("757"));
+        std::fs::set_permissions(&bin, std::fs::Permissions::from_mode(0o755)).unwrap();
+        // Another user's file (only root can make one to test with).
+        if nix::unistd::geteuid().is_root() {
+            nix::unistd::chown(&bin, Some(nix::unistd::Uid::from_raw(65534)), None).unwrap();
+            let e = check(&bin).unwrap_err();
+            assert!(e.contains("belongs to uid 65534"), "{e}");
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert!(check(&bin).is_err());
     }
 }
