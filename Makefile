@@ -69,6 +69,7 @@ check: check-cargo check-tools
 	$(CARGO) fmt --all -- --check
 	rustfmt --edition 2021 --check fuzz/fuzz_targets/*.rs
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
+	RUSTDOCFLAGS="-D warnings" $(CARGO) doc --workspace --no-deps --quiet
 	$(CARGO) test --workspace --lib --bins
 	fuzz/smoke.sh
 
@@ -86,6 +87,7 @@ lint: deps
 	$(CARGO) fmt --all -- --check
 	rustfmt --edition 2021 --check fuzz/fuzz_targets/*.rs
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
+	RUSTDOCFLAGS="-D warnings" $(CARGO) doc --workspace --no-deps --quiet
 
 test-unit: deps
 	$(CARGO) test --workspace --lib --bins

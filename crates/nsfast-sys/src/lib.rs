@@ -26,7 +26,7 @@
 //! - [`vsock`]   — minimal AF_VSOCK stream sockets (listen/accept/connect) over raw syscalls.
 //! - [`udp`]     — batched IPv4 UDP: recvmmsg + GRO, sendmmsg + GSO, transparent sockets, SCM_RIGHTS.
 //! - [`conntrack`] — ctnetlink: dump IPv4 conntrack entries, delete by tuple.
-//! - [`out`]     — stdout output that returns errors instead of panicking (closed stdout).
+//! - [`out`](mod@out)     — stdout output that returns errors instead of panicking (closed stdout).
 //! - [`pidfd`]   — `pidfd_open(2)`: a handle on a process that a reused PID cannot redirect.
 //! - [`userns`]  — join a rootless user/mount/network namespace set (RootlessKit child) before exec.
 //! - [`metrics`] — Prometheus text/OpenMetrics snapshots and the `/metrics` endpoint

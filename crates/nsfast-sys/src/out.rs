@@ -1,8 +1,8 @@
 //! Output to stdout that never panics: a closed stdout (a reader such as `head -c1` that went
-//! away) is an `io::Error` with [`ErrorKind::BrokenPipe`](std::io::ErrorKind::BrokenPipe), which
+//! away) is an `io::Error` with [`std::io::ErrorKind::BrokenPipe`], which
 //! the binaries' `main` turns into a quiet exit (ripgrep's rule), instead of `println!`'s panic.
 //!
-//! - [`outln!`](crate::outln) / [`out!`](crate::out): `println!` / `print!` that return
+//! - [`outln!`](crate::outln) / [`out!`](macro@crate::out): `println!` / `print!` that return
 //!   `io::Result<()>`; use them with `?`.
 //! - [`is_broken_pipe`]: whether an error (or any error in its source chain) is a closed pipe.
 //! - [`errln`]: a last error line to stderr that ignores a closed stderr.

@@ -2,6 +2,10 @@
 //!
 //! Thin binary: argument parsing and output; the work lives in the library crates.
 
+// The doc comments of the clap types are `--help` text and the man pages, written for a
+// terminal (`<dead pid>`, `[IPV6]:PORT`), not rustdoc markup.
+#![allow(rustdoc::invalid_html_tags, rustdoc::broken_intra_doc_links)]
+
 use std::process::ExitCode;
 
 use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};

@@ -331,7 +331,7 @@ impl Host {
     }
 
     /// Writes `r` so that a crash leaves either the old or the new record, never a torn one
-    /// (see [`write_private`]).
+    /// (see `write_private`).
     pub fn write_record(&self, r: &PodRecord) -> Result<(), PodError> {
         let dir = self.state_dir();
         create_dir_all_racy(&dir)?;
@@ -531,7 +531,7 @@ fn key_is_stale(key: &str, live: &std::collections::BTreeMap<u64, Vec<PathBuf>>)
 }
 
 /// Host keys with pod state (pins or records) whose network namespace no longer exists
-/// anywhere ([`key_is_stale`]): what is left when a host namespace was deleted without its
+/// anywhere (`key_is_stale`): what is left when a host namespace was deleted without its
 /// pods (a killed run, or a namespace deleted by hand), even if a new namespace got its inode.
 pub fn orphaned_keys() -> Vec<String> {
     orphaned_keys_where(|_| true)

@@ -178,7 +178,7 @@ impl Shortcut {
         Ok((ebpf, readers, sockopt, cgroup_id))
     }
 
-    /// Whether the splice guard is attached (see [`crate::readers`]).
+    /// Whether the splice guard is attached (see [`nsfast_bpf::sockmap_readers`]).
     pub fn splice_guard(&self) -> bool {
         self.readers.as_ref().is_some_and(|r| r.splice_guard)
     }

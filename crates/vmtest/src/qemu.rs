@@ -1,5 +1,5 @@
 //! Boots one guest under qemu-system-x86_64, streams its serial console into a
-//! [`GuestRun`](crate::report::GuestRun) and a log file, and enforces time limits.
+//! [`crate::report::GuestRun`] and a log file, and enforces time limits.
 
 use std::fs;
 use std::io::{BufRead, BufReader, Read, Write};

@@ -51,7 +51,7 @@
 //!   SK_DROP); the program cannot remove its own socket (sk_skb programs may not update a
 //!   sockmap). The leg's drop count (SO_MEMINFO) against its count at the join turns such a
 //!   loss into a failed connection (`check_drops`), never a silent hole.
-//! - A vsock skb is never left partly read at the join ([`forward_queued`]): read_skb would
+//! - A vsock skb is never left partly read at the join (`forward_queued`): read_skb would
 //!   send its already-read bytes again.
 //! - The process ending (SIGTERM, SIGKILL) closes both legs: a closed socket leaves the map by
 //!   itself (sock_map_close), and the program and maps go with the last descriptor.

@@ -4,7 +4,7 @@
 //! Module map:
 //! - [`addr`]   — the address syntax (`vsock-listen:PORT[,cid=CID]`, `hybrid:PATH:PORT`, ...).
 //! - [`bridge`] — the sibling bridge: VMs of one group reach each other through the host.
-//! - [`bench`]  — iperf-vsock-like throughput client and server on any stream address.
+//! - [`bench`](mod@bench)  — iperf-vsock-like throughput client and server on any stream address.
 //! - [`nsmode`] — Linux 7.0 vsock namespace modes: show, create the safe way.
 //! - [`hybrid`] — the host side of the hybrid vsock handshake (`CONNECT PORT\n` / `OK n\n`).
 //! - [`conn`]   — opening addresses: listeners, connections, stdio, as owned file descriptors.
