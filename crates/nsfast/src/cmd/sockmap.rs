@@ -37,8 +37,8 @@ pub enum SockmapCmd {
         #[arg(long, value_name = "LIST", value_parser = PortList::arg("--exclude-ports"))]
         exclude_ports: Option<PortList>,
         /// Bytes a receiver may leave unread in its shortcut queue, per connection and
-        /// direction; beyond it that direction moves to TCP for good, whose receive window then
-        /// holds the sender back (e.g. 4M, 64M).
+        /// direction; beyond it that direction moves to TCP, whose receive window then holds
+        /// the sender back, until the receiver has read everything (e.g. 4M, 64M).
         #[arg(long, value_name = "SIZE", default_value = "16M",
               value_parser = size::arg("--queue-limit", 64 << 10, 1 << 40))]
         queue_limit: u64,
