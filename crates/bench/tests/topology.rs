@@ -94,6 +94,17 @@ fn worker_launcher() -> Launcher {
     }
 }
 
+/// Where a test builds topologies: named `prefix`, under `run_cg`, workers from
+/// [`worker_launcher`].
+fn worker_ctx(prefix: &str, run_cg: &RunCgroup) -> BuildCtx {
+    BuildCtx {
+        prefix: prefix.to_string(),
+        cgroup_root: run_cg.path().to_path_buf(),
+        launcher: Some(worker_launcher()),
+        tenant: None,
+    }
+}
+
 fn runner() -> Runner {
     let config = Config {
         topologies: vec![],
@@ -210,12 +221,7 @@ fn build_and_teardown_leave_nothing_behind() {
     let mut skipped = BTreeMap::new();
     {
         let run_cg = RunCgroup::create(&prefix).unwrap();
-        let ctx = BuildCtx {
-            prefix: prefix.clone(),
-            cgroup_root: run_cg.path().to_path_buf(),
-            launcher: Some(worker_launcher()),
-            tenant: None,
-        };
+        let ctx = worker_ctx(&prefix, &run_cg);
         let mut built = Vec::new();
         for d in registry() {
             // The rootless worlds have their own test below.
@@ -738,12 +744,7 @@ fn crr_leaves_no_time_wait_socket_in_the_client_namespace() {
     require_root();
     let prefix = nsfast_lab::name::unique("tw");
     let run_cg = RunCgroup::create(&prefix).unwrap();
-    let ctx = BuildCtx {
-        prefix: prefix.clone(),
-        cgroup_root: run_cg.path().to_path_buf(),
-        launcher: Some(worker_launcher()),
-        tenant: None,
-    };
+    let ctx = worker_ctx(&prefix, &run_cg);
     for name in ["host", "veth"] {
         let d = registry().into_iter().find(|d| d.name == name).unwrap();
         let b = (d.build)(&ctx).unwrap_or_else(|e| panic!("build {name}: {e}"));
