@@ -627,16 +627,31 @@ pub fn create_dir_all_racy(dir: &Path) -> Result<(), PodError> {
             .create(dir)
         {
             Ok(()) => {
-                let m = fs::symlink_metadata(dir)
-                    .map_err(PodError::io(format!("stat {}", dir.display())))?;
+                let m = match fs::symlink_metadata(dir) {
+                    Ok(m) => m,
+                    // Removed again between the mkdir and this look: make it anew.
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                        last = Some(e);
+                        continue;
+                    }
+                    Err(e) => return Err(PodError::io(format!("stat {}", dir.display()))(e)),
+                };
                 if !m.is_dir() {
                     return Err(PodError::io(format!("create {}", dir.display()))(
                         std::io::Error::from(std::io::ErrorKind::NotADirectory),
                     ));
                 }
                 if m.permissions().mode() & 0o077 != 0 {
-                    fs::set_permissions(dir, fs::Permissions::from_mode(0o700))
-                        .map_err(PodError::io(format!("chmod 0700 {}", dir.display())))?;
+                    match fs::set_permissions(dir, fs::Permissions::from_mode(0o700)) {
+                        Ok(()) => {}
+                        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                            last = Some(e);
+                            continue;
+                        }
+                        Err(e) => {
+                            return Err(PodError::io(format!("chmod 0700 {}", dir.display()))(e))
+                        }
+                    }
                 }
                 // The roots nsfast owns above it, however they were made (an older version, an
                 // admin's `mkdir -p`): 0700 too, so no directory of pod state lists to others.
@@ -654,6 +669,14 @@ pub fn create_dir_all_racy(dir: &Path) -> Result<(), PodError> {
                 return Ok(());
             }
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => last = Some(e),
+            // std's recursive create reports the EEXIST of its mkdir when `dir` is no
+            // directory by the time it looks again: the last pod's DEL removed it in between.
+            Err(e)
+                if e.kind() == std::io::ErrorKind::AlreadyExists
+                    && fs::symlink_metadata(dir).is_err() =>
+            {
+                last = Some(e)
+            }
             Err(e) => return Err(PodError::io(format!("create {}", dir.display()))(e)),
         }
     }
@@ -954,6 +977,35 @@ pub struct CniAttachment {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A host's last DEL removes its state directory under the lock while an ADD makes it
+    /// before taking the lock: whichever step of the make the removal falls between, the
+    /// make succeeds and the directory exists afterwards (the removal happens once a round,
+    /// as a DEL's does).
+    #[test]
+    fn making_the_state_directory_survives_a_concurrent_removal() {
+        let root = std::env::temp_dir().join(format!("nsfast-racy-mkdir-{}", std::process::id()));
+        let dir = root.join("host");
+        for round in 0..10000 {
+            fs::create_dir_all(&dir).unwrap();
+            let go = std::sync::Arc::new(std::sync::Barrier::new(2));
+            let (d, g) = (dir.clone(), go.clone());
+            let remover = std::thread::spawn(move || {
+                g.wait();
+                let _ = fs::remove_dir(&d);
+            });
+            go.wait();
+            let made = create_dir_all_racy(&dir);
+            remover.join().unwrap();
+            if let Err(e) = made {
+                fs::remove_dir_all(&root).ok();
+                panic!("round {round}: {e}");
+            }
+            // The removal came after the make, or before it and the make redid it.
+            fs::remove_dir_all(&dir).ok();
+        }
+        fs::remove_dir_all(&root).unwrap();
+    }
 
     /// A record written before `attach`/`tc_filters` existed still reads, with the method its
     /// datapath implies.
