@@ -82,6 +82,9 @@ pub struct BootSpec {
     pub echo: bool,
     /// Echo kernel boot lines before /init too.
     pub verbose: bool,
+    /// Run the tests from this one on (`nsfast.from=NAME` on the kernel command line; a
+    /// guest booted again after an emulator fault), instead of all.
+    pub from_test: Option<String>,
 }
 
 /// How a boot ended.
@@ -119,7 +122,11 @@ pub fn command(spec: &BootSpec) -> Command {
         .arg(&spec.kernel)
         .arg("-initrd")
         .arg(&spec.initrd)
-        .args(["-append", CMDLINE])
+        .arg("-append")
+        .arg(match &spec.from_test {
+            Some(t) => format!("{CMDLINE} nsfast.from={t}"),
+            None => CMDLINE.to_string(),
+        })
         .args(&spec.extra_args);
     c
 }

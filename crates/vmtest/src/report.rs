@@ -58,18 +58,14 @@ pub const BAD_KERNEL_PATTERNS: &[&str] = &[
 
 /// `[    1.234567] text` → `text`, for kernel lines (Debian kernels log with timestamps).
 pub fn kernel_text(line: &str) -> Option<&str> {
-    let t = line.trim_start();
-    let rest = t.strip_prefix('[')?;
-    let (ts, text) = rest.split_once(']')?;
-    let ts = ts.trim();
-    let (a, b) = ts.split_once('.')?;
-    if a.is_empty()
-        || !a.chars().all(|c| c.is_ascii_digit())
-        || !b.chars().all(|c| c.is_ascii_digit())
-    {
-        return None;
-    }
-    Some(text.trim_start())
+    // The first timestamp in the line: a kernel message can land mid-line, after a test's
+    // output that had no newline yet.
+    line.match_indices('[').find_map(|(i, _)| {
+        let (ts, text) = line[i + 1..].split_once(']')?;
+        let (a, b) = ts.trim().split_once('.')?;
+        let digits = |s: &str| !s.is_empty() && s.chars().all(|c| c.is_ascii_digit());
+        (digits(a) && digits(b)).then(|| text.trim_start())
+    })
 }
 
 fn find_marker<'a>(line: &'a str, marker: &str) -> Option<&'a str> {
@@ -142,6 +138,34 @@ impl GuestRun {
             }
             self.check_kernel_line(line);
         }
+    }
+
+    /// The test during which the kernel died of a stale `int3` (`Oops: int3`, then the panic
+    /// it causes, and no other kernel trouble): the emulator's code-patching race, not the
+    /// test's doing. None for any other ending.
+    pub fn emulator_fault_at(&self) -> Option<String> {
+        let int3 = |k: &String| k.starts_with("Oops: int3");
+        let consequence = |k: &String| {
+            k == "Call Trace:" || k.starts_with("Kernel panic - not syncing: Fatal exception")
+        };
+        let only_int3 = self.kernel_problems.iter().any(int3)
+            && self
+                .kernel_problems
+                .iter()
+                .all(|k| int3(k) || consequence(k));
+        match &self.current {
+            Some((name, _)) if !self.done && only_int3 => Some(name.clone()),
+            _ => None,
+        }
+    }
+
+    /// This run's results before the test it died in, followed by `next`, a boot that ran
+    /// the tests from that one on: `next`'s ending, kernel lines and dmesg.
+    pub fn resumed_by(self, mut next: GuestRun) -> GuestRun {
+        let mut results = self.results;
+        results.append(&mut next.results);
+        next.results = results;
+        next
     }
 
     fn check_kernel_line(&mut self, line: &str) {
@@ -226,6 +250,62 @@ mod tests {
             ]
         );
         assert!(!g.done);
+    }
+
+    /// The console of a 6.12 TCG guest that died in pod-dual-netkit (lines as they came).
+    const INT3_DEATH: &str = "NSFAST-INIT release=6.12 nproc=2\n\
+         NSFAST-TEST-START pod-state\n\
+         NSFAST-TEST pod-state PASS rc=0\n\
+         NSFAST-TEST-START pod-dual-netkit\n\
+         test dual_stack_pods_talk_ipv6 ... [  269.756784] Oops: int3: 0000 [#1] PREEMPT SMP NOPTI\n\
+         [  269.757420] RIP: 0010:flow_hash_from_keys+0x21/0xa0\n\
+         [  269.758788] Call Trace:\n\
+         [  269.759266]  <TASK>\n\
+         [  269.761276] Kernel panic - not syncing: Fatal exception in interrupt\n\
+         [  269.761858] Kernel Offset: disabled\n";
+
+    #[test]
+    fn a_stale_int3_mid_test_is_an_emulator_fault_to_boot_again_from() {
+        let g = feed_all(INT3_DEATH);
+        assert_eq!(g.emulator_fault_at().as_deref(), Some("pod-dual-netkit"));
+        // The second boot runs pod-dual-netkit and what follows; the first boot's results
+        // stay, its kernel lines go with it.
+        let again = feed_all(
+            "NSFAST-INIT release=6.12 nproc=2\n\
+             NSFAST-TEST-START pod-dual-netkit\n\
+             NSFAST-TEST pod-dual-netkit PASS rc=0\n\
+             NSFAST-TEST-START pod-spoof\n\
+             NSFAST-TEST pod-spoof FAIL rc=1\n\
+             NSFAST-DONE\n",
+        );
+        let r = g.resumed_by(again);
+        let verdicts: Vec<(&str, bool)> = r
+            .results
+            .iter()
+            .map(|(n, t)| (n.as_str(), t.pass))
+            .collect();
+        assert_eq!(
+            verdicts,
+            [
+                ("pod-dual-netkit", true),
+                ("pod-spoof", false),
+                ("pod-state", true)
+            ]
+        );
+        assert!(r.done && r.kernel_problems.is_empty());
+    }
+
+    #[test]
+    fn other_kernel_deaths_are_no_emulator_fault() {
+        // Another oops beside the int3, a different oops, or a guest that finished.
+        for text in [
+            INT3_DEATH.replace("RIP:", "BUG: unable to handle page fault RIP:"),
+            INT3_DEATH.replace("Oops: int3", "Oops: general protection fault"),
+            format!("{INT3_DEATH}NSFAST-DONE\n"),
+            INT3_DEATH.replace("NSFAST-TEST-START pod-dual-netkit\n", ""),
+        ] {
+            assert_eq!(feed_all(&text).emulator_fault_at(), None, "{text}");
+        }
     }
 
     #[test]
