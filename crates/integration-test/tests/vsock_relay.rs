@@ -577,11 +577,21 @@ fn silent_vmm_fails_within_the_connect_timeout_and_the_relay_keeps_serving() {
     let back = echo_retrying(&w, 7010, b"second connection");
     assert_eq!(back, b"second connection");
     vmm.join().unwrap();
-    let first = next_line();
+    // Connections are reported as they finish, not as they were accepted, so the lines are
+    // matched by the relay's connection id: the silent one was accepted first (id 1); the
+    // echo that followed is the first one without an error.
+    let (mut first, mut echoed) = (None, None);
+    while first.is_none() || echoed.is_none() {
+        let l = next_line();
+        if l["id"] == 1 {
+            first = Some(l);
+        } else if l["error"].is_null() && echoed.is_none() {
+            echoed = Some(l);
+        }
+    }
+    let (first, second) = (first.unwrap(), echoed.unwrap());
     let err = first["error"].as_str().unwrap_or_default();
     assert!(err.contains("no reply to CONNECT 52 within 1s"), "{first}");
-    let second = next_line();
-    assert!(second["error"].is_null(), "{second}");
     assert_eq!(second["bytes_a_to_b"], 17, "{second}");
     let out = signal_and_wait(relay, nix::sys::signal::Signal::SIGTERM);
     assert!(out.status.success());
@@ -2288,8 +2298,23 @@ fn guest_kernel_path_a_target_that_does_not_read_holds_the_vsock_sender_back() {
         let (out, log) = relay.output_with_log();
         let stats = json_of(&out);
         assert_eq!(stats["path"], "kernel", "{stats}\n{log}");
-        assert_eq!(got, sent, "{kind}: {stats}");
-        assert_eq!(got_sha, sent_sha, "{kind}: bytes differ");
+        if got != sent {
+            // The hand-over takes the vsock source out of the verdict's map, which can race
+            // with the transport's read_skb and drop one skb (docs/vsock.md, "Taking a vsock
+            // source out of the verdict's map ... can drop one skb": seen once, 6.12 under
+            // TCG). The relay must then fail the connection naming the lost skbs, never end
+            // it cleanly over a hole.
+            let err = stats["error"].as_str().unwrap_or_default();
+            assert!(
+                got < sent && err.contains("the kernel dropped") && err.contains("reset"),
+                "{kind}: {got} of {sent} bytes arrived without the drop named: {stats}"
+            );
+            eprintln!(
+                "{kind}: the kernel dropped an skb at the hand-over; the relay said so: {err}"
+            );
+        } else {
+            assert_eq!(got_sha, sent_sha, "{kind}: bytes differ");
+        }
         assert!(
             sent <= STALLED_TARGET_BOUND,
             "{kind}: {sent} bytes went out to a target that did not read (at most {STALLED_TARGET_BOUND}): {stats}"
