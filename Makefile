@@ -8,6 +8,7 @@
 #   make demo   install, build, run the main job (nsfast bench --quick) in throwaway namespaces
 #   make test   install, then every test: format, lints, fuzzers (short), unit + root
 #               integration tests, VM matrix
+#   make test-stress  the root tests and VM lines 3 times each on a loaded machine (flaky-test hunt)
 #   make check  the fast lane, as any user, installs nothing: format, lints, unit tests, fuzz
 #               smoke (every fuzz target over its seed corpus, stable toolchain)
 #   make fuzz   every fuzz target for longer (FUZZ_SECS each, default 600; docs/fuzzing.md)
@@ -27,7 +28,7 @@ DEB_VM    := qemu-system-x86 kmod xz-utils debian-archive-keyring binutils libc-
 DEB_SHIP  := man-db groff-base binutils zsh fish lintian
 DEB_ALL   := $(DEB_BUILD) $(DEB_TEST) $(DEB_VM) $(DEB_SHIP)
 
-.PHONY: all check check-cargo check-tools deps deps-build build demo test test-unit test-root test-vm lint fuzz fuzz-ci bench clean
+.PHONY: all check check-cargo check-tools deps deps-build build demo test test-unit test-root test-vm test-stress lint fuzz fuzz-ci bench clean
 
 all: build
 
@@ -191,6 +192,16 @@ fuzz: deps
 	fuzz/run.sh -t $(FUZZ_SECS) $(if $(FUZZ_MERGE),--merge)
 
 test: lint fuzz-ci test-root test-install test-vm
+
+# The flaky-test hunt (not part of `make test`): the root tests and the VM lines STRESS_ROUNDS
+# times each while stress-ng keeps every CPU busy, then how often each test failed
+# (scripts/test-stress.sh; CONTRIBUTING.md, "Tests that hold on a loaded machine").
+STRESS_ROUNDS ?= 3
+STRESS_PARTS ?= root vm
+test-stress: deps
+	$(call install_missing,stress-ng)
+	$(CARGO) build --workspace --tests
+	scripts/test-stress.sh --rounds $(STRESS_ROUNDS) --parts "$(STRESS_PARTS)"
 
 # Longer run, both CPU placements, with the sockperf/iperf3 cross-check.
 bench: deps build
