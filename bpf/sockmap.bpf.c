@@ -22,6 +22,7 @@
 #include "sockmap_key.h"
 #include "sockmap_maps.h"
 #include "sockmap_pair.h"
+#include "sockmap_admit.h"
 #include "pod_policy_rules.h"
 
 char LICENSE[] SEC("license") = "Dual MIT/GPL";
@@ -30,6 +31,14 @@ char LICENSE[] SEC("license") = "Dual MIT/GPL";
  * window then holds the sender back until the receiver has read everything (user space may
  * set it). */
 volatile const __u64 nsf_queue_limit = 16 << 20;
+
+/* Admission (lib/sockmap_admit.h): after this many connections in a row between the same
+ * endpoints that gained nothing, new ones keep TCP without joining (0: every connection joins;
+ * user space may set it). */
+volatile const __u32 nsf_admit_after = 4;
+/* ... and while they do, a probe joins at most this often per endpoints (ns; user space may
+ * set it). */
+volatile const __u64 nsf_admit_probe_ns = 10000000;
 
 #define NSF_MAY_READ 4 /* include/linux/fs.h */
 #define NSF_MSG_PEEK 2
@@ -106,14 +115,32 @@ NSF_INLINE void on_established(struct bpf_sock_ops *skops, __u32 active)
 			return;
 		key.pad = host_id;
 	}
+	sk = skops->sk;
+	if (!sk)
+		return;
+	/* Storage exists already if a socket option hook made it (or the listener's was cloned):
+	 * then the option's verdict comes first; or if the socket was in the shortcut for an
+	 * earlier connection and connected again (connect(AF_UNSPEC), then connect()): that
+	 * connection's state is stale, and a socket that does not join must not keep it. */
+	st = bpf_sk_storage_get(&nsf_skstate, sk, 0, 0);
+	if (st && st->cookie && !(st->flags & NSF_SK_NO_SHORTCUT)) {
+		st->cookie = 0;
+		/* An option it set then that the shortcut cannot honour is still set. */
+		st->flags = st->kept_reason ? NSF_SK_NO_SHORTCUT : 0;
+	}
 	if (!nsf_port_allowed(key.server_port)) {
 		nsf_count(NSF_STAT_SKIPPED_PORT, 1);
 		return;
 	}
-	sk = skops->sk;
-	if (!sk)
-		return;
-	st = bpf_sk_storage_get(&nsf_skstate, sk, 0, BPF_SK_STORAGE_GET_F_CREATE);
+	if (!(st && (st->flags & NSF_SK_NO_SHORTCUT))) {
+		if (nsf_admit_skip(&key, active, nsf_admit_after, nsf_admit_probe_ns,
+				   bpf_ktime_get_ns())) {
+			nsf_count(NSF_STAT_SKIPPED_SHORT, 1);
+			return;
+		}
+		if (!st)
+			st = bpf_sk_storage_get(&nsf_skstate, sk, 0, BPF_SK_STORAGE_GET_F_CREATE);
+	}
 	if (!st) {
 		nsf_count(NSF_STAT_SOCK_ADD_FAILED, 1);
 		return;
@@ -177,6 +204,21 @@ NSF_INLINE void on_close(struct bpf_sock_ops *skops)
 	st = bpf_sk_storage_get(&nsf_skstate, sk, 0, 0);
 	if (!st || (st->flags & NSF_SK_PAIRED))
 		return; /* a claimer (which enabled no close callback) owns no map entry */
+	if (nsf_admit_after) {
+		/* What the shortcut carried for this connection, both ways. */
+		struct nsf_rx *rx = bpf_map_lookup_elem(&nsf_rx, &st->cookie);
+		__u64 *peer = bpf_map_lookup_elem(&nsf_peers, &st->cookie);
+		__u64 n = rx ? rx->redirects : 0;
+
+		if (peer) {
+			__u64 pc = *peer;
+
+			rx = bpf_map_lookup_elem(&nsf_rx, &pc);
+			if (rx)
+				n += rx->redirects;
+		}
+		nsf_admit_record(&st->key, n, bpf_ktime_get_ns());
+	}
 	nsf_unpair(&st->key, st->cookie);
 	bpf_map_delete_elem(&nsf_rx, &st->cookie);
 	nsf_count(NSF_STAT_CLOSED, 1);
@@ -325,6 +367,8 @@ int nsf_sk_msg(struct sk_msg_md *msg)
 		goto to_tcp;
 	}
 	redirected = 1;
+	/* Only this socket sends into rx's, under its socket lock. */
+	rx->redirects += 1;
 	goto count;
 to_tcp:
 	nsf_count(fallback, 1);
@@ -493,6 +537,12 @@ int nsf_setsockopt(struct bpf_sockopt *ctx)
 	if (zc) {
 		bpf_set_retval(-NSF_ENOPROTOOPT);
 		return 0;
+	}
+	if (!st->kept_reason) {
+		/* The option stays set: should the socket connect again, it does not join. */
+		st->kept_pid = (__u32)(bpf_get_current_pid_tgid() >> 32);
+		st->kept_reason = reason;
+		bpf_get_current_comm(st->kept_comm, sizeof(st->kept_comm));
 	}
 	if (out && !(st->flags & NSF_SK_KEEP_TCP)) {
 		st->flags |= NSF_SK_KEEP_TCP;

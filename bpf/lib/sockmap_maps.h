@@ -62,6 +62,7 @@ enum nsf_stat {
 	NSF_STAT_GATED_BYTES,
 	NSF_STAT_KEPT_TCP,       /* sockets kept on TCP for an option or read flag (nsf_setsockopt, MSG_WAITALL) */
 	NSF_STAT_POLICY_DENIED,  /* pod mode: directions moved to TCP because a policy change denies their connection */
+	NSF_STAT_SKIPPED_SHORT,  /* connection ends kept on TCP without joining: their endpoints' recent connections gained nothing (sockmap_admit.h) */
 	NSF_STAT_MAX,
 };
 
@@ -70,6 +71,12 @@ struct nsf_config {
 	__u32 loader_pid;
 	__u32 port_mode;
 	__u64 started_unix;
+	/* The values the read-only globals were loaded with, for `status` (the programs read
+	 * the globals). */
+	__u64 queue_limit;
+	__u64 admit_probe_ns;
+	__u32 admit_after;
+	__u32 pad;
 };
 
 struct nsf_pending {
@@ -132,7 +139,7 @@ struct nsf_rx {
 	__u64 total_read; /* bytes the receiver's reads returned (recvmsg(2), read(2), ...) */
 	__u64 s_end;      /* stream offset where the sender's last shortcut stretch ended */
 	__u32 flags;      /* NSF_RX_* */
-	__u32 pad;
+	__u32 redirects;  /* sends its sender redirected into it (what the connection gained) */
 };
 
 /* Pod mode: a pod's network namespace (nsf_pods value). */

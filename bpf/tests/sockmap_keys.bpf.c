@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: (GPL-2.0-only OR MIT)
 /*
  * BPF_PROG_TEST_RUN harness for the sockmap helpers (key builder, port filter: nsf_test_keys;
- * pairing and unpairing: nsf_test_pair) (sockops and sk_msg programs cannot be
+ * pairing and unpairing: nsf_test_pair; admission: nsf_test_admit) (sockops and sk_msg programs cannot be
  * test-run, so their helpers are exercised through a tc classifier, as Cilium does).
  *
  * Input packet: 14 bytes of padding (a fake Ethernet header) then a struct nsf_conn_view.
@@ -73,5 +73,33 @@ int nsf_test_pair(struct __sk_buff *skb)
 		return r;
 	}
 	nsf_unpair(&in.key, in.cookie);
+	return 3;
+}
+
+#include "sockmap_admit.h"
+
+/* Input for nsf_test_admit, after 14 bytes of padding. */
+struct nsf_test_admit_in {
+	struct nsf_pair_key key;
+	__u64 now;
+	__u32 redirects;
+	__u32 after;
+	__u32 op; /* 0: nsf_admit_skip, 1: nsf_admit_record */
+	__u32 active; /* nsf_admit_skip: 1 for the client end */
+	__u64 probe_ns;
+};
+
+/* Runs nsf_admit_skip (op 0; returns its verdict, 1: keep TCP) or nsf_admit_record (op 1;
+ * returns 3) on the input, or 255 when the input cannot be read. */
+SEC("classifier")
+int nsf_test_admit(struct __sk_buff *skb)
+{
+	struct nsf_test_admit_in in = {};
+
+	if (bpf_skb_load_bytes(skb, 14, &in, sizeof(in)) != 0)
+		return 255;
+	if (in.op == 0)
+		return nsf_admit_skip(&in.key, in.active, in.after, in.probe_ns, in.now);
+	nsf_admit_record(&in.key, in.redirects, in.now);
 	return 3;
 }

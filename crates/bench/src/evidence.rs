@@ -148,6 +148,7 @@ impl FastPath {
                     ("passed_bytes".to_string(), s.passed_bytes),
                     ("gated_bytes".to_string(), s.gated_bytes),
                     ("pairs".to_string(), s.pairs),
+                    ("skipped_short".to_string(), s.skipped_short),
                     ("tainted".to_string(), s.tainted),
                     ("redirect_failed".to_string(), s.redirect_failed),
                 ]))
@@ -161,6 +162,7 @@ impl FastPath {
                     ("redirected_bytes".to_string(), s.redirected_bytes),
                     ("passed_bytes".to_string(), s.passed_bytes),
                     ("pairs".to_string(), s.pairs),
+                    ("skipped_short".to_string(), s.skipped_short),
                 ]))
             }
             FastPath::Pod { hosts, .. } => {
@@ -194,7 +196,9 @@ impl FastPath {
     /// The evidence of a measurement of `w` between two readings. A crr connection through a
     /// shortcut exchanges one request and one reply, both sent before their receiver has read
     /// anything, so they stay on TCP (docs/sockmap.md, "What keeps TCP"): what the shortcut
-    /// does for crr is pairing each connection, and its pair count is the evidence.
+    /// does for crr is pairing the first connections and then keeping the rest out
+    /// (`skipped_short`, in `moved`) but for a probe every 10 ms, which pairs; its pair count
+    /// is the evidence.
     pub fn evidence_for(&self, w: Workload, before: &Reading, after: &Reading) -> Evidence {
         let mut e = self.evidence(before, after);
         if w == Workload::Crr && matches!(self, FastPath::Sockmap | FastPath::PodShortcut { .. }) {

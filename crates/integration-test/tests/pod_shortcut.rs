@@ -5,7 +5,7 @@
 //! shortcut status`. `NSFAST_BIN` runs another build.
 
 mod common;
-use common::{nft_in, nsfast_env, nsfast_ok, nsfast_stdin, text};
+use common::{nft_in, nsfast, nsfast_env, nsfast_ok, nsfast_stdin, text};
 use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -16,7 +16,7 @@ use nsfast_lab::pods::{ModeRequest, Topology};
 use nsfast_lab::require_root;
 use nsfast_lab::world::{unique, TestCgroup};
 use nsfast_sys::netns::NetNs;
-use serde_json::Value;
+use serde_json::{json, Value};
 
 const GIB: u64 = 1 << 30;
 
@@ -343,6 +343,31 @@ fn pod_to_host_and_pod_to_remote_pod_keep_the_kernel_path() {
     assert_pod_redirected(&w.status(0), &a1, bytes);
 }
 
+/// A pod whose peer pod stops reading is held back within the queue limit and TCP's own
+/// buffers, as with `nsfast sockmap` (pod mode loads the same program with the default limit).
+#[test]
+fn a_pod_that_stops_reading_holds_the_sending_pod_back() {
+    require_root();
+    let w = World::new(&[0]);
+    peer::assert_stopped_reader_holds_sender_back(
+        &w.pod_ns(0, 0),
+        &w.pod_ns(0, 1),
+        Some(&w.cg.procs()),
+        w.addr(0, 0, 5150),
+        256 << 20,
+        1 << 20,
+        nsfast_sockmap::abi::DEFAULT_QUEUE_LIMIT,
+        || w.status(0).to_string(),
+    );
+    // Held back by the queue limit, or (when the receiver stopped while that direction was
+    // still on TCP, as in slow TCG guests) by TCP's window.
+    let st = w.status(0);
+    assert!(
+        st["queue_limit"].as_u64().unwrap() >= 1 || st["gated_bytes"].as_u64().unwrap() > 0,
+        "{st}"
+    );
+}
+
 #[test]
 fn a_no_shortcut_pod_is_not_redirected() {
     require_root();
@@ -491,6 +516,106 @@ fn identical_pods_on_two_hosts_never_receive_each_others_bytes() {
             "{st}"
         );
     }
+}
+
+/// COUNT short connections, one after the other, from pod (0, 1) to an echo server in pod
+/// (0, 0) at `port`.
+fn short_connections(w: &World, port: u16, count: u64) {
+    let cg = w.cg.procs();
+    let a = w.addr(0, 0, port);
+    let s = peer::spawn(
+        &nsfast_lab::bins::testpeer(),
+        &w.pod_ns(0, 0),
+        Some(&cg),
+        &args(&["echo-server", "--listen", &a.to_string()]),
+    );
+    peer::wait_listening(&w.pod_ns(0, 0), a);
+    let c = peer::spawn(
+        &nsfast_lab::bins::testpeer(),
+        &w.pod_ns(0, 1),
+        Some(&cg),
+        &args(&[
+            "many",
+            "--connect",
+            &a.to_string(),
+            "--conns",
+            &count.to_string(),
+            "--size",
+            "64",
+            "--sequential",
+        ]),
+    );
+    let r: Report = peer::finish(c, "short connections");
+    assert_eq!((r.ok, r.failed), (count, 0), "{}", r.detail);
+    drop(s);
+}
+
+/// Admission in pod mode: by default a streak of short connections keeps TCP;
+/// `enable --keep-tcp-after 0` joins every one, is recorded and shown, and enabling again
+/// with other settings is refused.
+#[test]
+fn pod_shortcut_admission_is_on_by_default_and_settable() {
+    require_root();
+    let w = World::new(&[0]);
+    let st = w.status(0);
+    assert_eq!(
+        (&st["keep_tcp_after"], &st["probe_interval_ns"]),
+        (&json!(4), &json!(10_000_000)),
+        "{st}"
+    );
+    short_connections(&w, 5601, 40);
+    let st = w.status(0);
+    assert!(
+        st["skipped_short"].as_u64().unwrap() > 0 && st["pairs"].as_u64().unwrap() < 40,
+        "a streak of short pod connections keeps TCP: {st}"
+    );
+    nsfast_ok(&["pod", "shortcut", "disable", "--host", w.host(0)]);
+    let cg = w.cg.path().to_string_lossy().into_owned();
+    let enable = |extra: &[&str]| {
+        let mut a = vec![
+            "pod",
+            "shortcut",
+            "enable",
+            "--host",
+            w.host(0),
+            "--cgroup",
+            &cg,
+        ];
+        a.extend_from_slice(extra);
+        nsfast(&a)
+    };
+    let o = enable(&["--keep-tcp-after", "0", "--probe-interval", "250ms"]);
+    assert!(o.status.success(), "{}", text(&o));
+    let st = w.status(0);
+    assert_eq!(
+        (&st["keep_tcp_after"], &st["probe_interval_ns"]),
+        (&json!(0), &json!(250_000_000)),
+        "{st}"
+    );
+    let shown = nsfast_ok(&["pod", "shortcut", "status", "--host", w.host(0)]);
+    assert!(
+        shown.contains("admission: --keep-tcp-after 0 (every connection joins)"),
+        "{shown}"
+    );
+    short_connections(&w, 5602, 40);
+    let st = w.status(0);
+    assert_eq!(
+        (st["pairs"].as_u64(), st["skipped_short"].as_u64()),
+        (Some(40), Some(0)),
+        "every connection joins: {st}"
+    );
+    // The same settings (or none) again: already enabled. Others: refused, nothing changed.
+    let o = enable(&["--keep-tcp-after", "0"]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(enable(&[]).status.success());
+    let o = enable(&["--keep-tcp-after", "4"]);
+    assert!(!o.status.success());
+    assert!(
+        text(&o).contains("already enabled with --keep-tcp-after 0 --probe-interval 250ms"),
+        "{}",
+        text(&o)
+    );
+    assert_eq!(w.status(0)["keep_tcp_after"], json!(0));
 }
 
 #[test]
@@ -920,6 +1045,38 @@ struct PodmanWorld {
     dir: TempDir,
     node: Option<NetNs>,
     network: String,
+    /// The cgroup parent podman's cgroupfs manager makes (`<cgroup2 root>/libpod_parent`)
+    /// when it was not there before: removed with the world.
+    libpod_parent: Option<PathBuf>,
+}
+
+/// `<cgroup2 root>/libpod_parent` if it does not exist yet (podman will make it).
+fn new_libpod_parent() -> Option<PathBuf> {
+    let p = nsfast_sys::cgroup::cgroup2_mount()
+        .ok()?
+        .join("libpod_parent");
+    (!p.exists()).then_some(p)
+}
+
+/// Removes cgroup directory `dir` and the cgroups below it, deepest first (a cgroup goes only
+/// once its processes have exited: a few tries).
+fn remove_cgroup_tree(dir: &Path) {
+    if let Ok(entries) = std::fs::read_dir(dir) {
+        for e in entries.flatten() {
+            if e.file_type().is_ok_and(|t| t.is_dir()) {
+                remove_cgroup_tree(&e.path());
+            }
+        }
+    }
+    for _ in 0..50 {
+        match std::fs::remove_dir(dir) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                std::thread::sleep(Duration::from_millis(20))
+            }
+            _ => return,
+        }
+    }
+    eprintln!("warning: could not remove cgroup {}", dir.display());
 }
 
 impl PodmanWorld {
@@ -958,6 +1115,9 @@ impl Drop for PodmanWorld {
             let _ = nsfast_env(&["pod", "del", "--all", "--host", &name], &[]);
         }
         drop(self.node.take());
+        if let Some(p) = &self.libpod_parent {
+            remove_cgroup_tree(p);
+        }
     }
 }
 
@@ -981,6 +1141,7 @@ fn podman_containers_talk_http_over_the_shortcut_and_rm_leaves_nothing() {
         dir: tempdir_named(&tag),
         node: Some(NetNs::create(&format!("{tag}-node")).expect("node netns")),
         network: tag.clone(),
+        libpod_parent: new_libpod_parent(),
     };
     let d = w.dir.0.clone();
     for sub in [

@@ -154,7 +154,7 @@ fn bytes_or_err(r: std::io::Result<Vec<u8>>) -> Value {
     }
 }
 
-fn errno_name(e: &std::io::Error) -> String {
+pub(crate) fn errno_name(e: &std::io::Error) -> String {
     match e.raw_os_error() {
         Some(n) => format!("{:?}", nix::errno::Errno::from_raw(n)),
         None => format!("{:?}", e.kind()),

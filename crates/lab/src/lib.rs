@@ -62,6 +62,21 @@ pub fn env_number(name: &str) -> Option<u64> {
     std::env::var(name).ok().and_then(|v| v.parse().ok())
 }
 
+/// What TCP itself may buffer on one connection and direction in the current network
+/// namespace: the sender's and the receiver's buffer maxima (`tcp_wmem[2]` + `tcp_rmem[2]`,
+/// 4 MiB + 6 MiB by default).
+pub fn tcp_buffers_max() -> u64 {
+    let max = |name: &str| -> u64 {
+        let v = std::fs::read_to_string(format!("/proc/sys/net/ipv4/{name}"))
+            .unwrap_or_else(|e| panic!("read {name}: {e}"));
+        v.split_whitespace()
+            .last()
+            .and_then(|m| m.parse().ok())
+            .unwrap_or_else(|| panic!("{name}: {v:?}"))
+    };
+    max("tcp_wmem") + max("tcp_rmem")
+}
+
 /// Waits up to `within` for `child` to end; `None` (the child is then killed and reaped) if it
 /// is still running: a test that expected something else to end it fails at once, not after
 /// the child's own run time.

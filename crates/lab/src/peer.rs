@@ -63,7 +63,8 @@ pub enum Mode {
         #[arg(long, default_value_t = 0)]
         count: u64,
     },
-    /// Open CONNS connections at once; each sends SIZE checksummed bytes and checks the echo.
+    /// Open CONNS connections at once (one after another with --sequential, as a TCP_CRR
+    /// client does); each sends SIZE checksummed bytes and checks the echo.
     Many {
         #[arg(long)]
         connect: SocketAddr,
@@ -71,6 +72,8 @@ pub enum Mode {
         conns: u64,
         #[arg(long)]
         size: usize,
+        #[arg(long)]
+        sequential: bool,
     },
     /// ROUNDS round trips of SIZE bytes against an echo server, checking every reply.
     Pingpong {
@@ -129,6 +132,17 @@ pub enum Mode {
         bytes: u64,
         #[arg(long, default_value_t = 0)]
         for_ms: u64,
+    },
+    /// Connect to FIRST (an echo server) and ping-pong ROUNDS messages; disconnect the socket
+    /// (connect(AF_UNSPEC)) and connect it again, to THEN (an echo server); turn SO_ZEROCOPY
+    /// on and ping-pong again. `detail`: what SO_ZEROCOPY answered ("ok" or the errno).
+    ReconnectClient {
+        #[arg(long)]
+        first: SocketAddr,
+        #[arg(long)]
+        then: SocketAddr,
+        #[arg(long, default_value_t = 20)]
+        rounds: u64,
     },
     /// Connect and send BYTES, then wait for the server to close.
     SendClient {
@@ -264,7 +278,8 @@ async fn run(mode: Mode) -> Result<String> {
             connect: a,
             conns,
             size,
-        } => many(a, conns, size).await,
+            sequential,
+        } => many(a, conns, size, sequential).await,
         Mode::Pingpong {
             connect: a,
             rounds,
@@ -274,6 +289,11 @@ async fn run(mode: Mode) -> Result<String> {
         Mode::HalfcloseClient { connect: a, bytes } => halfclose_client(a, bytes).await,
         Mode::FionreadServer { listen: a, bytes } => fionread_server(a, bytes).await,
         Mode::SendClient { connect: a, bytes } => send_client(a, bytes).await,
+        Mode::ReconnectClient {
+            first,
+            then,
+            rounds,
+        } => tokio::task::spawn_blocking(move || reconnect_client(first, then, rounds)).await?,
         Mode::SpliceServer {
             listen: a,
             recv_first,
@@ -377,11 +397,17 @@ async fn echo_server(a: SocketAddr, count: u64) -> Result<String> {
     })?)
 }
 
-/// `many`: Open CONNS connections at once; each sends SIZE checksummed bytes and checks the echo.
-async fn many(a: SocketAddr, conns: u64, size: usize) -> Result<String> {
+/// `many`: Open CONNS connections at once, or each after the one before has closed
+/// (`sequential`); each sends SIZE checksummed bytes and checks the echo.
+async fn many(a: SocketAddr, conns: u64, size: usize, sequential: bool) -> Result<String> {
     let start = Instant::now();
     let mut tasks = tokio::task::JoinSet::new();
     for i in 0..conns {
+        if sequential {
+            let r = many_one(a, i, size).await;
+            tasks.spawn(async move { r });
+            continue;
+        }
         tasks.spawn(async move { many_one(a, i, size).await });
     }
     let (mut ok, mut failed, mut detail) = (0, 0, String::new());
@@ -520,6 +546,62 @@ async fn fionread_server(a: SocketAddr, bytes: usize) -> Result<String> {
 
 /// `send-client`: Connect, say hi and wait for ok (see TAG_HELLO), send BYTES, then wait for
 /// the server to close.
+/// `reconnect-client`: one socket, two connections (see [`Mode::ReconnectClient`]).
+fn reconnect_client(first: SocketAddr, then: SocketAddr, rounds: u64) -> Result<String> {
+    use std::io::{Read, Write};
+    let sock = socket2::Socket::new(
+        socket2::Domain::for_address(first),
+        socket2::Type::STREAM,
+        None,
+    )?;
+    sock.set_read_timeout(Some(Duration::from_secs(10)))?;
+    sock.set_tcp_nodelay(true)?;
+    let pingpong = |mut s: &socket2::Socket, what: &str| -> Result<()> {
+        let mut b = [0u8; 16];
+        for i in 0..rounds {
+            let m = format!("{what} {i:>8}");
+            s.write_all(m.as_bytes())?;
+            s.read_exact(&mut b[..m.len()])
+                .with_context(|| format!("{what}: echo of round {i}"))?;
+            if &b[..m.len()] != m.as_bytes() {
+                bail!("{what}: round {i} echoed {:?}", &b[..m.len()]);
+            }
+        }
+        Ok(())
+    };
+    sock.connect(&first.into())
+        .with_context(|| format!("connect {first}"))?;
+    pingpong(&sock, "first")?;
+    let unspec = libc::sockaddr {
+        sa_family: libc::AF_UNSPEC as libc::sa_family_t,
+        sa_data: [0; 14],
+    };
+    // SAFETY: `unspec` is a valid sockaddr that lives across the call, and its size is passed;
+    // the fd is open (owned by `sock`).
+    let r = unsafe {
+        libc::connect(
+            sock.as_raw_fd(),
+            &unspec,
+            std::mem::size_of::<libc::sockaddr>() as libc::socklen_t,
+        )
+    };
+    if r != 0 {
+        return Err(std::io::Error::last_os_error()).context("connect(AF_UNSPEC)");
+    }
+    sock.connect(&then.into())
+        .with_context(|| format!("connect {then} again"))?;
+    let zerocopy = match nsfast_sys::zerocopy::enable(std::os::fd::AsFd::as_fd(&sock)) {
+        Ok(()) => "ok".to_string(),
+        Err(e) => crate::conform::errno_name(&e),
+    };
+    pingpong(&sock, "then")?;
+    Ok(serde_json::to_string(&Report {
+        ok: 1,
+        detail: zerocopy,
+        ..Default::default()
+    })?)
+}
+
 async fn send_client(a: SocketAddr, bytes: u64) -> Result<String> {
     let mut s = connect(a).await?;
     s.write_all(TAG_HELLO).await?;
@@ -816,11 +898,19 @@ fn hold_server(l: std::net::TcpListener, read_first: u64, hold_ms: u64) -> Resul
     })?)
 }
 
+/// The ByteStream seed of what `stream-client` sends.
+const STREAM_CLIENT_SEED: u64 = 5;
+
+/// SHA-256 of the first `bytes` that `stream-client` sends.
+pub fn stream_client_sha256(bytes: u64) -> String {
+    crate::stream::sha256_of(STREAM_CLIENT_SEED, bytes)
+}
+
 /// `stream-client`: see [`Mode::StreamClient`].
 fn stream_client(a: SocketAddr, bytes: u64, for_ms: u64) -> Result<String> {
     use std::io::{Read, Write};
     let mut s = std::net::TcpStream::connect(a).with_context(|| format!("connect {a}"))?;
-    let mut stream = ByteStream::new(5);
+    let mut stream = ByteStream::new(STREAM_CLIENT_SEED);
     let mut h = Sha256::new();
     let mut buf = vec![0u8; 1 << 16];
     let (mut left, mut pending) = (bytes, 0..0);
@@ -927,6 +1017,82 @@ pub fn spawn(
         cmd.spawn()
             .unwrap_or_else(|e| panic!("spawn {}: {e}", bin.display())),
     )
+}
+
+/// A sender against a receiver that stops reading: a `hold-server` at `addr` in `server` reads
+/// `read_first` bytes (so a shortcut starts redirecting) and then nothing for 4 s, while a
+/// `stream-client` in `client` offers `bytes` for 2.5 s, both in `cgroup_procs`. Checks that
+/// the sender had no more taken than `read_first`, `queue_limit` and what TCP itself buffers
+/// at each end, and that the receiver got the stream byte-exact (`stats` names the shortcut's
+/// counters in a failure); returns what the sender had taken.
+#[allow(clippy::too_many_arguments)]
+pub fn assert_stopped_reader_holds_sender_back(
+    server: &nsfast_sys::netns::NetNs,
+    client: &nsfast_sys::netns::NetNs,
+    cgroup_procs: Option<&Path>,
+    addr: SocketAddr,
+    bytes: u64,
+    read_first: u64,
+    queue_limit: u64,
+    stats: impl Fn() -> String,
+) -> u64 {
+    let args = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+    let bin = crate::bins::testpeer();
+    let s = spawn(
+        &bin,
+        server,
+        cgroup_procs,
+        &args(&[
+            "--timeout",
+            "60",
+            "hold-server",
+            "--listen",
+            &addr.to_string(),
+            "--read-first",
+            &read_first.to_string(),
+            "--hold-ms",
+            "4000",
+        ]),
+    );
+    wait_listening(server, addr);
+    let c = spawn(
+        &bin,
+        client,
+        cgroup_procs,
+        &args(&[
+            "--timeout",
+            "60",
+            "stream-client",
+            "--connect",
+            &addr.to_string(),
+            "--bytes",
+            &bytes.to_string(),
+            "--for-ms",
+            "2500",
+        ]),
+    );
+    let cr: Report = finish(c, "stream client");
+    let sr: Report = finish(s, "hold server");
+    eprintln!(
+        "sender had {} bytes taken after 2.5 s against a receiver that stopped reading",
+        cr.value
+    );
+    // What TCP itself buffers: its send and receive buffers, at most tcp_wmem[2] + tcp_rmem[2].
+    let bound = read_first + queue_limit + 2 * crate::tcp_buffers_max();
+    assert!(
+        cr.value > 0 && cr.value <= bound,
+        "{} bytes taken, bound {bound}: {}",
+        cr.value,
+        stats()
+    );
+    assert_eq!(sr.value, bytes);
+    assert_eq!(
+        sr.detail,
+        stream_client_sha256(bytes),
+        "the receiver got other bytes"
+    );
+    assert_eq!(cr.detail, sr.detail);
+    cr.value
 }
 
 /// Waits for a peer and parses its JSON report; panics with its stderr if it failed.

@@ -18,6 +18,8 @@ pub fn attach(cgroup_dir: &Path) -> Result<(Box<dyn Any>, String), String> {
         ports: None,
         exclude_ports: None,
         queue_limit: None,
+        keep_tcp_after: None,
+        probe_interval: None,
     };
     let sc =
         nsfast_sockmap::Shortcut::attach(&opts).map_err(|e| nsfast_sys::report::error_chain(&e))?;

@@ -21,6 +21,57 @@ pub const PROG_SETSOCKOPT: &str = "nsf_setsockopt";
 pub const GLOBAL_QUEUE_LIMIT: &str = "nsf_queue_limit";
 /// Its default: 16 MiB.
 pub const DEFAULT_QUEUE_LIMIT: u64 = 16 << 20;
+/// The read-only global with the admission streak (`bpf/lib/sockmap_admit.h`): after this many
+/// connections in a row between the same endpoints that gained nothing, new ones keep TCP
+/// without joining (0: every connection joins).
+pub const GLOBAL_ADMIT_AFTER: &str = "nsf_admit_after";
+/// Its default.
+pub const DEFAULT_ADMIT_AFTER: u32 = 4;
+/// Fewer sends carried than this (both directions) and a connection gained nothing
+/// (`NSF_ADMIT_MIN_REDIRECTS`).
+pub const ADMIT_MIN_REDIRECTS: u32 = 8;
+/// The read-only global with the probe interval (ns): while connections between the same
+/// endpoints keep TCP by admission, one joins anyway at most this often.
+pub const GLOBAL_ADMIT_PROBE_NS: &str = "nsf_admit_probe_ns";
+/// Its default: 10 ms.
+pub const DEFAULT_ADMIT_PROBE_NS: u64 = 10_000_000;
+/// Short connections further apart than this (ns) are no streak (`NSF_ADMIT_WINDOW_NS`).
+pub const ADMIT_WINDOW_NS: u64 = 1_000_000_000;
+
+/// Which connections join (`bpf/lib/sockmap_admit.h`): after `after` connections in a row
+/// between the same endpoints that gained nothing, new ones keep TCP without joining (0:
+/// every connection joins), but for one probe per `probe_ns` nanoseconds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Admission {
+    pub after: u32,
+    pub probe_ns: u64,
+}
+
+impl Admission {
+    /// The settings asked for, the defaults where none is.
+    pub fn or_default(after: Option<u32>, probe_ns: Option<u64>) -> Self {
+        let d = Admission::default();
+        Admission {
+            after: after.unwrap_or(d.after),
+            probe_ns: probe_ns.unwrap_or(d.probe_ns),
+        }
+    }
+
+    /// Sets the object's admission globals in `loader` (before the load).
+    pub fn set_globals<'a>(&'a self, loader: &mut aya::EbpfLoader<'a>) {
+        loader.override_global(GLOBAL_ADMIT_AFTER, &self.after, true);
+        loader.override_global(GLOBAL_ADMIT_PROBE_NS, &self.probe_ns, true);
+    }
+}
+
+impl Default for Admission {
+    fn default() -> Self {
+        Admission {
+            after: DEFAULT_ADMIT_AFTER,
+            probe_ns: DEFAULT_ADMIT_PROBE_NS,
+        }
+    }
+}
 
 /// Map names.
 pub const MAP_SOCKHASH: &str = "nsf_sockhash";
@@ -109,9 +160,10 @@ pub enum Stat {
     GatedBytes,
     KeptTcp,
     PolicyDenied,
+    SkippedShort,
 }
 
-pub const STAT_COUNT: u32 = 21;
+pub const STAT_COUNT: u32 = 22;
 
 /// struct nsf_counters: the one per-CPU value of `nsf_stats`.
 #[repr(C)]
@@ -131,11 +183,40 @@ pub struct Config {
     pub loader_pid: u32,
     pub port_mode: u32,
     pub started_unix: u64,
+    /// What the read-only globals were loaded with (for `status`; the programs read the
+    /// globals).
+    pub queue_limit: u64,
+    pub admit_probe_ns: u64,
+    pub admit_after: u32,
+    pub pad: u32,
 }
 
-// SAFETY: Config is repr(C), Copy, has no padding (8+4+4+8 bytes) and every bit pattern is a
-// valid value, as aya::Pod requires.
+// SAFETY: Config is repr(C), Copy, has no padding (8+4+4+8+8+8+4+4 bytes) and every bit
+// pattern is a valid value, as aya::Pod requires.
 unsafe impl aya::Pod for Config {}
+
+impl Config {
+    /// What this process, loading the object for `cgroup_id` with `queue_limit` and
+    /// `admission`, records.
+    pub fn of_loader(
+        cgroup_id: u64,
+        port_mode: u32,
+        started_unix: u64,
+        queue_limit: u64,
+        admission: Admission,
+    ) -> Self {
+        Config {
+            cgroup_id,
+            loader_pid: std::process::id(),
+            port_mode,
+            started_unix,
+            queue_limit,
+            admit_probe_ns: admission.probe_ns,
+            admit_after: admission.after,
+            pad: 0,
+        }
+    }
+}
 
 /// struct nsf_pair_key
 #[repr(C)]
@@ -374,12 +455,12 @@ mod tests {
     #[test]
     fn layouts_match_the_c_structs() {
         assert_eq!(std::mem::size_of::<KeptEvent>(), 88);
-        assert_eq!(std::mem::size_of::<Config>(), 24);
+        assert_eq!(std::mem::size_of::<Config>(), 48);
         assert_eq!(std::mem::size_of::<PairKey>(), 48);
         assert_eq!(std::mem::size_of::<ConnView>(), 64);
         assert_eq!(std::mem::size_of::<Pending>(), 16);
         assert_eq!(ConnView::default().to_bytes().len(), 64);
-        assert_eq!(Stat::PolicyDenied as u32 + 1, STAT_COUNT);
+        assert_eq!(Stat::SkippedShort as u32 + 1, STAT_COUNT);
         assert_eq!(std::mem::size_of::<PodEntry>(), 16);
         assert_eq!(PodStat::OptedOut as u32 + 1, POD_STAT_COUNT);
     }

@@ -75,6 +75,51 @@ pub struct EnabledState {
     /// Whether the splice guard is attached (nsfast_bpf::sockmap_readers).
     #[serde(default)]
     pub splice_guard: bool,
+    /// Admission (`--keep-tcp-after`; 0: every connection joins).
+    #[serde(default = "default_keep_tcp_after")]
+    pub keep_tcp_after: u32,
+    /// Admission's probe interval (`--probe-interval`), in nanoseconds.
+    #[serde(default = "default_probe_interval_ns")]
+    pub probe_interval_ns: u64,
+}
+
+fn default_keep_tcp_after() -> u32 {
+    abi::DEFAULT_ADMIT_AFTER
+}
+
+fn default_probe_interval_ns() -> u64 {
+    abi::DEFAULT_ADMIT_PROBE_NS
+}
+
+impl EnabledState {
+    /// The admission settings the shortcut was loaded with.
+    pub fn admission(&self) -> abi::Admission {
+        abi::Admission {
+            after: self.keep_tcp_after,
+            probe_ns: self.probe_interval_ns,
+        }
+    }
+}
+
+/// Admission settings asked for by `enable`: each `None` takes the default for a new shortcut,
+/// and whatever an enabled one has.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct AdmissionRequest {
+    pub keep_tcp_after: Option<u32>,
+    pub probe_interval_ns: Option<u64>,
+}
+
+impl AdmissionRequest {
+    /// What a new shortcut is loaded with.
+    fn settings(&self) -> abi::Admission {
+        abi::Admission::or_default(self.keep_tcp_after, self.probe_interval_ns)
+    }
+
+    /// Whether an enabled shortcut with `have` is what this asks for.
+    fn matches(&self, have: abi::Admission) -> bool {
+        self.keep_tcp_after.is_none_or(|a| a == have.after)
+            && self.probe_interval_ns.is_none_or(|p| p == have.probe_ns)
+    }
 }
 
 fn dir(host: &Host) -> PathBuf {
@@ -153,7 +198,11 @@ pub struct Enabled {
 
 /// Enables the shortcut on `host`, attached to `cgroup` (default: the cgroup2 root). Enabling
 /// again on the same cgroup changes nothing; on another cgroup it is refused.
-pub fn enable(host: &Host, cgroup: Option<&Path>) -> Result<Enabled, PodError> {
+pub fn enable(
+    host: &Host,
+    cgroup: Option<&Path>,
+    admission: AdmissionRequest,
+) -> Result<Enabled, PodError> {
     let root = cgroup2_mount().map_err(|e| PodError::Bpf {
         what: "find the cgroup2 mount".into(),
         source: Box::new(e),
@@ -167,11 +216,16 @@ pub fn enable(host: &Host, cgroup: Option<&Path>) -> Result<Enabled, PodError> {
         source: Box::new(e),
     })?;
     let lock = host.lock()?;
-    enable_locked(host, &lock, &cg)
+    enable_locked(host, &lock, &cg, admission)
 }
 
 /// [`enable`] with the host's lock held.
-pub fn enable_locked(host: &Host, lock: &HostLock, cg: &Cgroup) -> Result<Enabled, PodError> {
+pub fn enable_locked(
+    host: &Host,
+    lock: &HostLock,
+    cg: &Cgroup,
+    admission: AdmissionRequest,
+) -> Result<Enabled, PodError> {
     let cgroup_id = cg.id().map_err(|e| PodError::Bpf {
         what: format!("read the id of cgroup {}", cg.path().display()),
         source: Box::new(e),
@@ -187,6 +241,18 @@ pub fn enable_locked(host: &Host, lock: &HostLock, cg: &Cgroup) -> Result<Enable
                         host.display,
                         st.cgroup.display(),
                         cg.path().display()
+                    ),
+                    source: std::io::Error::from(std::io::ErrorKind::AlreadyExists),
+                });
+            }
+            if !admission.matches(st.admission()) {
+                return Err(PodError::Io {
+                    what: format!(
+                        "the shortcut of host {} is already enabled with --keep-tcp-after {} \
+                         --probe-interval {:?}: `nsfast pod shortcut disable` first to change them",
+                        host.display,
+                        st.keep_tcp_after,
+                        std::time::Duration::from_nanos(st.probe_interval_ns)
                     ),
                     source: std::io::Error::from(std::io::ErrorKind::AlreadyExists),
                 });
@@ -208,12 +274,15 @@ pub fn enable_locked(host: &Host, lock: &HostLock, cg: &Cgroup) -> Result<Enable
     create_dir_all_racy(&host.pin_dir())?;
     let nd = new_dir(host);
     fs::create_dir(&nd).map_err(PodError::io(format!("create {}", nd.display())))?;
+    let settings = admission.settings();
     let mut state = EnabledState {
         cgroup: cg.path().to_path_buf(),
         cgroup_id,
         host_id: host_id(host)?,
         enabled_unix: now_unix(),
         splice_guard: false,
+        keep_tcp_after: settings.after,
+        probe_interval_ns: settings.probe_ns,
     };
     match build(host, lock, cg, &nd, &state) {
         Ok(guard) => state.splice_guard = guard,
@@ -253,8 +322,10 @@ fn build(
     nd: &Path,
     state: &EnabledState,
 ) -> Result<bool, PodError> {
+    let admission = state.admission();
     let mut loader = EbpfLoader::new();
     loader.override_global(abi::GLOBAL_QUEUE_LIMIT, &abi::DEFAULT_QUEUE_LIMIT, true);
+    admission.set_globals(&mut loader);
     // The host's NetworkPolicy tables and generation, shared with its pod programs (created
     // here if no pod has made them yet): a pair checks its connection again after a change.
     crate::datapath::replace_stale_pins(
@@ -276,12 +347,13 @@ fn build(
         .map_err(PodError::map("open nsf_config"))?;
         cfg.set(
             0,
-            Config {
-                cgroup_id: state.cgroup_id,
-                loader_pid: std::process::id(),
-                port_mode: abi::MODE_PODS,
-                started_unix: state.enabled_unix,
-            },
+            Config::of_loader(
+                state.cgroup_id,
+                abi::MODE_PODS,
+                state.enabled_unix,
+                abi::DEFAULT_QUEUE_LIMIT,
+                admission,
+            ),
             0,
         )
         .map_err(PodError::map("write nsf_config"))?;
@@ -679,6 +751,11 @@ pub struct Status {
     pub cgroup_id: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub host_id: Option<u32>,
+    /// Admission settings (`enable --keep-tcp-after`, `--probe-interval` in nanoseconds).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub keep_tcp_after: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub probe_interval_ns: Option<u64>,
     pub bypasses: &'static str,
     /// Sockets currently in the SOCKHASH.
     pub sockets: u64,
@@ -701,6 +778,9 @@ pub struct Status {
     /// Directions of paired connections moved to TCP because a NetworkPolicy change denies
     /// their connection (where the pod programs then drop what the policies deny).
     pub policy_denied: u64,
+    /// Connection ends kept on TCP without joining: their endpoints' recent connections gained
+    /// nothing from the shortcut (admission).
+    pub skipped_short: u64,
     /// The last connection ends that kept TCP, oldest first (up to 64), with the process and
     /// the reason.
     pub kept_recent: Vec<nsfast_bpf::sockmap_kept::KeptConn>,
@@ -755,6 +835,8 @@ pub fn status(host: &Host) -> Result<Status, PodError> {
         cgroup: None,
         cgroup_id: None,
         host_id: None,
+        keep_tcp_after: None,
+        probe_interval_ns: None,
         bypasses: BYPASS_NOTE,
         sockets: 0,
         pairs: 0,
@@ -768,6 +850,7 @@ pub fn status(host: &Host) -> Result<Status, PodError> {
         queue_limit: 0,
         kept_tcp: 0,
         policy_denied: 0,
+        skipped_short: 0,
         kept_recent: Vec::new(),
         pods: Default::default(),
     };
@@ -778,6 +861,8 @@ pub fn status(host: &Host) -> Result<Status, PodError> {
         s.cgroup = Some(st.cgroup);
         s.cgroup_id = Some(st.cgroup_id);
         s.host_id = Some(st.host_id);
+        s.keep_tcp_after = Some(st.keep_tcp_after);
+        s.probe_interval_ns = Some(st.probe_interval_ns);
     }
     let d = dir(host);
     let stats: PerCpuArray<MapData, Counters> =
@@ -796,6 +881,7 @@ pub fn status(host: &Host) -> Result<Status, PodError> {
     s.queue_limit = sum(Stat::QueueLimit);
     s.kept_tcp = sum(Stat::KeptTcp);
     s.policy_denied = sum(Stat::PolicyDenied);
+    s.skipped_short = sum(Stat::SkippedShort);
     if let (Ok(e), Ok(h)) = (
         open_pinned(&d, abi::MAP_KEPT),
         open_pinned(&d, abi::MAP_KEPT_HEAD),

@@ -18,7 +18,7 @@ pub mod status;
 
 pub use error::SockmapError;
 pub use shortcut::{slice_cgroup, Options, Shortcut};
-pub use status::{instances, Instance, Stats};
+pub use status::{instances, Instance, Settings, Stats};
 
 /// Whether FIONREAD on a socket in the sockmap counts bytes queued by redirects. Measured in the
 /// VM matrix: yes on 6.12, 6.18 and 7.2; no on 6.1 (FIONREAD is 0 while redirected bytes wait).

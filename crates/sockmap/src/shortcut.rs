@@ -27,6 +27,24 @@ pub struct Options {
     /// Bytes a receiver may have unread in its shortcut queue before that direction moves to
     /// TCP (default [`abi::DEFAULT_QUEUE_LIMIT`]).
     pub queue_limit: Option<u64>,
+    /// After this many connections in a row between the same endpoints that the shortcut
+    /// carried (almost) nothing for, new ones keep TCP without joining; 0: every connection
+    /// joins (default [`abi::DEFAULT_ADMIT_AFTER`]).
+    pub keep_tcp_after: Option<u32>,
+    /// While admission keeps connections between the same endpoints on TCP, one of them
+    /// joins anyway at most this often (default [`abi::DEFAULT_ADMIT_PROBE_NS`]).
+    pub probe_interval: Option<std::time::Duration>,
+}
+
+impl Options {
+    /// The admission settings these options ask for, defaults filled in.
+    pub fn admission(&self) -> abi::Admission {
+        abi::Admission::or_default(
+            self.keep_tcp_after,
+            self.probe_interval
+                .map(|i| u64::try_from(i.as_nanos()).unwrap_or(u64::MAX)),
+        )
+    }
 }
 
 /// The attached shortcut. Dropping it detaches both programs; sockets already redirected keep
@@ -157,10 +175,13 @@ impl Shortcut {
         SockmapError,
     > {
         let cgroup_id = cgroup.id()?;
-        let mut ebpf = load(opts.queue_limit.unwrap_or(abi::DEFAULT_QUEUE_LIMIT))?;
+        let queue_limit = opts.queue_limit.unwrap_or(abi::DEFAULT_QUEUE_LIMIT);
+        let admission = opts.admission();
+        let mut ebpf = load(queue_limit, admission)?;
         // Configuration before anything is attached.
         let port_mode = write_ports(&mut ebpf, opts)?;
-        write_config(&mut ebpf, cgroup_id, port_mode)?;
+        let config = Config::of_loader(cgroup_id, port_mode, now_unix(), queue_limit, admission);
+        write_config(&mut ebpf, config)?;
         // Read accounting before any socket can be redirected into.
         let readers = nsfast_bpf::sockmap_readers::attach(&mut ebpf)?;
         let sockopt = attach_sockopt(&mut ebpf, cgroup)?;
@@ -254,12 +275,13 @@ impl Drop for Shortcut {
     }
 }
 
-/// Loads the sockmap object with its per-connection queue limit (bytes). The NetworkPolicy
-/// tables it shares with the pod datapath in pod mode are left empty here, one entry each:
-/// outside pod mode no socket consults them.
-pub fn load(queue_limit: u64) -> Result<Ebpf, SockmapError> {
+/// Loads the sockmap object with its per-connection queue limit (bytes) and admission
+/// settings. The NetworkPolicy tables it shares with the pod datapath in pod mode are left
+/// empty here, one entry each: outside pod mode no socket consults them.
+pub fn load(queue_limit: u64, admission: abi::Admission) -> Result<Ebpf, SockmapError> {
     let mut loader = EbpfLoader::new();
     loader.override_global(abi::GLOBAL_QUEUE_LIMIT, &queue_limit, true);
+    admission.set_globals(&mut loader);
     for m in nsfast_bpf::pod_abi::POLICY_RULE_MAPS {
         loader.map_max_entries(m, 1);
     }
@@ -296,28 +318,24 @@ fn write_ports(ebpf: &mut Ebpf, opts: &Options) -> Result<u32, SockmapError> {
     Ok(port_mode)
 }
 
-/// Writes `nsf_config`: the cgroup, this process as loader, the port mode, the start time.
-fn write_config(ebpf: &mut Ebpf, cgroup_id: u64, port_mode: u32) -> Result<(), SockmapError> {
-    let started_unix = std::time::SystemTime::now()
+/// Seconds since the epoch (0 if the clock is before it).
+fn now_unix() -> u64 {
+    std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_secs())
-        .unwrap_or(0);
+        .unwrap_or(0)
+}
+
+/// Writes `nsf_config`: the cgroup, this process as loader, the port mode, the start time and
+/// the settings the object was loaded with.
+fn write_config(ebpf: &mut Ebpf, config: Config) -> Result<(), SockmapError> {
     let mut cfg: Array<&mut MapData, Config> = Array::try_from(
         ebpf.map_mut(abi::MAP_CONFIG)
             .ok_or(SockmapError::Missing(abi::MAP_CONFIG))?,
     )
     .map_err(SockmapError::map("open nsf_config"))?;
-    cfg.set(
-        0,
-        Config {
-            cgroup_id,
-            loader_pid: std::process::id(),
-            port_mode,
-            started_unix,
-        },
-        0,
-    )
-    .map_err(SockmapError::map("write nsf_config"))
+    cfg.set(0, config, 0)
+        .map_err(SockmapError::map("write nsf_config"))
 }
 
 /// Loads the sk_msg program and attaches it to `nsf_sockhash`.

@@ -50,6 +50,9 @@ pub struct Stats {
     /// Sockets kept on TCP for a socket option or read flag the shortcut cannot honour
     /// (SO_RCVLOWAT, SO_ZEROCOPY, TCP_ULP, MSG_WAITALL, MSG_OOB).
     pub kept_tcp: u64,
+    /// Connection ends kept on TCP without joining: their endpoints' recent connections gained
+    /// nothing from the shortcut (admission, `--keep-tcp-after`).
+    pub skipped_short: u64,
 }
 
 /// Reads the counters and counts the sockets in the map.
@@ -89,7 +92,31 @@ where
         gated_msgs: get(Stat::GatedMsgs)?,
         gated_bytes: get(Stat::GatedBytes)?,
         kept_tcp: get(Stat::KeptTcp)?,
+        skipped_short: get(Stat::SkippedShort)?,
     })
+}
+
+/// The settings an instance was loaded with (`sockmap run` options; a pod shortcut has the
+/// default queue limit and `pod shortcut enable`'s admission).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct Settings {
+    /// `--queue-limit`: bytes a receiver may leave unread before its sender moves to TCP.
+    pub queue_limit: u64,
+    /// `--keep-tcp-after`: short connections in a row after which new ones keep TCP (0:
+    /// every connection joins).
+    pub keep_tcp_after: u32,
+    /// `--probe-interval` in nanoseconds.
+    pub probe_interval_ns: u64,
+}
+
+impl From<&Config> for Settings {
+    fn from(c: &Config) -> Self {
+        Settings {
+            queue_limit: c.queue_limit,
+            keep_tcp_after: c.admit_after,
+            probe_interval_ns: c.admit_probe_ns,
+        }
+    }
 }
 
 /// One shortcut instance found in the kernel.
@@ -108,6 +135,8 @@ pub struct Instance {
     /// A pod shortcut (`nsfast pod shortcut`, pinned, no loader process) rather than a
     /// `sockmap run` instance.
     pub pod_mode: bool,
+    /// What the instance was loaded with (None if its nsf_config could not be read).
+    pub settings: Option<Settings>,
     pub stats: Stats,
     /// The last connection ends that kept TCP, oldest first (up to 64).
     pub kept_recent: Vec<nsfast_bpf::sockmap_kept::KeptConn>,
@@ -168,7 +197,7 @@ pub fn instances() -> Result<Vec<Instance>, SockmapError> {
         };
         let mut stats_map = None;
         let mut hash_map = None;
-        let mut config = Config::default();
+        let mut read_config = None;
         let mut hash_id = None;
         for id in &map_ids {
             let Some((name, map)) = open_map(*id) else {
@@ -181,9 +210,9 @@ pub fn instances() -> Result<Vec<Instance>, SockmapError> {
                     hash_map = SockHash::<MapData, u64>::try_from(map).ok();
                 }
                 abi::MAP_CONFIG => {
-                    if let Ok(a) = Array::<MapData, Config>::try_from(map) {
-                        config = a.get(&0, 0).unwrap_or_default();
-                    }
+                    read_config = Array::<MapData, Config>::try_from(map)
+                        .ok()
+                        .and_then(|a| a.get(&0, 0).ok());
                 }
                 _ => {}
             }
@@ -191,6 +220,7 @@ pub fn instances() -> Result<Vec<Instance>, SockmapError> {
         let (Some(s), Some(h)) = (stats_map, hash_map) else {
             continue;
         };
+        let config = read_config.unwrap_or_default();
         let stats = read_stats(s, h)?;
         // The sockops program of the same instance uses the same sockhash.
         let sockops = progs
@@ -229,6 +259,7 @@ pub fn instances() -> Result<Vec<Instance>, SockmapError> {
             attached,
             started_unix: config.started_unix,
             pod_mode: config.port_mode & abi::MODE_PODS != 0,
+            settings: read_config.as_ref().map(Settings::from),
             stats,
             kept_recent,
         });

@@ -168,7 +168,7 @@ pub fn sockmap_stats(s: &mut Snapshot, labels: &[(&str, &str)], st: &nsfast_sock
         labels,
         st.sockets,
     );
-    let counters: [(&str, &str, u64); 18] = [
+    let counters: [(&str, &str, u64); 19] = [
         (
             "sockets_added",
             "Sockets added to the map",
@@ -250,6 +250,11 @@ pub fn sockmap_stats(s: &mut Snapshot, labels: &[(&str, &str)], st: &nsfast_sock
             "kept_tcp",
             "Sockets kept on TCP for an option or read flag the shortcut cannot honour",
             st.kept_tcp,
+        ),
+        (
+            "skipped_short",
+            "Connection ends kept on TCP without joining: their endpoints' recent connections gained nothing",
+            st.skipped_short,
         ),
     ];
     for (name, help, v) in counters {

@@ -49,6 +49,18 @@ pub enum ShortcutCmd {
         /// sockets of the host's pods take the shortcut either way).
         #[arg(long)]
         cgroup: Option<std::path::PathBuf>,
+        /// After this many connections in a row between the same endpoints that the shortcut
+        /// carried fewer than 8 sends for, new ones keep TCP without joining, but for a probe
+        /// every --probe-interval (as `nsfast sockmap run --keep-tcp-after`; default 4; 0:
+        /// every connection joins; 0 to 1000). Given to a shortcut already enabled, it must be
+        /// what that one has.
+        #[arg(long, value_name = "N",
+              value_parser = clap::value_parser!(u32).range(0..=crate::cmd::sockmap::MAX_KEEP_TCP_AFTER))]
+        keep_tcp_after: Option<u32>,
+        /// How often a probe joins while --keep-tcp-after keeps connections on TCP (default
+        /// 10ms; 1ms to 1h).
+        #[arg(long, value_name = "DURATION", value_parser = crate::cmd::sockmap::probe_interval_arg())]
+        probe_interval: Option<std::time::Duration>,
     },
     /// Detach it: new connections take the kernel path; redirected ones drain.
     Disable {
@@ -387,9 +399,18 @@ fn print_shortcut_pods(
 fn shortcut(c: ShortcutCmd) -> Result<()> {
     use nsfast_pod::{shortcut, Host};
     match c {
-        ShortcutCmd::Enable { host, cgroup } => {
+        ShortcutCmd::Enable {
+            host,
+            cgroup,
+            keep_tcp_after,
+            probe_interval,
+        } => {
             let h = Host::open(host.as_deref())?;
-            let e = shortcut::enable(&h, cgroup.as_deref())?;
+            let admission = shortcut::AdmissionRequest {
+                keep_tcp_after,
+                probe_interval_ns: probe_interval.map(|d| d.as_nanos() as u64),
+            };
+            let e = shortcut::enable(&h, cgroup.as_deref(), admission)?;
             if let Some(j) = json() {
                 j.print(&e)?;
                 return Ok(());
@@ -403,6 +424,13 @@ fn shortcut(c: ShortcutCmd) -> Result<()> {
                 },
                 h.display,
                 e.state.cgroup.display()
+            )?;
+            nsfast_sys::outln!(
+                "admission: {}",
+                crate::cmd::sockmap::admission_flags(
+                    e.state.keep_tcp_after,
+                    e.state.probe_interval_ns
+                )
             )?;
             nsfast_sys::outln!("note: {}", shortcut::BYPASS_NOTE)?;
         }
@@ -444,6 +472,9 @@ fn shortcut(c: ShortcutCmd) -> Result<()> {
                 s.passed_bytes,
                 s.pair_conflicts
             )?;
+            if let (Some(a), Some(p)) = (s.keep_tcp_after, s.probe_interval_ns) {
+                nsfast_sys::outln!("admission: {}", crate::cmd::sockmap::admission_flags(a, p))?;
+            }
             nsfast_sys::outln!("note: {}", s.bypasses)?;
             if s.kept_tcp > 0 {
                 nsfast_sys::outln!(
@@ -454,6 +485,16 @@ fn shortcut(c: ShortcutCmd) -> Result<()> {
                 for k in &s.kept_recent {
                     nsfast_sys::outln!("  {k}")?;
                 }
+            }
+            if s.skipped_short > 0 {
+                nsfast_sys::outln!(
+                    "not joined: {} connection ends whose endpoints' recent connections gained nothing (a probe still joins every {:?})",
+                    s.skipped_short,
+                    std::time::Duration::from_nanos(
+                        s.probe_interval_ns
+                            .unwrap_or(nsfast_sockmap::abi::DEFAULT_ADMIT_PROBE_NS)
+                    )
+                )?;
             }
             if s.policy_denied > 0 {
                 nsfast_sys::outln!(

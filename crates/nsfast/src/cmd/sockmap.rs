@@ -42,6 +42,20 @@ pub enum SockmapCmd {
         #[arg(long, value_name = "SIZE", default_value = "16M",
               value_parser = size::arg("--queue-limit", 64 << 10, 1 << 40))]
         queue_limit: u64,
+        /// After this many connections in a row between the same client address and server
+        /// address and port, each closed within 1 s of the one before, that the shortcut
+        /// carried fewer than 8 sends for (joining costs more than they gain), new ones keep
+        /// TCP without joining, but for a probe every --probe-interval; the first connection
+        /// that gains lets the next ones join again. 0: every connection joins (0 to 1000).
+        #[arg(long, value_name = "N", default_value_t = 4,
+              value_parser = clap::value_parser!(u32).range(0..=MAX_KEEP_TCP_AFTER))]
+        keep_tcp_after: u32,
+        /// While --keep-tcp-after keeps the connections between some endpoints on TCP, one of
+        /// them joins anyway at most this often, to see whether they have become long, e.g.
+        /// 10ms, 1s (1ms to 1h).
+        #[arg(long, value_name = "DURATION", default_value = "10ms",
+              value_parser = probe_interval_arg())]
+        probe_interval: Duration,
         /// Log the counters this often while running, e.g. 10 (seconds), 500ms, 1m; 0: only at
         /// exit (at most 24h).
         #[arg(long, value_name = "DURATION", default_value = "0",
@@ -63,6 +77,8 @@ pub fn run(cmd: SockmapCmd) -> anyhow::Result<()> {
             ports,
             exclude_ports,
             queue_limit,
+            keep_tcp_after,
+            probe_interval,
             stats_interval,
             metrics,
         } => {
@@ -91,6 +107,8 @@ pub fn run(cmd: SockmapCmd) -> anyhow::Result<()> {
                     ports,
                     exclude_ports,
                     queue_limit: Some(queue_limit),
+                    keep_tcp_after: Some(keep_tcp_after),
+                    probe_interval: Some(probe_interval),
                 },
                 stats_interval,
                 &metrics,
@@ -207,6 +225,9 @@ fn status() -> anyhow::Result<()> {
     }
     for i in &instances {
         nsfast_sys::outln!("{}", headline(i))?;
+        if let Some(t) = &i.settings {
+            nsfast_sys::outln!("  settings            {}", settings_line(t))?;
+        }
         let s = &i.stats;
         nsfast_sys::outln!("  sockets in map      {}", s.sockets)?;
         nsfast_sys::outln!(
@@ -236,6 +257,7 @@ fn status() -> anyhow::Result<()> {
             s.splice_readers,
             s.queue_limit
         )?;
+        nsfast_sys::outln!("  not joined (short)  {} connection ends", s.skipped_short)?;
         for k in &i.kept_recent {
             nsfast_sys::outln!("    {k}")?;
         }
@@ -248,6 +270,41 @@ fn status() -> anyhow::Result<()> {
         )?;
     }
     Ok(())
+}
+
+/// The largest `--keep-tcp-after` (also `pod shortcut enable`'s): a longer streak would keep
+/// admission from ever acting.
+pub(crate) const MAX_KEEP_TCP_AFTER: i64 = 1000;
+
+/// `--probe-interval`'s parser (also `pod shortcut enable`'s): 1 ms to 1 h.
+pub(crate) fn probe_interval_arg(
+) -> impl Fn(&str) -> Result<Duration, nsfast_sys::args::ArgError> + Clone + Send + Sync + 'static {
+    duration::arg_in(
+        "--probe-interval",
+        Duration::from_millis(1),
+        Duration::from_secs(3600),
+    )
+}
+
+/// Admission settings as the options that give them.
+pub(crate) fn admission_flags(keep_tcp_after: u32, probe_interval_ns: u64) -> String {
+    if keep_tcp_after == 0 {
+        "--keep-tcp-after 0 (every connection joins)".to_string()
+    } else {
+        format!(
+            "--keep-tcp-after {keep_tcp_after} --probe-interval {:?}",
+            Duration::from_nanos(probe_interval_ns)
+        )
+    }
+}
+
+/// An instance's settings as `run`'s options would give them.
+fn settings_line(t: &nsfast_sockmap::status::Settings) -> String {
+    format!(
+        "--queue-limit {} {}",
+        nsfast_sys::args::size::format(t.queue_limit),
+        admission_flags(t.keep_tcp_after, t.probe_interval_ns)
+    )
 }
 
 /// An instance's first `status` line: its cgroup, its state and, for a `sockmap run`
@@ -298,9 +355,37 @@ mod tests {
             attached,
             started_unix: 0,
             pod_mode,
+            settings: None,
             stats: Default::default(),
             kept_recent: Vec::new(),
         }
+    }
+
+    #[test]
+    fn settings_read_as_the_options_that_give_them() {
+        let t = |queue_limit, keep_tcp_after, probe_interval_ns| {
+            settings_line(&nsfast_sockmap::status::Settings {
+                queue_limit,
+                keep_tcp_after,
+                probe_interval_ns,
+            })
+        };
+        assert_eq!(
+            t(16 << 20, 4, 10_000_000),
+            "--queue-limit 16M --keep-tcp-after 4 --probe-interval 10ms"
+        );
+        assert_eq!(
+            t(64 << 10, 0, 10_000_000),
+            "--queue-limit 64K --keep-tcp-after 0 (every connection joins)"
+        );
+        assert_eq!(
+            t((1 << 30) + 1, 2, 1_500_000_000),
+            "--queue-limit 1073741825 --keep-tcp-after 2 --probe-interval 1.5s"
+        );
+        assert_eq!(
+            t(3 << 30, 1, 3_600_000_000_000),
+            "--queue-limit 3G --keep-tcp-after 1 --probe-interval 3600s"
+        );
     }
 
     /// A loader pid is shown only for a loader that runs; a pinned pod shortcut has none
