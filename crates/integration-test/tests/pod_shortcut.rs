@@ -810,7 +810,9 @@ fn sigkill_at_each_step_leaves_a_retry_that_works() {
         );
         let ns = NetNs::open(&name).expect("pod netns");
         let port = 5500 + n as u16;
-        transfer(&ns, &w.pod_ns(0, 0), &cg, w.addr(0, 0, port), 1 << 20);
+        // Paced: unpaced, 1 MiB fits in the socket buffers and a loaded machine can send it
+        // whole before the receiver's first read, all of it on TCP (the gate).
+        paced_transfer(&ns, &w.pod_ns(0, 0), &cg, w.addr(0, 0, port), 1 << 20);
         assert_eq!(
             w.pod_counter(0, &name, "redirected_bytes") + w.pod_counter(0, &name, "passed_bytes"),
             1 << 20,
