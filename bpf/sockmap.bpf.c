@@ -54,7 +54,10 @@ volatile const __u64 nsf_admit_probe_ns = 10000000;
 
 /* The kernel types the tracing programs read (CO-RE: field offsets come from the running
  * kernel's BTF at load). */
-struct sock;
+struct sock {
+	/* A socket in a SOCKHASH has its psock here (sk_psock()). */
+	void *sk_user_data;
+} __attribute__((preserve_access_index));
 struct socket {
 	struct sock *sk;
 } __attribute__((preserve_access_index));
@@ -187,10 +190,15 @@ NSF_INLINE void on_established(struct bpf_sock_ops *skops, __u32 active)
 		nsf_pod_count(tag, NSF_POD_PAIRED, 1);
 		nsf_pod_count(other_tag, NSF_POD_PAIRED, 1);
 	} else if (r == NSF_PENDING) {
-		/* Owns its pending entry and, once claimed, its nsf_peers entry: removed at
-		 * close. (An ambiguous end owns nothing either.) */
+		/* Owns its pending entry and, once claimed, its nsf_peers entry and both ends'
+		 * nsf_rx entries: removed at close. */
 		bpf_sock_ops_cb_flags_set(skops,
 					  skops->bpf_sock_ops_cb_flags | BPF_SOCK_OPS_STATE_CB_FLAG);
+	} else if (st->flags & NSF_SK_RX) {
+		/* Ambiguous: no peer can learn this socket's cookie, so no one redirects into it
+		 * and it needs no nsf_rx entry; it has no close callback to remove one. */
+		bpf_map_delete_elem(&nsf_rx, &cookie);
+		st->flags &= ~NSF_SK_RX;
 	}
 }
 
@@ -204,20 +212,25 @@ NSF_INLINE void on_close(struct bpf_sock_ops *skops)
 	st = bpf_sk_storage_get(&nsf_skstate, sk, 0, 0);
 	if (!st || (st->flags & NSF_SK_PAIRED))
 		return; /* a claimer (which enabled no close callback) owns no map entry */
-	if (nsf_admit_after) {
-		/* What the shortcut carried for this connection, both ways. */
+	{
 		struct nsf_rx *rx = bpf_map_lookup_elem(&nsf_rx, &st->cookie);
 		__u64 *peer = bpf_map_lookup_elem(&nsf_peers, &st->cookie);
-		__u64 n = rx ? rx->redirects : 0;
+		__u64 n = rx ? rx->redirects : 0, pc = peer ? *peer : 0;
 
-		if (peer) {
-			__u64 pc = *peer;
-
+		if (pc) {
+			/* The claimer's nsf_rx entry goes with the connection's first end, which
+			 * has the close callback: nothing sends into the claimer any more, and a
+			 * reader that finds no entry reads as if the peer had never redirected
+			 * (its splice guard counts the queue as unread, so a splice of bytes still
+			 * queued is refused and the reader reads them with read(2)). */
 			rx = bpf_map_lookup_elem(&nsf_rx, &pc);
 			if (rx)
 				n += rx->redirects;
+			bpf_map_delete_elem(&nsf_rx, &pc);
 		}
-		nsf_admit_record(&st->key, n, bpf_ktime_get_ns());
+		/* What the shortcut carried for this connection, both ways. */
+		if (nsf_admit_after)
+			nsf_admit_record(&st->key, n, bpf_ktime_get_ns());
 	}
 	nsf_unpair(&st->key, st->cookie);
 	bpf_map_delete_elem(&nsf_rx, &st->cookie);
@@ -462,9 +475,14 @@ NSF_INLINE __u64 nsf_mark_splice(struct nsf_sk_state *st)
 /* A recvmsg-family read of sk returned ret (bytes, or a negative errno). */
 NSF_INLINE void nsf_rx_account(struct sock *sk, int ret, int flags)
 {
-	struct nsf_sk_state *st = bpf_sk_storage_get(&nsf_skstate, sk, 0, 0);
+	struct nsf_sk_state *st;
 	struct nsf_rx *rx;
 
+	/* Every read of every socket on the host passes here: one that was never in a SOCKHASH
+	 * (no psock; a redirect can only target a socket with one) leaves at once. */
+	if (!sk->sk_user_data)
+		return;
+	st = bpf_sk_storage_get(&nsf_skstate, sk, 0, 0);
 	if (!st)
 		return;
 	rx = nsf_rx_of(st);

@@ -991,8 +991,17 @@ fn short_connections_in_a_row_keep_tcp_and_a_long_one_after_a_pause_joins() {
         mid.redirected_msgs >= before.redirected_msgs + 300 - 200 * tainted,
         "the long connection takes the shortcut: {mid:?}"
     );
-    // The pingpong's first end records at its close, just after the peer exits.
-    std::thread::sleep(Duration::from_millis(200));
+    // The pingpong's first end records at its close, which can come after the peer exits:
+    // wait for it (`closed` counts the closes of first ends).
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while sc.stats().unwrap().closed <= before.closed {
+        assert!(
+            Instant::now() < deadline,
+            "the pingpong's first end never closed: {:?}",
+            sc.stats().unwrap()
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
     sequential_conns(&w, &cg, a, after);
     let end = sc.stats().unwrap();
     assert_eq!(
@@ -1443,4 +1452,117 @@ fn nsfast_splice_relay_is_byte_exact() {
     );
     peer::wait_listening(&w.server, p);
     through_proxy(&sc, &w, &cg, 5520, 5521, proxy_runs(), 1 << 20);
+}
+
+/// Waits until the shortcut's pairing maps hold `want` entries (the closes that remove them
+/// finish after the peers that made them exit); panics with what they hold after 60 s.
+fn wait_map_entries(sc: &Shortcut, want: nsfast_sockmap::MapEntries, when: &str) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let got = sc.map_entries().expect("read the pairing maps");
+        if got == want {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{when}: the maps hold {got:?}, want {want:?}: {:?}",
+            sc.stats().unwrap()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Every map entry a connection makes goes when it closes: 100,000 connections come and go
+/// (every one joins) while one stays open and idle; then the maps hold the idle connection's
+/// entries alone, it still takes the shortcut, and once it closes they are empty. (An entry
+/// that outlived its connection filled the LRU maps, which then evicted the idle connection's
+/// and sent its bytes by TCP.)
+#[test]
+fn every_map_entry_goes_with_its_connection_and_an_idle_one_keeps_the_shortcut() {
+    use nsfast_sockmap::MapEntries;
+    use std::io::{BufRead, Write};
+    require_root();
+    let w = VethPair::new();
+    // 100,000 connections from one address to one port: without TIME_WAIT buckets a closed
+    // connection frees its port at once (as the bench's crr namespaces do).
+    for ns in [&w.client, &w.server] {
+        nsfast_sys::net::set_sysctl(Some(ns), "net.ipv4.tcp_max_tw_buckets", "0").unwrap();
+    }
+    let cg = TestCgroup::new();
+    let sc = attach_joining_all(&cg);
+    let a = server_addr(5011);
+    let _s = admission_echo_server(&w, &cg, a);
+    let rounds = 200;
+    let mut idle = client_peer(
+        &w,
+        Some(&cg.procs()),
+        &[
+            "--timeout",
+            "600",
+            "idle-client",
+            "--connect",
+            &a.to_string(),
+            "--rounds",
+            &rounds.to_string(),
+        ],
+    );
+    let stderr = idle.child_mut().stderr.take().unwrap();
+    let mut said = String::new();
+    std::io::BufReader::new(stderr)
+        .read_line(&mut said)
+        .unwrap();
+    assert_eq!(said.trim(), "idle", "the idle client's first round trips");
+    let one = MapEntries {
+        pending: 0,
+        peers: 1,
+        rx: 2,
+    };
+    wait_map_entries(&sc, one, "one idle connection");
+    let before = sc.stats().unwrap();
+    assert_eq!(before.pairs, 1, "{before:?}");
+
+    let (clients, each) = (4u64, 25_000u64);
+    let churn: Vec<KillOnDrop> = (0..clients)
+        .map(|_| {
+            client_peer(
+                &w,
+                Some(&cg.procs()),
+                &[
+                    "--timeout",
+                    "900",
+                    "many",
+                    "--connect",
+                    &a.to_string(),
+                    "--conns",
+                    &each.to_string(),
+                    "--size",
+                    "100",
+                    "--sequential",
+                ],
+            )
+        })
+        .collect();
+    for c in churn {
+        let r: Report = peer::finish(c, "churning client");
+        assert_eq!((r.ok, r.failed), (each, 0), "{}", r.detail);
+    }
+    wait_map_entries(&sc, one, "after the churn");
+    let churned = sc.stats().unwrap();
+    assert!(
+        churned.pairs >= before.pairs + clients * each * 99 / 100,
+        "the churn's connections joined: {churned:?}"
+    );
+
+    // The idle connection, through it all: its next round trips take the shortcut.
+    writeln!(idle.child_mut().stdin.as_mut().unwrap(), "go").unwrap();
+    let r: Report = peer::finish(idle, "idle client");
+    assert_eq!(r.ok, 2 * rounds);
+    let after = sc.stats().unwrap();
+    assert_eq!(after.rx_missing, before.rx_missing, "{after:?}");
+    assert_eq!(after.tainted, churned.tainted, "{after:?}");
+    assert!(
+        after.redirected_msgs >= churned.redirected_msgs + 2 * rounds - 2,
+        "the idle connection's round trips take the shortcut: {after:?}"
+    );
+    wait_map_entries(&sc, MapEntries::default(), "every connection closed");
 }

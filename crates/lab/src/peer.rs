@@ -84,6 +84,17 @@ pub enum Mode {
         #[arg(long, default_value_t = 64)]
         size: usize,
     },
+    /// One connection to an echo server: ROUNDS round trips of SIZE bytes, then nothing until
+    /// a line (or end of file) on standard input, then ROUNDS more; every reply checked.
+    /// Prints "idle" on standard error when the first round trips are done.
+    IdleClient {
+        #[arg(long)]
+        connect: SocketAddr,
+        #[arg(long)]
+        rounds: u64,
+        #[arg(long, default_value_t = 1000)]
+        size: usize,
+    },
     /// Accept one connection, read until EOF, reply with the SHA-256 of what was read, close.
     HalfcloseServer {
         #[arg(long)]
@@ -280,6 +291,11 @@ async fn run(mode: Mode) -> Result<String> {
             size,
             sequential,
         } => many(a, conns, size, sequential).await,
+        Mode::IdleClient {
+            connect: a,
+            rounds,
+            size,
+        } => idle_client(a, rounds, size).await,
         Mode::Pingpong {
             connect: a,
             rounds,
@@ -455,6 +471,40 @@ async fn pingpong(a: SocketAddr, rounds: u64, size: usize) -> Result<String> {
     }
     Ok(serde_json::to_string(&Report {
         ok: rounds,
+        elapsed_ms: start.elapsed().as_millis() as u64,
+        ..Default::default()
+    })?)
+}
+
+/// `idle-client`: round trips, an idle stretch until standard input says go, round trips.
+async fn idle_client(a: SocketAddr, rounds: u64, size: usize) -> Result<String> {
+    let mut s = connect(a).await?;
+    s.set_nodelay(true)?;
+    let mut out = vec![0u8; size];
+    let mut back = vec![0u8; size];
+    let mut stream = ByteStream::new(11);
+    let start = Instant::now();
+    for phase in 0..2 {
+        if phase == 1 {
+            eprintln!("idle");
+            let mut line = String::new();
+            tokio::task::spawn_blocking(move || std::io::stdin().read_line(&mut line))
+                .await?
+                .context("read standard input")?;
+        }
+        for r in 0..rounds {
+            stream.fill(&mut out);
+            s.write_all(&out).await?;
+            s.read_exact(&mut back)
+                .await
+                .with_context(|| format!("phase {phase}, round {r}: reply"))?;
+            if back != out {
+                bail!("phase {phase}, round {r}: reply differs from request");
+            }
+        }
+    }
+    Ok(serde_json::to_string(&Report {
+        ok: 2 * rounds,
         elapsed_ms: start.elapsed().as_millis() as u64,
         ..Default::default()
     })?)
@@ -1011,7 +1061,10 @@ pub fn spawn(
     args: &[String],
 ) -> KillOnDrop {
     let mut cmd = Command::new(bin);
-    cmd.args(args).stdout(Stdio::piped()).stderr(Stdio::piped());
+    cmd.args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
     ns.configure_command(&mut cmd, cgroup_procs);
     KillOnDrop::new(
         cmd.spawn()

@@ -9,6 +9,7 @@
 pub mod pod_abi;
 pub mod relay_abi;
 pub mod sockmap_abi;
+pub mod sockmap_entries;
 pub mod sockmap_kept;
 pub mod sockmap_readers;
 

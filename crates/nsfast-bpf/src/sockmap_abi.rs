@@ -353,6 +353,8 @@ pub const ROLE_PASSIVE: u32 = 2;
 pub const POISON: u64 = u64::MAX;
 pub const MAP_PENDING: &str = "nsf_pending";
 pub const MAP_PEERS: &str = "nsf_peers";
+/// `nsf_rx`: receiving socket cookie -> struct nsf_rx (32 bytes).
+pub const MAP_RX: &str = "nsf_rx";
 
 /// struct nsf_conn_view (input of the key builder; used by the BPF unit tests).
 #[repr(C)]

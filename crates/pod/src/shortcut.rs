@@ -784,6 +784,8 @@ pub struct Status {
     /// The last connection ends that kept TCP, oldest first (up to 64), with the process and
     /// the reason.
     pub kept_recent: Vec<nsfast_bpf::sockmap_kept::KeptConn>,
+    /// Entries in the pairing maps now (None where they could not be read).
+    pub map_entries: Option<nsfast_bpf::sockmap_entries::MapEntries>,
     /// Per pod, by name.
     pub pods: std::collections::BTreeMap<String, PodShortcutStats>,
 }
@@ -852,6 +854,7 @@ pub fn status(host: &Host) -> Result<Status, PodError> {
         policy_denied: 0,
         skipped_short: 0,
         kept_recent: Vec::new(),
+        map_entries: None,
         pods: Default::default(),
     };
     if !s.enabled {
@@ -894,6 +897,10 @@ pub fn status(host: &Host) -> Result<Status, PodError> {
     let hash: SockHash<MapData, u64> = SockHash::try_from(open_pinned(&d, abi::MAP_SOCKHASH)?)
         .map_err(PodError::map("open nsf_sockhash"))?;
     s.sockets = hash.keys().filter(|k| k.is_ok()).count() as u64;
+    s.map_entries = MapData::from_pin(d.join(abi::MAP_SOCKHASH))
+        .ok()
+        .and_then(|m| m.info().ok())
+        .and_then(|i| nsfast_bpf::sockmap_entries::of_sockhash(i.id()));
     s.pods = pod_stats(host)?;
     Ok(s)
 }

@@ -17,6 +17,7 @@ pub mod shortcut;
 pub mod status;
 
 pub use error::SockmapError;
+pub use nsfast_bpf::sockmap_entries::MapEntries;
 pub use shortcut::{slice_cgroup, Options, Shortcut};
 pub use status::{instances, Instance, Settings, Stats};
 

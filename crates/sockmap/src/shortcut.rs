@@ -229,6 +229,21 @@ impl Shortcut {
         )
     }
 
+    /// Entries in the pairing and read-accounting maps now (see
+    /// [`nsfast_bpf::sockmap_entries`]).
+    pub fn map_entries(&self) -> Result<nsfast_bpf::sockmap_entries::MapEntries, SockmapError> {
+        let ebpf = self.ebpf.as_ref().ok_or(SockmapError::Missing("maps"))?;
+        let prog: &aya::programs::SockOps = ebpf
+            .program(abi::PROG_SOCKOPS)
+            .ok_or(SockmapError::Missing(abi::PROG_SOCKOPS))?
+            .try_into()
+            .map_err(|_| SockmapError::Missing(abi::PROG_SOCKOPS))?;
+        prog.info()
+            .ok()
+            .and_then(|i| nsfast_bpf::sockmap_entries::of_program(&i))
+            .ok_or(SockmapError::Missing("the pairing maps"))
+    }
+
     /// The connection ends that kept TCP, numbered `from` and later (see
     /// [`nsfast_bpf::sockmap_kept`]).
     pub fn kept_since(

@@ -140,6 +140,8 @@ pub struct Instance {
     pub stats: Stats,
     /// The last connection ends that kept TCP, oldest first (up to 64).
     pub kept_recent: Vec<nsfast_bpf::sockmap_kept::KeptConn>,
+    /// Entries in the pairing maps now (None where the sockops program is gone).
+    pub map_entries: Option<nsfast_bpf::sockmap_entries::MapEntries>,
 }
 
 /// The kept-TCP log among the maps of program `prog` (empty when it has none).
@@ -234,6 +236,7 @@ pub fn instances() -> Result<Vec<Instance>, SockmapError> {
             });
         let sockops_prog_id = sockops.map(|q| q.id());
         let kept_recent = sockops.map(kept_of).unwrap_or_default();
+        let map_entries = sockops.and_then(nsfast_bpf::sockmap_entries::of_program);
         let cgroup_path = find_cgroup_by_id(config.cgroup_id);
         let attached = match (&cgroup_path, sockops_prog_id) {
             (Some(path), Some(id)) => std::fs::File::open(path)
@@ -262,6 +265,7 @@ pub fn instances() -> Result<Vec<Instance>, SockmapError> {
             settings: read_config.as_ref().map(Settings::from),
             stats,
             kept_recent,
+            map_entries,
         });
     }
     Ok(out)

@@ -358,6 +358,7 @@ mod tests {
             settings: None,
             stats: Default::default(),
             kept_recent: Vec::new(),
+            map_entries: None,
         }
     }
 
