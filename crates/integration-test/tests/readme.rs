@@ -82,7 +82,7 @@ fn sockmap_status() {
     let cg = TestCgroup::new();
     let mut run = KillOnDrop::new(
         Command::new(nsfast_bin())
-            .args(["sockmap", "run", "--cgroup"])
+            .args(["sockmap", "run", "--allow-splice-hole", "--cgroup"])
             .arg(cg.path())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -164,6 +164,9 @@ fn pod_add_and_list() {
         &host,
     ]);
     check("pod-add", &added, &names);
+    // (The pod's kernel sends IPv6 chatter, router solicitations and MLD reports, as soon as
+    // its interface is up, and the pod programs drop it as `pod_not_ipv4`: whether that came
+    // before the listing is the machine's timing, so README shows that count as [..].)
     let listed = run_ok(&["pod", "list", "--host", &host]);
     check("pod-list", &listed, &names);
 }
