@@ -334,7 +334,11 @@ fn add(env: &Env, conf: &NetConf, raw: &Value) -> Result<String, CniError> {
             .and_then(|root| nsfast_sys::cgroup::Cgroup::open(root).map_err(|e| e.to_string()))
             .map_err(|e| CniError::new(code::IO_FAILURE, "enable the pod shortcut", e))
             .and_then(|cg| {
-                nsfast_pod::shortcut::enable_locked(host, &lock, &cg, Default::default())
+                let request = nsfast_pod::shortcut::EnableRequest {
+                    allow_splice_hole: conf.allow_splice_hole,
+                    ..Default::default()
+                };
+                nsfast_pod::shortcut::enable_locked(host, &lock, &cg, request)
                     .map_err(state_err("enable the pod shortcut"))
             });
         if let Err(e) = enabled {

@@ -78,6 +78,10 @@ pub struct NetConf {
     /// runtimeConfig `{"shortcut": false}`.
     #[serde(default)]
     pub shortcut: bool,
+    /// nsfast: with `shortcut`, enable it even where the splice guard cannot attach
+    /// (`nsfast pod shortcut enable --allow-splice-hole`): else that ADD fails there.
+    #[serde(rename = "allowSpliceHole", default)]
+    pub allow_splice_hole: bool,
     #[serde(rename = "runtimeConfig", default)]
     pub runtime_config: Option<Value>,
     #[serde(rename = "prevResult", default)]

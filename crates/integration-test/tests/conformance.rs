@@ -158,6 +158,7 @@ impl VethWorld {
         let cg = TestCgroup::new();
         let sc = shortcut.then(|| {
             Shortcut::attach(&Options {
+                allow_splice_hole: true,
                 cgroup: Some(cg.path().to_path_buf()),
                 ..Default::default()
             })
@@ -251,6 +252,7 @@ impl PodWorld {
             "pod",
             "shortcut",
             "enable",
+            "--allow-splice-hole",
             "--host",
             w.host(),
             "--cgroup",
@@ -450,7 +452,7 @@ fn sockmap_run_logs_each_connection_that_keeps_tcp_once() {
     let cg = TestCgroup::new();
     let loader = KillOnDrop::new(
         std::process::Command::new(nsfast_lab::bins::nsfast())
-            .args(["sockmap", "run", "--cgroup"])
+            .args(["sockmap", "run", "--allow-splice-hole", "--cgroup"])
             .arg(cg.path())
             .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::piped())

@@ -36,7 +36,7 @@ impl Drop for Scratch {
 /// `nsfast sockmap run --cgroup CG EXTRA...`, in `ns` when given; stderr to `log`.
 fn spawn_run(cg: &TestCgroup, ns: Option<&NetNs>, extra: &[&str], log: &Path) -> KillOnDrop {
     let mut cmd = Command::new(nsfast_bin());
-    cmd.args(["sockmap", "run", "--cgroup"])
+    cmd.args(["sockmap", "run", "--allow-splice-hole", "--cgroup"])
         .arg(cg.path())
         .args(extra)
         .stdout(Stdio::null())

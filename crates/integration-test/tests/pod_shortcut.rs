@@ -73,6 +73,7 @@ impl World {
             "pod",
             "shortcut",
             "enable",
+            "--allow-splice-hole",
             "--host",
             self.host(h),
             "--cgroup",
@@ -431,6 +432,7 @@ fn identical_pods_on_two_hosts_never_receive_each_others_bytes() {
         "pod",
         "shortcut",
         "enable",
+        "--allow-splice-hole",
         "--host",
         w2.host(0),
         "--cgroup",
@@ -576,6 +578,7 @@ fn pod_shortcut_admission_is_on_by_default_and_settable() {
             "pod",
             "shortcut",
             "enable",
+            "--allow-splice-hole",
             "--host",
             w.host(0),
             "--cgroup",
@@ -765,7 +768,14 @@ fn sigkill_at_each_step_leaves_a_retry_that_works() {
     for step in nsfast_pod::shortcut::ENABLE_STEPS {
         let o = nsfast_env(
             &[
-                "pod", "shortcut", "enable", "--host", &host, "--cgroup", &cg_path,
+                "pod",
+                "shortcut",
+                "enable",
+                "--allow-splice-hole",
+                "--host",
+                &host,
+                "--cgroup",
+                &cg_path,
             ],
             &[(nsfast_pod::pod::CRASH_ENV, step)],
         );
@@ -895,6 +905,7 @@ fn cni_shortcut_key_enables_it_and_the_arg_opts_out() {
         "type": "nsfast-cni",
         "mode": "auto",
         "shortcut": true,
+        "allowSpliceHole": true,
         "ipam": {
             "type": "host-local",
             "ranges": [[{"subnet": "10.209.7.0/24"}]],
@@ -916,6 +927,41 @@ fn cni_shortcut_key_enables_it_and_the_arg_opts_out() {
         }
     }
     let mut ctrs = Ctrs(Vec::new(), tag.clone(), conf.clone());
+    // Where the splice guard cannot attach (NSFAST_SPLICE_GUARD=off stands for such a
+    // kernel), an ADD whose config does not accept the hole fails naming the guard and the
+    // key, and enables nothing.
+    {
+        let mut strict = conf.clone();
+        strict.as_object_mut().unwrap().remove("allowSpliceHole");
+        let ns = NetNs::create(&unique("sc-ctr")).expect("container netns");
+        let o = cni_env(
+            &host,
+            "ADD",
+            "ctr-strict",
+            &ns.path().display().to_string(),
+            "",
+            &strict,
+            &[("NSFAST_SPLICE_GUARD", "off")],
+        );
+        assert!(!o.status.success(), "{}", text(&o));
+        let r: Value = serde_json::from_slice(&o.stdout).unwrap();
+        let d = r["details"].as_str().unwrap_or_default();
+        assert!(
+            d.contains("splice guard cannot attach") && d.contains("--allow-splice-hole"),
+            "{r}"
+        );
+        assert!(!nsfast_pod::Host::open(Some(&format!("{tag}-h")))
+            .map(|h| nsfast_pod::shortcut::is_enabled(&h))
+            .unwrap_or(false));
+        let _ = cni(
+            &host,
+            "DEL",
+            "ctr-strict",
+            &ns.path().display().to_string(),
+            "",
+            &strict,
+        );
+    }
     let mut ips = Vec::new();
     for (i, args) in [
         "",
@@ -1211,6 +1257,7 @@ fn podman_containers_talk_http_over_the_shortcut_and_rm_leaves_nothing() {
             "type": "nsfast-cni",
             "mode": "auto",
             "shortcut": true,
+            "allowSpliceHole": true,
             "ipam": {
                 "type": "host-local",
                 "ranges": [[{"subnet": "10.212.0.0/24"}]],
@@ -1333,6 +1380,7 @@ fn cni_add_killed_at_each_shortcut_step_then_del_and_add_work() {
         "type": "nsfast-cni",
         "mode": "auto",
         "shortcut": true,
+        "allowSpliceHole": true,
         "ipam": {
             "type": "host-local",
             "ranges": [[{"subnet": "10.209.8.0/24"}]],
@@ -1458,6 +1506,7 @@ fn bad_input_is_refused_and_changes_nothing() {
                 "pod",
                 "shortcut",
                 "enable",
+                "--allow-splice-hole",
                 "--host",
                 host.name(),
                 "--cgroup",
@@ -1506,6 +1555,7 @@ fn a_failed_first_pod_add_leaves_the_shortcut_enabled() {
         "pod",
         "shortcut",
         "enable",
+        "--allow-splice-hole",
         "--host",
         host.name(),
         "--cgroup",
@@ -1858,4 +1908,49 @@ fn a_policy_change_reaches_open_connections_on_tcp() {
 #[test]
 fn a_policy_change_reaches_open_connections_through_the_shortcut() {
     a_policy_change_reaches_open_connections(true);
+}
+
+/// Where the splice guard cannot attach (`NSFAST_SPLICE_GUARD=off` stands for such a kernel),
+/// `pod shortcut enable` refuses with one line that names the missing feature and
+/// `--allow-splice-hole`, and enables nothing; with the flag it enables, and a later enable
+/// that does not accept the hole is refused rather than told "already enabled".
+#[test]
+fn without_the_splice_guard_enable_refuses_unless_the_hole_is_accepted() {
+    require_root();
+    let w = World::new(&[]);
+    let cg = w.cg.path().to_string_lossy().into_owned();
+    let enable = |accept: bool| {
+        let mut a = vec![
+            "pod",
+            "shortcut",
+            "enable",
+            "--host",
+            w.host(0),
+            "--cgroup",
+            &cg,
+        ];
+        if accept {
+            a.push("--allow-splice-hole");
+        }
+        nsfast_env(&a, &[("NSFAST_SPLICE_GUARD", "off")])
+    };
+    let o = enable(false);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert_eq!(err.trim_end().lines().count(), 1, "one line: {err}");
+    assert!(
+        err.contains("splice guard cannot attach") && err.contains("--allow-splice-hole"),
+        "{err}"
+    );
+    assert_eq!(w.status(0)["enabled"], false);
+    let o = enable(true);
+    assert!(o.status.success(), "{}", text(&o));
+    assert_eq!(w.status(0)["enabled"], true);
+    let o = enable(false);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("runs without the splice guard"),
+        "{}",
+        text(&o)
+    );
 }

@@ -13,6 +13,8 @@ use nsfast_lab::world::{TestCgroup, VethPair};
 use nsfast_sockmap::{Options, Shortcut, Stats};
 
 const GIB: u64 = 1 << 30;
+/// `off` leaves the splice guard out, as on a kernel that refuses it.
+const GUARD_ENV: &str = "NSFAST_SPLICE_GUARD";
 
 fn peer_bin() -> PathBuf {
     nsfast_lab::bins::testpeer()
@@ -64,6 +66,7 @@ fn server_addr(port: u16) -> SocketAddr {
 
 fn attach(cg: &TestCgroup) -> Shortcut {
     Shortcut::attach(&Options {
+        allow_splice_hole: true,
         cgroup: Some(cg.path().to_path_buf()),
         ..Default::default()
     })
@@ -74,6 +77,7 @@ fn attach(cg: &TestCgroup) -> Shortcut {
 /// of pairing itself, whose many short connections admission would otherwise keep on TCP.
 fn attach_joining_all(cg: &TestCgroup) -> Shortcut {
     Shortcut::attach(&Options {
+        allow_splice_hole: true,
         cgroup: Some(cg.path().to_path_buf()),
         keep_tcp_after: Some(0),
         ..Default::default()
@@ -649,7 +653,7 @@ fn wait_for_instance(pid: u32, attached: bool) -> nsfast_sockmap::Instance {
 fn spawn_run(cg: &TestCgroup) -> KillOnDrop {
     KillOnDrop::new(
         Command::new(nsfast_bin())
-            .args(["sockmap", "run", "--cgroup"])
+            .args(["sockmap", "run", "--allow-splice-hole", "--cgroup"])
             .arg(cg.path())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
@@ -745,7 +749,7 @@ fn status_names_the_settings_run_was_given() {
     let cg = TestCgroup::new();
     let loader = KillOnDrop::new(
         Command::new(nsfast_bin())
-            .args(["sockmap", "run", "--cgroup"])
+            .args(["sockmap", "run", "--allow-splice-hole", "--cgroup"])
             .arg(cg.path())
             .args(["--queue-limit", "4M", "--keep-tcp-after", "2"])
             .args(["--probe-interval", "250ms"])
@@ -858,7 +862,13 @@ fn bad_input_gives_one_clear_error_and_attaches_nothing() {
     let cg = TestCgroup::new();
     let mut first = spawn_run(&cg);
     wait_for_instance(first.id(), true);
-    let (ok, err) = run_cli(&["sockmap", "run", "--cgroup", cg.path().to_str().unwrap()]);
+    let (ok, err) = run_cli(&[
+        "sockmap",
+        "run",
+        "--allow-splice-hole",
+        "--cgroup",
+        cg.path().to_str().unwrap(),
+    ]);
     assert!(!ok);
     assert!(err.contains("already attached"), "{err}");
     assert!(err.contains(&format!("loader pid {}", first.id())), "{err}");
@@ -912,6 +922,7 @@ fn one_pingpong(w: &VethPair, cg: &TestCgroup, a: SocketAddr, rounds: u64) {
 /// [`attach`] with the given probe interval (`--probe-interval`).
 fn attach_probing_every(cg: &TestCgroup, interval: Duration) -> Shortcut {
     Shortcut::attach(&Options {
+        allow_splice_hole: true,
         cgroup: Some(cg.path().to_path_buf()),
         probe_interval: Some(interval),
         ..Default::default()
@@ -1060,6 +1071,7 @@ fn port_filters_select_connections() {
     let w = VethPair::new();
     let cg = TestCgroup::new();
     let sc = Shortcut::attach(&Options {
+        allow_splice_hole: true,
         cgroup: Some(cg.path().to_path_buf()),
         ports: Some(nsfast_sys::ports::PortList::parse("--ports", "5100-5102").unwrap()),
         exclude_ports: Some(nsfast_sys::ports::PortList::parse("--exclude-ports", "5101").unwrap()),
@@ -1090,6 +1102,7 @@ fn a_reconnected_socket_that_does_not_join_is_plain_tcp() {
     let w = VethPair::new();
     let cg = TestCgroup::new();
     let sc = Shortcut::attach(&Options {
+        allow_splice_hole: true,
         cgroup: Some(cg.path().to_path_buf()),
         exclude_ports: Some(nsfast_sys::ports::PortList::parse("--exclude-ports", "5111").unwrap()),
         ..Default::default()
@@ -1565,4 +1578,60 @@ fn every_map_entry_goes_with_its_connection_and_an_idle_one_keeps_the_shortcut()
         "the idle connection's round trips take the shortcut: {after:?}"
     );
     wait_map_entries(&sc, MapEntries::default(), "every connection closed");
+}
+
+/// Where the splice guard cannot attach (`NSFAST_SPLICE_GUARD=off` stands for such a kernel on
+/// any kernel), `sockmap run` refuses to start with one line that names the missing feature
+/// and the flag that accepts the risk, and attaches nothing: a reader that switches from recv
+/// to splice could otherwise miss redirected bytes. With `--allow-splice-hole` it runs.
+#[test]
+fn without_the_splice_guard_run_refuses_unless_the_hole_is_accepted() {
+    require_root();
+    let cg = TestCgroup::new();
+    let run = |accept: bool| {
+        let mut c = Command::new(nsfast_bin());
+        c.args(["sockmap", "run"]);
+        if accept {
+            c.arg("--allow-splice-hole");
+        }
+        c.arg("--cgroup")
+            .arg(cg.path())
+            .env(GUARD_ENV, "off")
+            .env_remove("NSFAST_ALLOW_SPLICE_HOLE")
+            .env("RUST_LOG", "warn");
+        c
+    };
+    let out = run(false).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert_eq!(err.trim_end().lines().count(), 1, "one line: {err}");
+    assert!(
+        err.contains("splice guard cannot attach")
+            && err.contains(&format!("turned off by {}=off", GUARD_ENV))
+            && err.contains("--allow-splice-hole"),
+        "{err}"
+    );
+    let f = std::fs::File::open(cg.path()).unwrap();
+    let attached = nsfast_sys::bpf::prog_query(
+        std::os::fd::AsFd::as_fd(&f),
+        nsfast_sys::bpf::BPF_CGROUP_SOCK_OPS,
+    )
+    .unwrap();
+    assert!(attached.is_empty(), "a refused run attached {attached:?}");
+
+    let mut accepted = KillOnDrop::new(
+        run(true)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let i = wait_for_instance(accepted.id(), true);
+    assert_eq!(i.cgroup_path.as_deref(), Some(cg.path()), "{i:?}");
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(accepted.id() as i32),
+        nix::sys::signal::Signal::SIGINT,
+    )
+    .unwrap();
+    assert!(accepted.child_mut().wait().unwrap().success());
 }

@@ -31,7 +31,7 @@ fn ready_arrives_only_after_the_programs_are_attached() {
     let st = nix::sys::stat::fstat(wr.as_fd()).unwrap();
     let mut child = KillOnDrop::new(
         Command::new(nsfast_bin())
-            .args(["sockmap", "run", "--cgroup"])
+            .args(["sockmap", "run", "--allow-splice-hole", "--cgroup"])
             .arg(cg.path())
             .env("NOTIFY_SOCKET", format!("@{name}"))
             .env("JOURNAL_STREAM", format!("{}:{}", st.st_dev, st.st_ino))

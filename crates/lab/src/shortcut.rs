@@ -12,6 +12,9 @@ pub fn probe() -> Result<(), String> {
 }
 
 /// Attaches the shortcut to `cgroup_dir`; returns a guard that detaches it on drop and a note.
+/// Without the splice guard where it cannot attach: the bench's peers read with recv(2) only,
+/// never switching a socket to splice(2), so the hole it closes cannot open here (the note
+/// says whether it runs).
 pub fn attach(cgroup_dir: &Path) -> Result<(Box<dyn Any>, String), String> {
     let opts = nsfast_sockmap::Options {
         cgroup: Some(cgroup_dir.to_path_buf()),
@@ -20,12 +23,14 @@ pub fn attach(cgroup_dir: &Path) -> Result<(Box<dyn Any>, String), String> {
         queue_limit: None,
         keep_tcp_after: None,
         probe_interval: None,
+        allow_splice_hole: true,
     };
     let sc =
         nsfast_sockmap::Shortcut::attach(&opts).map_err(|e| nsfast_sys::report::error_chain(&e))?;
     let note = format!(
-        "sockmap shortcut attached to {}",
-        sc.cgroup_path().display()
+        "sockmap shortcut attached to {} (splice guard {})",
+        sc.cgroup_path().display(),
+        if sc.splice_guard() { "on" } else { "off" }
     );
     Ok((Box::new(sc), note))
 }

@@ -68,6 +68,14 @@ pub const USES: &[(&str, &str, &str)] = &[
         "vpnrelay receives single datagrams by recvmmsg (as --no-gro)",
     ),
     (
+        "splice_guard",
+        "the sockmap shortcut (sockmap run, pod shortcut) is safe for readers that switch \
+         from recv(2) to splice(2)/sendfile(2), e.g. HAProxy with option splice-*",
+        "sockmap run, pod shortcut enable and the CNI's \"shortcut\": true refuse to start \
+         unless --allow-splice-hole (CNI: \"allowSpliceHole\": true) accepts that such a \
+         reader may miss bytes",
+    ),
+    (
         "vsock",
         "nsfast vsock relay/bridge/bench on AF_VSOCK",
         "hybrid vsock (UNIX socket), TCP and UNIX addresses only",
@@ -124,7 +132,9 @@ pub fn feature_names() -> impl Iterator<Item = &'static str> {
     USES.iter().map(|u| u.0)
 }
 
-fn feature(name: &'static str, available: bool, reason: impl Into<String>) -> Feature {
+/// A feature of [`USES`] with its answer (for probes that live in other crates, such as the
+/// splice guard's, which needs the BPF object).
+pub fn feature(name: &'static str, available: bool, reason: impl Into<String>) -> Feature {
     let (enables, fallback) = USES
         .iter()
         .find(|u| u.0 == name)

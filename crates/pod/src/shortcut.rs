@@ -101,15 +101,19 @@ impl EnabledState {
     }
 }
 
-/// Admission settings asked for by `enable`: each `None` takes the default for a new shortcut,
-/// and whatever an enabled one has.
+/// What `enable` asks for. Admission settings: each `None` takes the default for a new
+/// shortcut, and whatever an enabled one has.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct AdmissionRequest {
+pub struct EnableRequest {
     pub keep_tcp_after: Option<u32>,
     pub probe_interval_ns: Option<u64>,
+    /// Run without the splice guard where it cannot attach (`--allow-splice-hole`; see
+    /// [`nsfast_bpf::sockmap_readers`]): else enabling fails there, and a shortcut enabled
+    /// without it is refused to a request that does not accept that.
+    pub allow_splice_hole: bool,
 }
 
-impl AdmissionRequest {
+impl EnableRequest {
     /// What a new shortcut is loaded with.
     fn settings(&self) -> abi::Admission {
         abi::Admission::or_default(self.keep_tcp_after, self.probe_interval_ns)
@@ -201,7 +205,7 @@ pub struct Enabled {
 pub fn enable(
     host: &Host,
     cgroup: Option<&Path>,
-    admission: AdmissionRequest,
+    request: EnableRequest,
 ) -> Result<Enabled, PodError> {
     let root = cgroup2_mount().map_err(|e| PodError::Bpf {
         what: "find the cgroup2 mount".into(),
@@ -216,7 +220,7 @@ pub fn enable(
         source: Box::new(e),
     })?;
     let lock = host.lock()?;
-    enable_locked(host, &lock, &cg, admission)
+    enable_locked(host, &lock, &cg, request)
 }
 
 /// [`enable`] with the host's lock held.
@@ -224,7 +228,7 @@ pub fn enable_locked(
     host: &Host,
     lock: &HostLock,
     cg: &Cgroup,
-    admission: AdmissionRequest,
+    request: EnableRequest,
 ) -> Result<Enabled, PodError> {
     let cgroup_id = cg.id().map_err(|e| PodError::Bpf {
         what: format!("read the id of cgroup {}", cg.path().display()),
@@ -245,7 +249,19 @@ pub fn enable_locked(
                     source: std::io::Error::from(std::io::ErrorKind::AlreadyExists),
                 });
             }
-            if !admission.matches(st.admission()) {
+            if !st.splice_guard && !request.allow_splice_hole {
+                return Err(PodError::Io {
+                    what: format!(
+                        "the shortcut of host {} runs without the splice guard (enabled with \
+                         {}): ask with {} too, or `nsfast pod shortcut disable` it",
+                        host.display,
+                        nsfast_bpf::sockmap_readers::ALLOW_SPLICE_HOLE_FLAG,
+                        nsfast_bpf::sockmap_readers::ALLOW_SPLICE_HOLE_FLAG
+                    ),
+                    source: std::io::Error::from(std::io::ErrorKind::Unsupported),
+                });
+            }
+            if !request.matches(st.admission()) {
                 return Err(PodError::Io {
                     what: format!(
                         "the shortcut of host {} is already enabled with --keep-tcp-after {} \
@@ -274,7 +290,7 @@ pub fn enable_locked(
     create_dir_all_racy(&host.pin_dir())?;
     let nd = new_dir(host);
     fs::create_dir(&nd).map_err(PodError::io(format!("create {}", nd.display())))?;
-    let settings = admission.settings();
+    let settings = request.settings();
     let mut state = EnabledState {
         cgroup: cg.path().to_path_buf(),
         cgroup_id,
@@ -284,7 +300,8 @@ pub fn enable_locked(
         keep_tcp_after: settings.after,
         probe_interval_ns: settings.probe_ns,
     };
-    match build(host, lock, cg, &nd, &state) {
+    let guard = nsfast_bpf::sockmap_readers::SpliceGuard::allowing_hole(request.allow_splice_hole);
+    match build(host, lock, cg, &nd, &state, guard) {
         Ok(guard) => state.splice_guard = guard,
         Err(e) => {
             let _ = remove_pins(&nd);
@@ -321,6 +338,7 @@ fn build(
     cg: &Cgroup,
     nd: &Path,
     state: &EnabledState,
+    guard: nsfast_bpf::sockmap_readers::SpliceGuard,
 ) -> Result<bool, PodError> {
     let admission = state.admission();
     let mut loader = EbpfLoader::new();
@@ -368,10 +386,11 @@ fn build(
     }
     sync_in(host, lock, nd, state.host_id)?;
     crash_point("shortcut-maps");
-    let readers = nsfast_bpf::sockmap_readers::attach(&mut ebpf).map_err(|e| PodError::Io {
-        what: e.to_string(),
-        source: std::io::Error::from(std::io::ErrorKind::Unsupported),
-    })?;
+    let readers =
+        nsfast_bpf::sockmap_readers::attach(&mut ebpf, guard).map_err(|e| PodError::Io {
+            what: e.to_string(),
+            source: std::io::Error::from(std::io::ErrorKind::Unsupported),
+        })?;
     for (name, link) in readers.links {
         let p = nd.join(format!("rx-{name}"));
         link.pin(&p).map_err(|e| PodError::Bpf {

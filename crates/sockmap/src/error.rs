@@ -41,10 +41,10 @@ pub enum SockmapError {
     /// The BPF object lacks an expected program or map (build mismatch).
     #[error("BPF object has no {0}")]
     Missing(&'static str),
-    /// Neither hook that counts what receivers read could be attached: without it no sender
-    /// may redirect (splice readers would miss bytes).
+    /// Neither hook that counts what receivers read could be attached (without one no sender
+    /// may redirect), or the splice guard could not and the risk was not accepted.
     #[error(transparent)]
-    NoReadHook(#[from] nsfast_bpf::sockmap_readers::NoReadHook),
+    Readers(#[from] nsfast_bpf::sockmap_readers::AttachError),
     /// Another system error.
     #[error("{what}")]
     Io {

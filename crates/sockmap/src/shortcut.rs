@@ -34,6 +34,9 @@ pub struct Options {
     /// While admission keeps connections between the same endpoints on TCP, one of them
     /// joins anyway at most this often (default [`abi::DEFAULT_ADMIT_PROBE_NS`]).
     pub probe_interval: Option<std::time::Duration>,
+    /// Run without the splice guard where it cannot attach (`--allow-splice-hole`): else
+    /// attaching fails there (see [`nsfast_bpf::sockmap_readers`]).
+    pub allow_splice_hole: bool,
 }
 
 impl Options {
@@ -183,7 +186,10 @@ impl Shortcut {
         let config = Config::of_loader(cgroup_id, port_mode, now_unix(), queue_limit, admission);
         write_config(&mut ebpf, config)?;
         // Read accounting before any socket can be redirected into.
-        let readers = nsfast_bpf::sockmap_readers::attach(&mut ebpf)?;
+        let readers = nsfast_bpf::sockmap_readers::attach(
+            &mut ebpf,
+            nsfast_bpf::sockmap_readers::SpliceGuard::allowing_hole(opts.allow_splice_hole),
+        )?;
         let sockopt = attach_sockopt(&mut ebpf, cgroup)?;
         // sk_msg on the sockhash first, so every socket sockops adds is covered at once.
         attach_sk_msg(&mut ebpf)?;

@@ -14,7 +14,8 @@ pub fn nsfast_env(args: &[&str], env: &[(&str, &str)]) -> Output {
     let mut c = Command::new(nsfast_bin());
     c.args(args)
         .env("RUST_LOG", "warn")
-        .env_remove(nsfast_pod::pod::CRASH_ENV);
+        .env_remove(nsfast_pod::pod::CRASH_ENV)
+        .env_remove("NSFAST_ALLOW_SPLICE_HOLE");
     for (k, v) in env {
         c.env(k, v);
     }

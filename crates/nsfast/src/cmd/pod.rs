@@ -61,6 +61,12 @@ pub enum ShortcutCmd {
         /// 10ms; 1ms to 1h).
         #[arg(long, value_name = "DURATION", value_parser = crate::cmd::sockmap::probe_interval_arg())]
         probe_interval: Option<std::time::Duration>,
+        /// Enable even where the splice guard cannot attach (as `nsfast sockmap run
+        /// --allow-splice-hole`): a pod that reads a socket with recv(2) and then switches to
+        /// splice(2) or sendfile(2) may then miss bytes. Without it enabling is refused there.
+        /// Given to a shortcut already enabled without the guard, it is required.
+        #[arg(long, env = "NSFAST_ALLOW_SPLICE_HOLE", value_parser = clap::builder::BoolishValueParser::new(), action = clap::ArgAction::SetTrue, hide_env_values = true)]
+        allow_splice_hole: bool,
     },
     /// Detach it: new connections take the kernel path; redirected ones drain.
     Disable {
@@ -404,13 +410,15 @@ fn shortcut(c: ShortcutCmd) -> Result<()> {
             cgroup,
             keep_tcp_after,
             probe_interval,
+            allow_splice_hole,
         } => {
             let h = Host::open(host.as_deref())?;
-            let admission = shortcut::AdmissionRequest {
+            let request = shortcut::EnableRequest {
                 keep_tcp_after,
                 probe_interval_ns: probe_interval.map(|d| d.as_nanos() as u64),
+                allow_splice_hole,
             };
-            let e = shortcut::enable(&h, cgroup.as_deref(), admission)?;
+            let e = shortcut::enable(&h, cgroup.as_deref(), request)?;
             if let Some(j) = json() {
                 j.print(&e)?;
                 return Ok(());

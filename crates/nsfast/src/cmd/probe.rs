@@ -25,7 +25,18 @@ pub const WIDTH: usize = 100;
 
 pub fn run(args: ProbeArgs) -> anyhow::Result<()> {
     use std::io::Write;
-    let report = nsfast_sys::probe::probe_all();
+    let mut report = nsfast_sys::probe::probe_all();
+    // The splice guard's probe attaches its programs for a moment: it needs the BPF object.
+    report
+        .features
+        .push(match nsfast_bpf::sockmap_readers::probe_splice_guard() {
+            Ok(()) => nsfast_sys::probe::feature(
+                "splice_guard",
+                true,
+                "attached and detached its fentry/fexit and bpf LSM programs",
+            ),
+            Err(e) => nsfast_sys::probe::feature("splice_guard", false, e),
+        });
     let missing: Vec<&nsfast_sys::probe::Feature> = args
         .require
         .iter()

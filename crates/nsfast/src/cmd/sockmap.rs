@@ -56,6 +56,13 @@ pub enum SockmapCmd {
         #[arg(long, value_name = "DURATION", default_value = "10ms",
               value_parser = probe_interval_arg())]
         probe_interval: Duration,
+        /// Start even where the splice guard cannot attach (kernels without BPF trampolines or
+        /// without `bpf` among the LSMs; `nsfast probe` says): a program in the cgroup that
+        /// reads a socket with recv(2) and then switches to splice(2) or sendfile(2), as
+        /// HAProxy with option splice-* does, may then miss bytes. Without this flag `run`
+        /// refuses to start there.
+        #[arg(long, env = "NSFAST_ALLOW_SPLICE_HOLE", value_parser = clap::builder::BoolishValueParser::new(), action = clap::ArgAction::SetTrue, hide_env_values = true)]
+        allow_splice_hole: bool,
         /// Log the counters this often while running, e.g. 10 (seconds), 500ms, 1m; 0: only at
         /// exit (at most 24h).
         #[arg(long, value_name = "DURATION", default_value = "0",
@@ -79,6 +86,7 @@ pub fn run(cmd: SockmapCmd) -> anyhow::Result<()> {
             queue_limit,
             keep_tcp_after,
             probe_interval,
+            allow_splice_hole,
             stats_interval,
             metrics,
         } => {
@@ -109,6 +117,7 @@ pub fn run(cmd: SockmapCmd) -> anyhow::Result<()> {
                     queue_limit: Some(queue_limit),
                     keep_tcp_after: Some(keep_tcp_after),
                     probe_interval: Some(probe_interval),
+                    allow_splice_hole,
                 },
                 stats_interval,
                 &metrics,
