@@ -203,9 +203,10 @@ test-stress: deps
 	$(CARGO) build --workspace --tests
 	scripts/test-stress.sh --rounds $(STRESS_ROUNDS) --parts "$(STRESS_PARTS)"
 
-# Longer run, both CPU placements, with the sockperf/iperf3 cross-check.
+# Longer run, both CPU placements, with the sockperf/iperf3 cross-check and each row's BPF
+# cost (the kernel's BPF statistics).
 bench: deps build
-	$(RELEASE_BIN) bench --placement same-cpu,cross-cpu --cross-check --json bench-results/bench.json
+	$(RELEASE_BIN) bench --placement same-cpu,cross-cpu --cross-check --bpf-stats --json bench-results/bench.json
 
 clean:
 	$(CARGO) clean

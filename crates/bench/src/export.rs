@@ -60,6 +60,30 @@ pub fn csv(outcome: &Outcome, rows: &[Row]) -> String {
             csv_field(s.error.as_deref().unwrap_or_default()),
         );
     }
+    for s in &outcome.samples {
+        let Some(b) = &s.bpf else { continue };
+        let per = if s.workload.cpu_unit().contains("GB") {
+            "GB"
+        } else {
+            "tx"
+        };
+        for (what, v) in [("bpf_ns", b.ns_per_unit), ("bpf_runs", b.runs_per_unit)] {
+            let _ = writeln!(
+                out,
+                "{what},{},{},{},{},{},{},,,",
+                s.round,
+                csv_field(&s.topology),
+                s.workload.name(),
+                s.placement.name(),
+                v,
+                if what == "bpf_ns" {
+                    format!("ns/{per}")
+                } else {
+                    format!("runs/{per}")
+                },
+            );
+        }
+    }
     for r in rows {
         let _ = writeln!(
             out,

@@ -22,6 +22,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod bpfstats;
 pub mod built;
 pub(crate) mod cputime;
 pub mod crosscheck;

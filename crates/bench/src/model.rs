@@ -51,6 +51,9 @@ pub struct Sample {
     /// sample failed ("fast path idle"), its value absent.
     #[serde(default)]
     pub fast_path: Option<Evidence>,
+    /// nsfast's BPF programs during the sample, per unit of work (`--bpf-stats`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bpf: Option<crate::bpfstats::BpfCost>,
     pub error: Option<String>,
 }
 

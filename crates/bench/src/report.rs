@@ -161,6 +161,18 @@ fn write_row(out: &mut String, r: &Row, w: &str, tw: usize) {
             notes.push(format!("p99 {} µs", fmt_value(p99)));
         }
     }
+    if let (Some(ns), Some(runs)) = (r.bpf_ns_per_unit, r.bpf_runs_per_unit) {
+        let per = if r.cpu_unit.contains("GB") {
+            "GB"
+        } else {
+            "tx"
+        };
+        notes.push(format!(
+            "bpf {} ns/{per} ({} runs)",
+            fmt_value(ns),
+            fmt_value(runs)
+        ));
+    }
     if r.failed_rounds > 0 {
         notes.push(format!(
             "{} round(s) failed: {}",

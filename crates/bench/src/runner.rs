@@ -306,6 +306,7 @@ impl Runner {
         let (mut server, addr) = self.start_server(b, &spec)?;
         let fast_path = FastPathWatch::new(b, w);
         let fp_before = fast_path.before()?;
+        let bpf_before = self.config.bpf_stats.then(crate::bpfstats::snapshot);
         let before = CpuSnapshot::take(&b.client.cgroup, &b.server.cgroup);
         spec.role = Role::Client;
         spec.addr = addr;
@@ -317,6 +318,7 @@ impl Runner {
         let mut client = self.spawn_worker(b, &spec)?;
         let st = client.wait(duration + Duration::from_secs(20))?;
         let after = CpuSnapshot::take(&b.client.cgroup, &b.server.cgroup);
+        let bpf_after = bpf_before.as_ref().map(|_| crate::bpfstats::snapshot());
         let creport = read_report(client.stdout());
         // Stop the server: close its stdin, then collect its counts.
         drop(server.take_stdin());
@@ -344,6 +346,10 @@ impl Runner {
         check_counts(b, w, &cres, &scount)?;
         let (value, loss) = headline(w, &cres, &scount);
         let cpu = cpu_cost(w, (ccpu, scpu), &before, &after, &cres, &scount);
+        let bpf = match (&bpf_before, &bpf_after) {
+            (Some(a), Some(b)) => crate::bpfstats::cost(a, b, work_units(w, &cres, &scount)),
+            _ => None,
+        };
         // A fast path that carried nothing: the figure is the ordinary path's, not its.
         let idle = evidence.as_ref().and_then(|e| e.idle_error());
         Ok(Sample {
@@ -360,6 +366,7 @@ impl Runner {
             loss,
             cpu: Some(cpu),
             fast_path: evidence,
+            bpf,
             error: idle,
         })
     }
@@ -524,6 +531,7 @@ fn failed_sample(
         loss: None,
         cpu: None,
         fast_path: None,
+        bpf: None,
         error: Some(e.to_string()),
     }
 }
@@ -605,6 +613,14 @@ fn check_counts(
 }
 
 /// The CPU cost of one measurement between two snapshots, normalised per transaction or GB.
+/// The units a measurement's costs are divided by: GB for streams, else transactions.
+fn work_units(w: Workload, cres: &ClientResult, scount: &ServerCounts) -> f64 {
+    match w {
+        Workload::Stream | Workload::UdpStream => scount.bytes as f64 / 1e9,
+        _ => cres.transactions as f64,
+    }
+}
+
 fn cpu_cost(
     w: Workload,
     (ccpu, scpu): (Option<usize>, Option<usize>),

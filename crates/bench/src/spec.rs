@@ -212,6 +212,10 @@ pub struct Config {
     pub quick: bool,
     /// The existing user the rootless topologies run as (`--tenant`); `None` skips them.
     pub tenant: Option<nsfast_lab::tenant::Tenant>,
+    /// Count nsfast's BPF programs' runs and run time per measurement (`--bpf-stats`;
+    /// [`crate::bpfstats`]).
+    #[serde(default)]
+    pub bpf_stats: bool,
 }
 
 mod secs {

@@ -56,6 +56,10 @@ pub struct Row {
     pub loss: Option<f64>,
     /// ping: median p99 latency (µs).
     pub p99_us: Option<f64>,
+    /// `--bpf-stats`: median nanoseconds and runs of nsfast's BPF programs per unit of work
+    /// (per transaction, or per GB for streams).
+    pub bpf_ns_per_unit: Option<f64>,
+    pub bpf_runs_per_unit: Option<f64>,
     /// The first error seen, if any round failed.
     pub error: Option<String>,
 }
@@ -114,6 +118,12 @@ pub fn summarize(samples: &[Sample], topologies: &[String]) -> Vec<Row> {
                 .filter_map(|s| s.cpu.map(|c| c.per_unit))
                 .collect();
             let loss: Vec<f64> = counted().filter_map(|s| s.loss).collect();
+            let bpf_ns: Vec<f64> = counted()
+                .filter_map(|s| s.bpf.as_ref().map(|b| b.ns_per_unit))
+                .collect();
+            let bpf_runs: Vec<f64> = counted()
+                .filter_map(|s| s.bpf.as_ref().map(|b| b.runs_per_unit))
+                .collect();
             let p99: Vec<f64> = counted()
                 .filter_map(|s| s.client.as_ref()?.latency_us.map(|l| l.p99))
                 .collect();
@@ -133,6 +143,8 @@ pub fn summarize(samples: &[Sample], topologies: &[String]) -> Vec<Row> {
                 cpu_unit: w.cpu_unit().into(),
                 loss: median(&loss),
                 p99_us: median(&p99),
+                bpf_ns_per_unit: median(&bpf_ns),
+                bpf_runs_per_unit: median(&bpf_runs),
                 error: mine.iter().find_map(|s| s.error.clone()),
             });
         }

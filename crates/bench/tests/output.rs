@@ -61,6 +61,7 @@ fn outcome() -> Outcome {
                         per_unit: 1000.0,
                     }),
                     fast_path: None,
+                    bpf: None,
                     error: None,
                 });
             }
@@ -85,6 +86,7 @@ fn outcome() -> Outcome {
             cross_check: false,
             quick: true,
             tenant: None,
+            bpf_stats: false,
         },
         topologies,
         skipped: vec![nsfast_bench::runner::Skipped {

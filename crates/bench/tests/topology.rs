@@ -118,6 +118,7 @@ fn runner() -> Runner {
         cross_check: false,
         quick: false,
         tenant: None,
+        bpf_stats: false,
     };
     let mut r = Runner::new(config, worker_launcher());
     r.progress = false;

@@ -149,6 +149,12 @@ pub struct BenchArgs {
     /// Also run sockperf and iperf3 (when installed) on host and veth and compare.
     #[arg(long)]
     pub cross_check: bool,
+    /// Count nsfast's BPF programs' runs and run time during every measurement (the kernel's
+    /// BPF statistics, as `sysctl kernel.bpf_stats_enabled=1`): each row's notes, the JSON and
+    /// the CSV get nanoseconds and runs per transaction (per GB for streams), by program in
+    /// the JSON. The statistics cost each program run two clock reads.
+    #[arg(long)]
+    pub bpf_stats: bool,
     /// List the topologies and whether this machine can run them, then exit.
     #[arg(long)]
     pub list: bool,
@@ -232,6 +238,7 @@ fn config(a: &BenchArgs) -> Result<Config, BenchError> {
         cross_check: a.cross_check,
         quick: a.quick,
         tenant: a.tenant.clone(),
+        bpf_stats: a.bpf_stats,
     })
 }
 
@@ -287,6 +294,12 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
         return Ok(());
     }
     let cfg = config(&a)?;
+    // On for the whole run (the kernel turns them off when this closes).
+    let _stats = if cfg.bpf_stats {
+        Some(nsfast_bench::bpfstats::enable().map_err(anyhow::Error::msg)?)
+    } else {
+        None
+    };
     let launcher = Launcher::current_exe().context("find the nsfast executable")?;
     let mut runner = Runner::new(cfg, launcher);
     runner.progress = !a.no_progress;
