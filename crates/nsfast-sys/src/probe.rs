@@ -30,7 +30,7 @@ pub struct Feature {
 }
 
 /// Every feature [`probe_all`] reports, in its order, as (name, what nsfast uses it for,
-/// what nsfast does without it).
+/// what nsfast does without it), then those of [`PROBED_BY_CALLER`].
 pub const USES: &[(&str, &str, &str)] = &[
     (
         "netkit",
@@ -66,14 +66,6 @@ pub const USES: &[(&str, &str, &str)] = &[
         "udp_gro",
         "vpnrelay receives coalesced UDP GRO batches",
         "vpnrelay receives single datagrams by recvmmsg (as --no-gro)",
-    ),
-    (
-        "splice_guard",
-        "the sockmap shortcut (sockmap run, pod shortcut) is safe for readers that switch \
-         from recv(2) to splice(2)/sendfile(2), e.g. HAProxy with option splice-*",
-        "sockmap run, pod shortcut enable and the CNI's \"shortcut\": true refuse to start \
-         unless --allow-splice-hole (CNI: \"allowSpliceHole\": true) accepts that such a \
-         reader may miss bytes",
     ),
     (
         "vsock",
@@ -124,6 +116,14 @@ pub const USES: &[(&str, &str, &str)] = &[
         "vsock_zerocopy",
         "MSG_ZEROCOPY on AF_VSOCK sends (SO_ZEROCOPY, Linux 6.7+; `nsfast vsock relay --zerocopy on`)",
         "vsock sends copy",
+    ),
+    (
+        "splice_guard",
+        "the sockmap shortcut (sockmap run, pod shortcut) is safe for readers that switch \
+         from recv(2) to splice(2)/sendfile(2), e.g. HAProxy with option splice-*",
+        "sockmap run, pod shortcut enable and the CNI's \"shortcut\": true refuse to start \
+         unless --allow-splice-hole (CNI: \"allowSpliceHole\": true) accepts that such a \
+         reader may miss bytes",
     ),
 ];
 
@@ -199,6 +199,11 @@ pub const VSOCK_MODULES: &[(&str, &str, &str)] = &[
     ),
     ("vsock_hyperv", "hv_sock", "Hyper-V transport"),
 ];
+
+/// The features of [`USES`] that [`probe_all`] leaves to its caller, which appends them to the
+/// report in this order: the splice guard's probe attaches the sockmap object's programs,
+/// which this crate does not have (`nsfast probe` does it with nsfast-bpf).
+pub const PROBED_BY_CALLER: &[&str] = &["splice_guard"];
 
 /// Probes every feature. Never fails: a probe that cannot run reports `available: false`
 /// and says why.
@@ -690,7 +695,17 @@ mod tests {
         }
         // The published name list is the report's, in its order.
         let order: Vec<&str> = r.features.iter().map(|f| f.name).collect();
-        assert_eq!(order, feature_names().collect::<Vec<_>>());
+        assert_eq!(
+            order,
+            feature_names()
+                .filter(|n| !PROBED_BY_CALLER.contains(n))
+                .collect::<Vec<_>>()
+        );
+        assert_eq!(
+            feature_names().collect::<Vec<_>>()[order.len()..],
+            *PROBED_BY_CALLER,
+            "the caller's features come last"
+        );
         names.sort();
         let n = names.len();
         names.dedup();
