@@ -1635,3 +1635,42 @@ fn without_the_splice_guard_run_refuses_unless_the_hole_is_accepted() {
     .unwrap();
     assert!(accepted.child_mut().wait().unwrap().success());
 }
+
+/// SIGHUP (a hang-up, `systemctl reload`) leaves `run` attached: detaching would stop the
+/// shortcut for good, since `run` then exits 0 and `Restart=on-failure` does not restart it.
+/// SIGTERM still detaches.
+#[test]
+fn sighup_leaves_run_attached_and_sigterm_detaches() {
+    use std::io::BufRead;
+    require_root();
+    let cg = TestCgroup::new();
+    let mut loader = spawn_run(&cg);
+    let pid = loader.id();
+    wait_for_instance(pid, true);
+    let signal = |s| nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), s).unwrap();
+    signal(nix::sys::signal::Signal::SIGHUP);
+    // The loader says what it did with the signal (its log is on stderr, read to its end so
+    // that the loader's later lines have a reader; the channel closing means it exited).
+    let stderr = loader.child_mut().stderr.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for l in std::io::BufReader::new(stderr)
+            .lines()
+            .map_while(Result::ok)
+        {
+            if l.contains("SIGHUP") {
+                let _ = tx.send(l);
+            }
+        }
+    });
+    let said = rx.recv_timeout(Duration::from_secs(30)).unwrap_or_default();
+    assert!(said.contains("keeps running"), "after SIGHUP: {said:?}");
+    assert!(
+        loader.child_mut().try_wait().unwrap().is_none(),
+        "run exited"
+    );
+    let i = wait_for_instance(pid, true);
+    assert_eq!(i.cgroup_path.as_deref(), Some(cg.path()));
+    signal(nix::sys::signal::Signal::SIGTERM);
+    assert!(loader.child_mut().wait().unwrap().success());
+}
