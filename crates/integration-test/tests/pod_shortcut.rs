@@ -1954,3 +1954,29 @@ fn without_the_splice_guard_enable_refuses_unless_the_hole_is_accepted() {
         text(&o)
     );
 }
+
+/// The shortcut's state file is private, as the pod records beside it are.
+#[test]
+fn the_shortcut_state_file_is_private() {
+    use std::os::unix::fs::PermissionsExt;
+    require_root();
+    let w = World::new(&[0]);
+    let host = nsfast_pod::Host::open(Some(w.host(0))).unwrap();
+    let files: Vec<PathBuf> = std::fs::read_dir(host.state_dir())
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| {
+            p.file_name()
+                .is_some_and(|n| n.to_string_lossy().starts_with("shortcut"))
+        })
+        .collect();
+    assert!(
+        !files.is_empty(),
+        "no shortcut state in {}",
+        host.state_dir().display()
+    );
+    for f in files {
+        let mode = std::fs::metadata(&f).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600, "{}: {mode:o}", f.display());
+    }
+}

@@ -486,13 +486,12 @@ fn missing(what: &str) -> PodError {
 
 fn write_state(host: &Host, st: &EnabledState) -> Result<(), PodError> {
     let p = state_path(host);
-    let tmp = p.with_extension("tmp");
     let body = serde_json::to_vec_pretty(st).map_err(|e| PodError::State {
         path: p.clone(),
         source: e,
     })?;
-    fs::write(&tmp, body).map_err(PodError::io(format!("write {}", tmp.display())))?;
-    fs::rename(&tmp, &p).map_err(PodError::io(format!("write {}", p.display())))
+    // 0600, as the pod records: it names the host's cgroup and id.
+    crate::state::write_private(&host.state_dir(), &p, &body)
 }
 
 fn read_state(host: &Host) -> Result<Option<EnabledState>, PodError> {

@@ -688,7 +688,7 @@ pub fn create_dir_all_racy(dir: &Path) -> Result<(), PodError> {
 /// Writes `body` to `p` (in directory `dir`) so that a crash leaves the old or the new file,
 /// never a torn one: a `0600` temporary file (never through a symbolic link), fsync'd,
 /// renamed over `p`, and the directory fsync'd.
-fn write_private(dir: &Path, p: &Path, body: &[u8]) -> Result<(), PodError> {
+pub(crate) fn write_private(dir: &Path, p: &Path, body: &[u8]) -> Result<(), PodError> {
     use std::io::Write;
     use std::os::unix::fs::OpenOptionsExt;
     let mut name = p.as_os_str().to_owned();
