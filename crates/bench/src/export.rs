@@ -62,25 +62,18 @@ pub fn csv(outcome: &Outcome, rows: &[Row]) -> String {
     }
     for s in &outcome.samples {
         let Some(b) = &s.bpf else { continue };
-        let per = if s.workload.cpu_unit().contains("GB") {
-            "GB"
-        } else {
-            "tx"
-        };
-        for (what, v) in [("bpf_ns", b.ns_per_unit), ("bpf_runs", b.runs_per_unit)] {
+        let per = s.workload.work_unit();
+        for (kind, v, unit) in [
+            ("bpf_ns", b.ns_per_unit, "ns"),
+            ("bpf_runs", b.runs_per_unit, "runs"),
+        ] {
             let _ = writeln!(
                 out,
-                "{what},{},{},{},{},{},{},,,",
+                "{kind},{},{},{},{},{v},{unit}/{per},,,",
                 s.round,
                 csv_field(&s.topology),
                 s.workload.name(),
                 s.placement.name(),
-                v,
-                if what == "bpf_ns" {
-                    format!("ns/{per}")
-                } else {
-                    format!("runs/{per}")
-                },
             );
         }
     }

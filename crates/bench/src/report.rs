@@ -162,11 +162,7 @@ fn write_row(out: &mut String, r: &Row, w: &str, tw: usize) {
         }
     }
     if let (Some(ns), Some(runs)) = (r.bpf_ns_per_unit, r.bpf_runs_per_unit) {
-        let per = if r.cpu_unit.contains("GB") {
-            "GB"
-        } else {
-            "tx"
-        };
+        let per = r.workload.work_unit();
         notes.push(format!(
             "bpf {} ns/{per} ({} runs)",
             fmt_value(ns),

@@ -612,7 +612,6 @@ fn check_counts(
     }
 }
 
-/// The CPU cost of one measurement between two snapshots, normalised per transaction or GB.
 /// The units a measurement's costs are divided by: GB for streams, else transactions.
 fn work_units(w: Workload, cres: &ClientResult, scount: &ServerCounts) -> f64 {
     match w {
@@ -621,6 +620,7 @@ fn work_units(w: Workload, cres: &ClientResult, scount: &ServerCounts) -> f64 {
     }
 }
 
+/// The CPU cost of one measurement between two snapshots, normalised per transaction or GB.
 fn cpu_cost(
     w: Workload,
     (ccpu, scpu): (Option<usize>, Option<usize>),
@@ -640,22 +640,13 @@ fn cpu_cost(
     if irq_time_accounting() {
         total_us += cpu.softirq_usec as f64;
     }
+    let units = work_units(w, cres, scount);
     cpu.per_unit = match w {
-        Workload::Stream | Workload::UdpStream => {
-            let gb = scount.bytes as f64 / 1e9;
-            if gb > 0.0 {
-                total_us / 1e6 / gb
-            } else {
-                0.0
-            }
-        }
-        _ => {
-            if cres.transactions > 0 {
-                total_us / cres.transactions as f64
-            } else {
-                0.0
-            }
-        }
+        _ if units <= 0.0 => 0.0,
+        // Seconds per GB.
+        Workload::Stream | Workload::UdpStream => total_us / 1e6 / units,
+        // µs per transaction.
+        _ => total_us / units,
     };
     cpu
 }

@@ -84,6 +84,14 @@ impl Workload {
         }
     }
 
+    /// What costs are counted per (`cpu_unit`, the BPF cost): a transaction, or a GB moved.
+    pub fn work_unit(self) -> &'static str {
+        match self {
+            Workload::Rr | Workload::Crr | Workload::Ping => "tx",
+            Workload::Stream | Workload::UdpStream => "GB",
+        }
+    }
+
     pub fn is_udp(self) -> bool {
         matches!(self, Workload::UdpStream)
     }
