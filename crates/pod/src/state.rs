@@ -618,71 +618,66 @@ fn private_root(p: &Path) -> bool {
 /// and `dir` and its ancestors up to the pod-state roots are made `0700` if they were not:
 /// records name pods' addresses and namespaces, and no other user may open the lock inside.
 pub fn create_dir_all_racy(dir: &Path) -> Result<(), PodError> {
-    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
     let mut last = None;
     for _ in 0..20 {
-        match fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o700)
-            .create(dir)
-        {
-            Ok(()) => {
-                let m = match fs::symlink_metadata(dir) {
-                    Ok(m) => m,
-                    // Removed again between the mkdir and this look: make it anew.
-                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                        last = Some(e);
-                        continue;
-                    }
-                    Err(e) => return Err(PodError::io(format!("stat {}", dir.display()))(e)),
-                };
-                if !m.is_dir() {
-                    return Err(PodError::io(format!("create {}", dir.display()))(
-                        std::io::Error::from(std::io::ErrorKind::NotADirectory),
-                    ));
-                }
-                if m.permissions().mode() & 0o077 != 0 {
-                    match fs::set_permissions(dir, fs::Permissions::from_mode(0o700)) {
-                        Ok(()) => {}
-                        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                            last = Some(e);
-                            continue;
-                        }
-                        Err(e) => {
-                            return Err(PodError::io(format!("chmod 0700 {}", dir.display()))(e))
-                        }
-                    }
-                }
-                // The roots nsfast owns above it, however they were made (an older version, an
-                // admin's `mkdir -p`): 0700 too, so no directory of pod state lists to others.
-                for a in dir.ancestors().skip(1) {
-                    if !private_root(a) {
-                        continue;
-                    }
-                    let m = fs::symlink_metadata(a)
-                        .map_err(PodError::io(format!("stat {}", a.display())))?;
-                    if m.is_dir() && m.permissions().mode() & 0o077 != 0 {
-                        fs::set_permissions(a, fs::Permissions::from_mode(0o700))
-                            .map_err(PodError::io(format!("chmod 0700 {}", a.display())))?;
-                    }
-                }
-                return Ok(());
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => last = Some(e),
-            // std's recursive create reports the EEXIST of its mkdir when `dir` is no
-            // directory by the time it looks again: the last pod's DEL removed it in between.
-            Err(e)
-                if e.kind() == std::io::ErrorKind::AlreadyExists
-                    && fs::symlink_metadata(dir).is_err() =>
+        match make_private_dir(dir) {
+            Ok(()) => return Ok(()),
+            // A step found something missing, or std's recursive create reported its mkdir's
+            // EEXIST, and `dir` is gone now: another host's (or the last pod's) cleanup
+            // removed it or a parent in between. Make it anew.
+            Err((_, e))
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::NotFound | std::io::ErrorKind::AlreadyExists
+                ) && fs::symlink_metadata(dir).is_err() =>
             {
                 last = Some(e)
             }
-            Err(e) => return Err(PodError::io(format!("create {}", dir.display()))(e)),
+            Err((what, e)) => return Err(PodError::io(what)(e)),
         }
     }
     Err(PodError::io(format!("create {}", dir.display()))(
         last.unwrap_or_else(|| std::io::Error::from(std::io::ErrorKind::NotFound)),
     ))
+}
+
+/// One try of [`create_dir_all_racy`]; an error names the step that failed.
+fn make_private_dir(dir: &Path) -> Result<(), (String, std::io::Error)> {
+    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+    fn at<'a>(
+        what: &'a str,
+        p: &'a Path,
+    ) -> impl FnOnce(std::io::Error) -> (String, std::io::Error) + 'a {
+        move |e| (format!("{what} {}", p.display()), e)
+    }
+    fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+        .map_err(at("create", dir))?;
+    let m = fs::symlink_metadata(dir).map_err(at("stat", dir))?;
+    if !m.is_dir() {
+        return Err(at("create", dir)(std::io::Error::from(
+            std::io::ErrorKind::NotADirectory,
+        )));
+    }
+    if m.permissions().mode() & 0o077 != 0 {
+        fs::set_permissions(dir, fs::Permissions::from_mode(0o700))
+            .map_err(at("chmod 0700", dir))?;
+    }
+    // The roots nsfast owns above it, however they were made (an older version, an admin's
+    // `mkdir -p`): 0700 too, so no directory of pod state lists to others.
+    for a in dir.ancestors().skip(1) {
+        if !private_root(a) {
+            continue;
+        }
+        let m = fs::symlink_metadata(a).map_err(at("stat", a))?;
+        if m.is_dir() && m.permissions().mode() & 0o077 != 0 {
+            fs::set_permissions(a, fs::Permissions::from_mode(0o700))
+                .map_err(at("chmod 0700", a))?;
+        }
+    }
+    Ok(())
 }
 
 /// Writes `body` to `p` (in directory `dir`) so that a crash leaves the old or the new file,
