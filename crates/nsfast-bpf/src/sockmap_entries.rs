@@ -17,23 +17,31 @@ pub struct MapEntries {
     pub rx: u64,
 }
 
+/// The loaded map with id `id` and its name (None if it is gone or has no name).
+pub fn open_map(id: u32) -> Option<(String, Map)> {
+    let data = MapData::from_id(id).ok()?;
+    let name = data.info().ok()?.name_as_str()?.to_string();
+    Some((name, Map::from_map_data(data).ok()?))
+}
+
+/// Whether `prog` is the sockops program of the instance whose SOCKHASH has id `sockhash_id`
+/// (an instance's programs share its maps).
+pub fn is_sockops_of(prog: &aya::programs::ProgramInfo, sockhash_id: u32) -> bool {
+    prog.name_as_str() == Some(abi::PROG_SOCKOPS)
+        && prog
+            .map_ids()
+            .ok()
+            .flatten()
+            .is_some_and(|ids| ids.contains(&sockhash_id))
+}
+
 /// The entries of the maps of `prog`, the instance's sockops program (None if a map could not
 /// be read as the layout it should have).
 pub fn of_program(prog: &aya::programs::ProgramInfo) -> Option<MapEntries> {
     let ids = prog.map_ids().ok()??;
     let mut e = MapEntries::default();
     for id in ids {
-        let Ok(data) = MapData::from_id(id) else {
-            continue;
-        };
-        let Some(name) = data
-            .info()
-            .ok()
-            .and_then(|i| i.name_as_str().map(str::to_string))
-        else {
-            continue;
-        };
-        let Ok(map) = Map::from_map_data(data) else {
+        let Some((name, map)) = open_map(id) else {
             continue;
         };
         match name.as_str() {
@@ -60,12 +68,6 @@ pub fn of_program(prog: &aya::programs::ProgramInfo) -> Option<MapEntries> {
 pub fn of_sockhash(sockhash_id: u32) -> Option<MapEntries> {
     aya::programs::loaded_programs()
         .flatten()
-        .filter(|p| p.name_as_str() == Some(abi::PROG_SOCKOPS))
-        .find(|p| {
-            p.map_ids()
-                .ok()
-                .flatten()
-                .is_some_and(|ids| ids.contains(&sockhash_id))
-        })
+        .find(|p| is_sockops_of(p, sockhash_id))
         .and_then(|p| of_program(&p))
 }

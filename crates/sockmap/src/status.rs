@@ -4,7 +4,8 @@
 use std::borrow::Borrow;
 use std::path::{Path, PathBuf};
 
-use aya::maps::{Array, Map, MapData, PerCpuArray, SockHash};
+use aya::maps::{Array, MapData, PerCpuArray, SockHash};
+use nsfast_bpf::sockmap_entries::open_map;
 use serde::Serialize;
 
 use crate::abi::{self, Config, Counters, Stat};
@@ -166,12 +167,6 @@ fn kept_of(prog: &aya::programs::ProgramInfo) -> Vec<nsfast_bpf::sockmap_kept::K
         .unwrap_or_default()
 }
 
-fn open_map(id: u32) -> Option<(String, Map)> {
-    let data = MapData::from_id(id).ok()?;
-    let name = data.info().ok()?.name_as_str()?.to_string();
-    Some((name, Map::from_map_data(data).ok()?))
-}
-
 /// All instances of the shortcut currently loaded in the kernel.
 pub fn instances() -> Result<Vec<Instance>, SockmapError> {
     // A program that went away between the kernel's list and its open is skipped; a refusal
@@ -225,15 +220,11 @@ pub fn instances() -> Result<Vec<Instance>, SockmapError> {
         let config = read_config.unwrap_or_default();
         let stats = read_stats(s, h)?;
         // The sockops program of the same instance uses the same sockhash.
-        let sockops = progs
-            .iter()
-            .filter(|q| q.name_as_str() == Some(abi::PROG_SOCKOPS))
-            .find(|q| {
-                q.map_ids()
-                    .ok()
-                    .flatten()
-                    .is_some_and(|ids| hash_id.is_some_and(|h| ids.contains(&h)))
-            });
+        let sockops = hash_id.and_then(|h| {
+            progs
+                .iter()
+                .find(|q| nsfast_bpf::sockmap_entries::is_sockops_of(q, h))
+        });
         let sockops_prog_id = sockops.map(|q| q.id());
         let kept_recent = sockops.map(kept_of).unwrap_or_default();
         let map_entries = sockops.and_then(nsfast_bpf::sockmap_entries::of_program);
