@@ -451,24 +451,46 @@ async fn many(a: SocketAddr, conns: u64, size: usize, sequential: bool) -> Resul
     })?)
 }
 
+/// Round trips against an echo server: messages of one size from one ByteStream, each reply
+/// awaited (a stall of 5 s fails) and checked.
+struct RoundTrips {
+    out: Vec<u8>,
+    back: Vec<u8>,
+    stream: ByteStream,
+}
+
+impl RoundTrips {
+    fn new(size: usize, seed: u64) -> Self {
+        RoundTrips {
+            out: vec![0u8; size],
+            back: vec![0u8; size],
+            stream: ByteStream::new(seed),
+        }
+    }
+
+    /// `rounds` round trips on `s`; an error names the round, after `what`.
+    async fn run(&mut self, s: &mut TcpStream, rounds: u64, what: &str) -> Result<()> {
+        for r in 0..rounds {
+            self.stream.fill(&mut self.out);
+            s.write_all(&self.out).await?;
+            tokio::time::timeout(Duration::from_secs(5), s.read_exact(&mut self.back))
+                .await
+                .with_context(|| format!("{what}round {r}: no reply within 5 s (stall)"))??;
+            if self.back != self.out {
+                bail!("{what}round {r}: reply differs from request");
+            }
+        }
+        Ok(())
+    }
+}
+
 /// `pingpong`: ROUNDS round trips of SIZE bytes against an echo server, checking every reply.
 async fn pingpong(a: SocketAddr, rounds: u64, size: usize) -> Result<String> {
     let mut s = connect(a).await?;
     s.set_nodelay(true)?;
-    let mut out = vec![0u8; size];
-    let mut back = vec![0u8; size];
-    let mut stream = ByteStream::new(7);
+    let mut rt = RoundTrips::new(size, 7);
     let start = Instant::now();
-    for r in 0..rounds {
-        stream.fill(&mut out);
-        s.write_all(&out).await?;
-        tokio::time::timeout(Duration::from_secs(5), s.read_exact(&mut back))
-            .await
-            .with_context(|| format!("round {r}: no reply within 5 s (stall)"))??;
-        if back != out {
-            bail!("round {r}: reply differs from request");
-        }
-    }
+    rt.run(&mut s, rounds, "").await?;
     Ok(serde_json::to_string(&Report {
         ok: rounds,
         elapsed_ms: start.elapsed().as_millis() as u64,
@@ -480,29 +502,15 @@ async fn pingpong(a: SocketAddr, rounds: u64, size: usize) -> Result<String> {
 async fn idle_client(a: SocketAddr, rounds: u64, size: usize) -> Result<String> {
     let mut s = connect(a).await?;
     s.set_nodelay(true)?;
-    let mut out = vec![0u8; size];
-    let mut back = vec![0u8; size];
-    let mut stream = ByteStream::new(11);
+    let mut rt = RoundTrips::new(size, 11);
     let start = Instant::now();
-    for phase in 0..2 {
-        if phase == 1 {
-            eprintln!("idle");
-            let mut line = String::new();
-            tokio::task::spawn_blocking(move || std::io::stdin().read_line(&mut line))
-                .await?
-                .context("read standard input")?;
-        }
-        for r in 0..rounds {
-            stream.fill(&mut out);
-            s.write_all(&out).await?;
-            s.read_exact(&mut back)
-                .await
-                .with_context(|| format!("phase {phase}, round {r}: reply"))?;
-            if back != out {
-                bail!("phase {phase}, round {r}: reply differs from request");
-            }
-        }
-    }
+    rt.run(&mut s, rounds, "before the idle stretch, ").await?;
+    eprintln!("idle");
+    let mut line = String::new();
+    tokio::task::spawn_blocking(move || std::io::stdin().read_line(&mut line))
+        .await?
+        .context("read standard input")?;
+    rt.run(&mut s, rounds, "after the idle stretch, ").await?;
     Ok(serde_json::to_string(&Report {
         ok: 2 * rounds,
         elapsed_ms: start.elapsed().as_millis() as u64,
