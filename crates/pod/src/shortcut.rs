@@ -250,13 +250,12 @@ pub fn enable_locked(
                 });
             }
             if !st.splice_guard && !request.allow_splice_hole {
+                let flag = nsfast_bpf::sockmap_readers::ALLOW_SPLICE_HOLE_FLAG;
                 return Err(PodError::Io {
                     what: format!(
                         "the shortcut of host {} runs without the splice guard (enabled with \
-                         {}): ask with {} too, or `nsfast pod shortcut disable` it",
-                        host.display,
-                        nsfast_bpf::sockmap_readers::ALLOW_SPLICE_HOLE_FLAG,
-                        nsfast_bpf::sockmap_readers::ALLOW_SPLICE_HOLE_FLAG
+                         {flag}): ask with {flag} too, or `nsfast pod shortcut disable` it",
+                        host.display
                     ),
                     source: std::io::Error::from(std::io::ErrorKind::Unsupported),
                 });
