@@ -221,6 +221,9 @@ pub fn build(k: &Kernel, p: &Payload, stage: &Path, out: &Path) -> Result<Vec<Mo
     w.char_dev("dev/null", 0o666, 1, 3)?;
     write_tree(&mut w, stage)?;
     w.finish()?;
+    // The archive holds everything: the tree would only double the disk a run needs (one
+    // per kernel and profile, hundreds of MiB each).
+    fs::remove_dir_all(stage).with_context(|| format!("removing {}", stage.display()))?;
     Ok(notes)
 }
 

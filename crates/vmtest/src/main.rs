@@ -725,7 +725,10 @@ fn run_kernel(run: &KernelRun<'_>, k: &kernel::Kernel) -> Result<KernelResult> {
             logs: &logs,
         };
         let cpio = build_initramfs(run, &p, &mut res)?;
-        run_profile(run, &p, &cpio, &mut res)?;
+        let ran = run_profile(run, &p, &cpio, &mut res);
+        // Rebuilt each run: kept, the images of every kernel and profile fill the disk.
+        let _ = fs::remove_file(&cpio);
+        ran?;
     }
     res.secs = t0.elapsed().as_secs_f64();
     Ok(res)
