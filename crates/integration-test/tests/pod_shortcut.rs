@@ -1679,8 +1679,10 @@ fn host_firewall_pods_stay_off_the_shortcut() {
     const PORT: u16 = 7300;
     let addr: SocketAddr = format!("10.251.1.41:{PORT}").parse().unwrap();
     let bytes = 1 << 20;
-    // The client connects at once and sends only after 2 s, once the rule is in place;
-    // both peers give up after 8 s.
+    // The client connects at once and sends only once the rule is in place (it waits for
+    // the file `go`); both peers give up after 8 s.
+    let tmp = tempdir_named(&unique("sc-fw"));
+    let go = tmp.0.join("go");
     let server = peer::spawn(
         &nsfast_lab::bins::testpeer(),
         &fb,
@@ -1712,12 +1714,11 @@ fn host_firewall_pods_stay_off_the_shortcut() {
             &bytes.to_string(),
             "--seed",
             "2",
-            "--start-delay-ms",
-            "2000",
+            "--start-when",
+            &go.to_string_lossy(),
         ]),
     );
-    // The connection is made at once; its data waits for the client's start delay.
-    std::thread::sleep(Duration::from_millis(700));
+    peer::wait_established(&fa, addr);
     let host = NetNs::open(w.host(0)).expect("host netns");
     nft_in(&host, &["add", "table", "ip", "nsfast_test"]);
     nft_in(
@@ -1746,6 +1747,7 @@ fn host_firewall_pods_stay_off_the_shortcut() {
             "drop",
         ],
     );
+    std::fs::write(&go, b"").unwrap();
     let (_, _, cerr) = peer::finish_raw(client);
     let (ok, out, err) = peer::finish_raw(server);
     assert!(

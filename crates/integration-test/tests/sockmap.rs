@@ -129,7 +129,7 @@ fn bidir_server(
 }
 
 /// Starts a `bidir-client` peer in the pair's client namespace; `extra` are more flags
-/// (`--rate`, `--start-delay-ms`).
+/// (`--rate`, `--start-when`).
 fn bidir_client(
     w: &VethPair,
     procs: Option<&Path>,
@@ -562,41 +562,6 @@ fn processes_outside_the_cgroup_are_untouched() {
     assert_carried(&st, 2 << 20);
 }
 
-/// Waits (bounded) until a TCP socket in `ns` to `remote` is ESTABLISHED (/proc/net/tcp of
-/// the namespace, state 01).
-fn wait_established(ns: &nsfast_sys::netns::NetNs, remote: SocketAddr) {
-    let IpAddr::V4(ip) = remote.ip() else {
-        panic!("wait_established: IPv4 only, got {remote}");
-    };
-    // /proc/net/tcp prints the address as the u32 in host order, in hex.
-    let want = format!(
-        "{:08X}:{:04X}",
-        u32::from_ne_bytes(ip.octets()),
-        remote.port()
-    );
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let found = ns
-            .run(|| {
-                std::fs::read_to_string("/proc/thread-self/net/tcp").is_ok_and(|t| {
-                    t.lines().skip(1).any(|l| {
-                        let cols: Vec<&str> = l.split_whitespace().collect();
-                        cols.len() > 3 && cols[2] == want && cols[3] == "01"
-                    })
-                })
-            })
-            .unwrap_or(false);
-        if found {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "no ESTABLISHED connection to {remote} after 20 s"
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
-}
-
 #[test]
 fn connections_established_before_run_keep_the_normal_path() {
     require_root();
@@ -605,18 +570,21 @@ fn connections_established_before_run_keep_the_normal_path() {
     let a = server_addr(5010);
     let bytes: u64 = 32 << 20;
     let s = bidir_server(&w, Some(&cg.procs()), a, bytes, 1);
-    // Connected first, sending slowly from 300 ms on; the shortcut is attached once the
-    // connection is ESTABLISHED.
+    // Connected first; the shortcut is attached once the connection is ESTABLISHED, and the
+    // client sends (slowly) only after that.
+    let tmp = TmpDir::new();
+    let go = tmp.0.join("go");
     let c = bidir_client(
         &w,
         Some(&cg.procs()),
         a,
         bytes,
         2,
-        &["--start-delay-ms", "300", "--rate", "64000000"],
+        &["--start-when", &go.to_string_lossy(), "--rate", "64000000"],
     );
-    wait_established(&w.client, a);
+    peer::wait_established(&w.client, a);
     let sc = attach(&cg);
+    std::fs::write(&go, b"").unwrap();
     let cr: BidirReport = peer::finish(c, "client");
     let sr: BidirReport = peer::finish(s, "server");
     assert_eq!(cr.received_sha256, sr.sent_sha256);

@@ -49,9 +49,10 @@ pub enum Mode {
         bytes: u64,
         #[arg(long)]
         seed: u64,
-        /// Pause this many ms after connecting (lets a test act mid-transfer).
-        #[arg(long, default_value_t = 0)]
-        start_delay_ms: u64,
+        /// After connecting, send nothing until this file exists (lets a test act between
+        /// the connection and its data, then say so by creating the file).
+        #[arg(long)]
+        start_when: Option<std::path::PathBuf>,
         /// Send at most this many bytes per second (0: unlimited).
         #[arg(long, default_value_t = 0)]
         rate: u64,
@@ -281,9 +282,9 @@ async fn run(mode: Mode) -> Result<String> {
             connect: a,
             bytes,
             seed,
-            start_delay_ms,
+            start_when,
             rate,
-        } => bidir_client(a, bytes, seed, start_delay_ms, rate).await,
+        } => bidir_client(a, bytes, seed, start_when.as_deref(), rate).await,
         Mode::EchoServer { listen: a, count } => echo_server(a, count).await,
         Mode::Many {
             connect: a,
@@ -370,11 +371,16 @@ async fn bidir_client(
     a: SocketAddr,
     bytes: u64,
     seed: u64,
-    start_delay_ms: u64,
+    start_when: Option<&Path>,
     rate: u64,
 ) -> Result<String> {
     let s = connect(a).await?;
-    tokio::time::sleep(Duration::from_millis(start_delay_ms)).await;
+    if let Some(p) = start_when {
+        // Bounded by the peer's --timeout, like everything it does.
+        while !p.exists() {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
     Ok(serde_json::to_string(&bidir(s, bytes, seed, rate).await?)?)
 }
 
@@ -1182,6 +1188,41 @@ pub fn finish_raw(peer: KillOnDrop) -> (bool, String, String) {
         String::from_utf8_lossy(&out.stdout).into_owned(),
         String::from_utf8_lossy(&out.stderr).into_owned(),
     )
+}
+
+/// Waits (bounded) until a TCP socket in `ns` connected to `remote` is ESTABLISHED
+/// (/proc/net/tcp of the namespace, state 01).
+pub fn wait_established(ns: &nsfast_sys::netns::NetNs, remote: SocketAddr) {
+    let std::net::IpAddr::V4(ip) = remote.ip() else {
+        panic!("wait_established: IPv4 only, got {remote}");
+    };
+    // /proc/net/tcp prints the address as the u32 in host order, in hex.
+    let want = format!(
+        "{:08X}:{:04X}",
+        u32::from_ne_bytes(ip.octets()),
+        remote.port()
+    );
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let found = ns
+            .run(|| {
+                std::fs::read_to_string("/proc/thread-self/net/tcp").is_ok_and(|t| {
+                    t.lines().skip(1).any(|l| {
+                        let cols: Vec<&str> = l.split_whitespace().collect();
+                        cols.len() > 3 && cols[2] == want && cols[3] == "01"
+                    })
+                })
+            })
+            .unwrap_or(false);
+        if found {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no ESTABLISHED connection to {remote} after 20 s"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
 }
 
 /// Waits until something listens on `addr` inside `ns` (connect succeeds), up to 10 s.
