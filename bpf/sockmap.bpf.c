@@ -40,6 +40,10 @@ volatile const __u32 nsf_admit_after = 4;
  * set it). */
 volatile const __u64 nsf_admit_probe_ns = 10000000;
 
+/* Sends a pending end may make before its peer claims it; after that it is taken to have no
+ * local peer (a connection leaving the host) and its direction keeps TCP. */
+#define NSF_EARLY_MSGS_MAX 64
+
 #define NSF_MAY_READ 4 /* include/linux/fs.h */
 #define NSF_MSG_PEEK 2
 #define NSF_MSG_OOB 1
@@ -161,6 +165,8 @@ NSF_INLINE void on_established(struct bpf_sock_ops *skops, __u32 active)
 	cookie = bpf_get_socket_cookie(skops);
 	st->cookie = cookie;
 	st->flags = 0;
+	st->early_msgs = 0;
+	st->early_sent = 0;
 	st->pod_slot = tag;
 	__builtin_memcpy(&st->key, &key, sizeof(key));
 
@@ -192,6 +198,7 @@ NSF_INLINE void on_established(struct bpf_sock_ops *skops, __u32 active)
 	} else if (r == NSF_PENDING) {
 		/* Owns its pending entry and, once claimed, its nsf_peers entry and both ends'
 		 * nsf_rx entries: removed at close. */
+		st->flags |= NSF_SK_PENDING;
 		bpf_sock_ops_cb_flags_set(skops,
 					  skops->bpf_sock_ops_cb_flags | BPF_SOCK_OPS_STATE_CB_FLAG);
 	} else if (st->flags & NSF_SK_RX) {
@@ -318,7 +325,17 @@ int nsf_sk_msg(struct sk_msg_md *msg)
 		__u64 *peer = bpf_map_lookup_elem(&nsf_peers, &st->cookie);
 
 		if (!peer) {
-			/* Not paired (yet, or any more): this direction uses TCP from now on. */
+			if ((st->flags & NSF_SK_PENDING) && st->early_msgs < NSF_EARLY_MSGS_MAX) {
+				/* Not claimed yet: these bytes take TCP, and count as sent into
+				 * the peer once it is known, so this direction redirects only
+				 * after the peer has read them (the gate below). Only this
+				 * socket's sends, under its lock, touch these fields. */
+				st->early_msgs += 1;
+				st->early_sent += size;
+				gated = 1;
+				goto count;
+			}
+			/* Not paired (the peer is not local, or left): TCP from now on. */
 			st->flags |= NSF_SK_TAINTED;
 			nsf_count(NSF_STAT_TAINTED, 1);
 			nsf_pod_count(st->pod_slot, NSF_POD_FALLBACKS, 1);
@@ -334,6 +351,12 @@ int nsf_sk_msg(struct sk_msg_md *msg)
 	if (!rx) {
 		fallback = NSF_STAT_RX_MISSING;
 		goto to_tcp;
+	}
+	if (st->early_sent) {
+		/* Before the gate reads sent_total: the bytes sent before the claim are on TCP,
+		 * ahead of everything after. */
+		__sync_fetch_and_add(&rx->sent_total, st->early_sent);
+		st->early_sent = 0;
 	}
 	if (st->pod_slot && !nsf_pair_policy_ok(st)) {
 		/* Denied now: TCP for good, where the pod programs drop what the policies deny. */

@@ -27,6 +27,10 @@
 /* Set by nsf_setsockopt: the socket uses an option the shortcut cannot honour. */
 #define NSF_SK_NO_SHORTCUT 32 /* set before the connection was established: never joins */
 #define NSF_SK_KEEP_TCP 64    /* its sends keep TCP for good */
+/* The connection's first end to establish: its peer claims it at its own ESTABLISHED, which
+ * can come after this end's first sends (the handshake's last ACK still in flight, or in a
+ * softirq not yet run). */
+#define NSF_SK_PENDING 128
 
 /* nsf_rx.flags */
 #define NSF_RX_SPLICE 1 /* the socket was read with splice(2)/sendfile(2): never redirect into it */
@@ -107,7 +111,10 @@ struct nsf_sk_state {
 	__u32 kept_reason;
 	char kept_comm[16];
 	__u32 pol_gen; /* pod mode: the policy generation its connection was last allowed under */
-	__u32 pad;
+	/* With NSF_SK_PENDING: sends made before the peer claimed this end (on TCP), and their
+	 * bytes, which go into the peer's nsf_rx.sent_total once it is known. */
+	__u32 early_msgs;
+	__u64 early_sent;
 };
 
 /*

@@ -1151,6 +1151,66 @@ fn splice_transfer(
     sr
 }
 
+/// Runs `nft ARGS` in `ns`; its stdout.
+fn nft(ns: &nsfast_sys::netns::NetNs, args: &[&str]) -> String {
+    let out = ns
+        .run(|| Command::new("nft").args(args).output())
+        .expect("enter the namespace")
+        .unwrap_or_else(|e| panic!("run nft (nftables installed?): {e}"));
+    assert!(
+        out.status.success(),
+        "nft {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// A client's first sends can leave before its server's end is established: the handshake's
+/// last ACK is still in flight, or waits for a softirq on a busy host. Here the server's
+/// namespace drops that ACK, so the client's first data segment completes the handshake and
+/// its first send always comes before the server's end exists. Those bytes take TCP; the
+/// direction still joins the shortcut once the server has read them, and nothing falls back
+/// for good.
+#[test]
+fn a_client_that_sends_before_its_server_is_established_still_joins() {
+    require_root();
+    let w = VethPair::new();
+    let cg = TestCgroup::new();
+    let sc = attach(&cg);
+    let port = 5550;
+    nft(&w.server, &["add", "table", "inet", "nsf_test"]);
+    nft(
+        &w.server,
+        &[
+            "add",
+            "chain",
+            "inet",
+            "nsf_test",
+            "input",
+            "{ type filter hook input priority 0 ; policy accept ; }",
+        ],
+    );
+    // The client's first pure ACK towards the port is the handshake's last.
+    let port_s = port.to_string();
+    nft(
+        &w.server,
+        &[
+            "add", "rule", "inet", "nsf_test", "input", "tcp", "dport", &port_s, "tcp", "flags",
+            "==", "ack", "limit", "rate", "1/hour", "burst", "1", "packets", "counter", "drop",
+        ],
+    );
+    let bytes = 8 << 20;
+    paced_transfer(&w, &cg, server_addr(port), bytes);
+    let rules = nft(&w.server, &["list", "chain", "inet", "nsf_test", "input"]);
+    assert!(
+        rules.contains("counter packets 1 "),
+        "the handshake's last ACK was not dropped: {rules}"
+    );
+    let st = sc.stats().unwrap();
+    assert_carried(&st, 2 * bytes);
+    assert!(st.gated_bytes > 0, "{st:?}");
+}
+
 #[test]
 fn a_splice_reader_gets_every_byte() {
     require_root();
