@@ -65,7 +65,8 @@ struct SuperviseArgs {
 
 #[derive(clap::Args, Debug)]
 struct StatusArgs {
-    /// Only this bridge [default: every relay with a stats file].
+    /// Only this bridge [default: every relay with a stats file]; exits 1 unless its relay
+    /// runs.
     #[arg(long, value_name = "NAME")]
     bridge: Option<String>,
     /// Print JSON (with `schema_version`) instead of a table.
@@ -79,8 +80,14 @@ struct StatusArgs {
     runtime_dir: Option<std::path::PathBuf>,
 }
 
-/// `vpnrelay status`: the relays' stats files as a table or JSON.
+/// `vpnrelay status`: the relays' stats files as a table or JSON. With `--bridge`, a bad
+/// name is a usage error, and a bridge whose relay does not run (after its status is shown)
+/// a failure, so that scripts can test it.
 fn status(a: &StatusArgs) -> anyhow::Result<()> {
+    if let Some(b) = &a.bridge {
+        nsfast_sys::args::ifname::check("--bridge", b)
+            .map_err(|e| nsfast_sys::report::Usage(e.to_string()))?;
+    }
     let dir = a
         .runtime_dir
         .clone()
@@ -88,6 +95,20 @@ fn status(a: &StatusArgs) -> anyhow::Result<()> {
         .unwrap_or_else(crate::state::runtime_dir)
         .join("vpnrelay");
     let relays = crate::state::read_status(&dir, a.bridge.as_deref())?;
+    status_print(a, &dir, &relays)?;
+    match &a.bridge {
+        Some(b) if !relays.iter().any(|r| r.running) => {
+            anyhow::bail!("the relay of bridge {b} is not running")
+        }
+        _ => Ok(()),
+    }
+}
+
+fn status_print(
+    a: &StatusArgs,
+    dir: &std::path::Path,
+    relays: &[crate::state::RelayStatus],
+) -> anyhow::Result<()> {
     if a.json || a.pretty {
         let j = nsfast_sys::out::Json { pretty: a.pretty };
         let list: Vec<serde_json::Value> = relays.iter().map(|r| r.to_json()).collect();
@@ -109,7 +130,7 @@ fn status(a: &StatusArgs) -> anyhow::Result<()> {
         "DOWN BYTES",
         "PER-CLIENT"
     )?;
-    for r in &relays {
+    for r in relays {
         let n = |k: &str| r.stats.get(k).and_then(|v| v.as_u64()).unwrap_or(0);
         let state = match (r.running, r.pid) {
             (true, Some(p)) => format!("running ({p})"),

@@ -39,6 +39,12 @@ pub enum StateError {
     },
     #[error("refusing {path}: {why}")]
     Untrusted { path: PathBuf, why: String },
+    #[error("no stats for bridge {bridge}: {} does not exist ({why})", path.display())]
+    NoStats {
+        bridge: String,
+        path: PathBuf,
+        why: &'static str,
+    },
     #[error("lock file {path}: {source}")]
     Lock {
         path: PathBuf,
@@ -663,6 +669,13 @@ const MAX_STATS: usize = 4 << 20;
 pub fn read_status(dir: &Path, bridge: Option<&str>) -> Result<Vec<RelayStatus>, StateError> {
     let dir_fd = match open_checked(None, dir, dir, OFlag::O_RDONLY, Mode::empty(), true) {
         Ok(fd) => fd,
+        Err(OpenErr::Missing(_)) if bridge.is_some() => {
+            return Err(StateError::NoStats {
+                bridge: bridge.unwrap_or_default().to_string(),
+                path: dir.to_path_buf(),
+                why: "no relay ran as this user",
+            })
+        }
         Err(OpenErr::Missing(_)) => return Ok(Vec::new()),
         Err(OpenErr::Other(e)) => return Err(e),
     };
@@ -705,12 +718,10 @@ pub fn read_status(dir: &Path, bridge: Option<&str>) -> Result<Vec<RelayStatus>,
         ) {
             Ok(fd) => fd,
             Err(OpenErr::Missing(_)) if bridge.is_some() => {
-                return Err(StateError::Io {
-                    what: format!(
-                        "no stats for bridge {b} ({} does not exist: no relay ran for it)",
-                        shown.display()
-                    ),
-                    source: io::Error::from(io::ErrorKind::NotFound),
+                return Err(StateError::NoStats {
+                    bridge: b,
+                    path: shown,
+                    why: "no relay ran for it",
                 })
             }
             Err(OpenErr::Missing(_)) => continue,

@@ -1496,3 +1496,88 @@ fn wireguard_tunnel_carries_iperf3_tcp_through_the_relay() {
     drop(relay);
     wg.stop_in(&w);
 }
+
+/// `status --bridge NAME` is scriptable: a bad name is a usage error (2), a bridge without
+/// stats or whose relay does not run a failure (1) after its status is shown, a running one
+/// success; without a selector, status lists what there is and succeeds.
+#[test]
+fn status_of_one_bridge_exits_nonzero_unless_its_relay_runs() {
+    use std::os::unix::fs::{chown, PermissionsExt};
+    let root = std::env::temp_dir().join(nsfast_lab::name::unique("vr-status"));
+    struct Gone(PathBuf);
+    impl Drop for Gone {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+    let _gone = Gone(root.clone());
+    std::fs::create_dir_all(&root).unwrap();
+    std::fs::set_permissions(&root, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let nobody = Some(65534);
+    let status = |args: &[&str]| {
+        let out = std::process::Command::new("setpriv")
+            .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
+            .arg(vpnrelay_bin())
+            .arg("status")
+            .arg("--runtime-dir")
+            .arg(&root)
+            .args(args)
+            .output()
+            .unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (code, _, err) = status(&["--bridge", "bad/bridge"]);
+    assert_eq!(code, Some(2), "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(
+        err.contains("\"bad/bridge\"") && err.contains("--bridge"),
+        "{err}"
+    );
+    let (code, _, err) = status(&["--bridge", "br-none"]);
+    assert_eq!(code, Some(1), "{err}");
+    assert!(err.contains("no stats for bridge br-none"), "{err}");
+    let (code, out, err) = status(&[]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(out.contains("no relay stats"), "{out}");
+
+    // A relay that ran for br-x and stopped: its stats stay, its lock is not held.
+    let dir = root.join("vpnrelay");
+    std::fs::create_dir(&dir).unwrap();
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).unwrap();
+    chown(&dir, nobody, nobody).unwrap();
+    for (name, body) in [
+        ("relay-br-x.stats", "{\"flows_open\":0}\n"),
+        ("relay-br-x.lock", "4242\n"),
+    ] {
+        let p = dir.join(name);
+        std::fs::write(&p, body).unwrap();
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600)).unwrap();
+        chown(&p, nobody, nobody).unwrap();
+    }
+    let (code, out, err) = status(&["--bridge", "br-x"]);
+    assert_eq!(code, Some(1), "{out}{err}");
+    assert!(out.contains("br-x") && out.contains("stopped"), "{out}");
+    assert!(
+        err.contains("the relay of bridge br-x is not running"),
+        "{err}"
+    );
+    let (code, out, err) = status(&["--bridge", "br-x", "--json"]);
+    assert_eq!(code, Some(1), "{out}{err}");
+    assert!(out.contains("\"running\":false"), "{out}");
+    let (code, _, err) = status(&[]);
+    assert_eq!(code, Some(0), "{err}");
+
+    // Its lock held, as a running relay holds it: success.
+    let lock = std::fs::File::open(dir.join("relay-br-x.lock")).unwrap();
+    let held = nix::fcntl::Flock::lock(lock, nix::fcntl::FlockArg::LockExclusiveNonblock)
+        .map_err(|(_, e)| e)
+        .unwrap();
+    let (code, out, err) = status(&["--bridge", "br-x"]);
+    assert_eq!(code, Some(0), "{out}{err}");
+    assert!(out.contains("running"), "{out}");
+    drop(held);
+}
