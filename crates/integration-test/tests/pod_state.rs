@@ -195,6 +195,158 @@ fn pod_add_killed_after_each_step_then_del_and_add_work_and_nothing_is_left() {
     }
 }
 
+/// The `state` `pod list --json` gives pod `pod` of `host`.
+fn listed_state(host: &str, pod: &str) -> String {
+    let o = nsfast(&["pod", "list", "--json", "--host", host]);
+    assert!(o.status.success(), "{}", text(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let p = v["pods"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["name"] == pod)
+        .unwrap_or_else(|| panic!("{pod} not listed: {v}"));
+    p["state"].as_str().unwrap_or_default().to_string()
+}
+
+/// SIGKILL right after each `pod del` step: `pod list` shows the pod pending (never as a
+/// working pod), and the next `pod del` removes everything.
+#[test]
+fn pod_del_killed_after_each_step_leaves_a_pending_pod_that_del_removes() {
+    require_root();
+    let p = unique("pd");
+    let host = format!("{p}-h");
+    let pod = format!("{p}-k");
+    let _c = Cleanup {
+        hosts: vec![host.clone()],
+        names: vec![pod.clone()],
+        dirs: vec![],
+    };
+    NetNs::create(&host).unwrap().persist();
+    let mode = pod_mode();
+    let add = [
+        "pod",
+        "add",
+        &pod,
+        "--ip",
+        "10.78.1.5/24",
+        "--host",
+        &host,
+        "--mode",
+        &mode,
+    ];
+    let del = ["pod", "del", &pod, "--host", &host];
+    for step in nsfast_pod::pod::DEL_STEPS {
+        let o = nsfast(&add);
+        assert!(o.status.success(), "add before {step}: {}", text(&o));
+        assert_eq!(listed_state(&host, &pod), "ok", "{step}");
+        let o = nsfast_env(&del, &[(nsfast_pod::pod::CRASH_ENV, step)]);
+        assert_eq!(
+            o.status.signal(),
+            Some(9),
+            "del not killed at {step}: {}",
+            text(&o)
+        );
+        assert_eq!(listed_state(&host, &pod), "pending", "killed at {step}");
+        let o = nsfast(&del);
+        assert!(
+            o.status.success(),
+            "del after a kill at {step}: {}",
+            text(&o)
+        );
+        assert_clean(&host, &pod, &format!("del after a kill at {step}"));
+    }
+}
+
+/// A temporary record a killed write left (`<pod>.json.tmp`, as a SIGKILLed `pod add` can
+/// leave) is removed by the next operation that locks the host, here `pod add` of another
+/// pod; the host's records are untouched.
+#[test]
+fn temporary_files_a_killed_write_left_go_with_the_next_operation() {
+    require_root();
+    let p = unique("pt");
+    let host = format!("{p}-h");
+    let (a, b) = (format!("{p}-a"), format!("{p}-b"));
+    let _c = Cleanup {
+        hosts: vec![host.clone()],
+        names: vec![a.clone(), b.clone()],
+        dirs: vec![],
+    };
+    NetNs::create(&host).unwrap().persist();
+    let add = |pod: &str, ip: &str| {
+        let o = nsfast(&[
+            "pod", "add", pod, "--ip", ip, "--host", &host, "--mode", "veth",
+        ]);
+        assert!(o.status.success(), "{}", text(&o));
+    };
+    add(&a, "10.78.3.5/24");
+    let dir = nsfast_pod::Host::open(Some(&host)).unwrap().state_dir();
+    let stale = [
+        dir.join("gone.json.tmp"),
+        dir.join("uplinks/wire9.json.tmp"),
+    ];
+    for f in &stale {
+        std::fs::create_dir_all(f.parent().unwrap()).unwrap();
+        std::fs::write(f, b"{").unwrap();
+    }
+    add(&b, "10.78.3.6/24");
+    for f in &stale {
+        assert!(!f.exists(), "{} left", f.display());
+    }
+    assert_eq!(listed_state(&host, &a), "ok");
+    assert_eq!(listed_state(&host, &b), "ok");
+}
+
+/// A pod whose namespace was deleted behind nsfast's back is listed `dead`; `pod del`
+/// removes what nsfast still holds for it.
+#[test]
+fn a_pod_whose_namespace_is_gone_is_listed_dead_and_del_removes_it() {
+    require_root();
+    let p = unique("pz");
+    let host = format!("{p}-h");
+    let pod = format!("{p}-z");
+    let _c = Cleanup {
+        hosts: vec![host.clone()],
+        names: vec![pod.clone()],
+        dirs: vec![],
+    };
+    NetNs::create(&host).unwrap().persist();
+    let o = nsfast(&[
+        "pod",
+        "add",
+        &pod,
+        "--ip",
+        "10.78.2.5/24",
+        "--host",
+        &host,
+        "--mode",
+        "veth",
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert_eq!(listed_state(&host, &pod), "ok");
+    // The pod's namespace goes, and with its last reference the veth pair.
+    netns::delete_named(&pod).unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while links(&host).len() > 1 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the pod's device outlived its namespace: {:?}",
+            links(&host)
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    assert_eq!(listed_state(&host, &pod), "dead");
+    let o = nsfast(&["pod", "list", "--host", &host]);
+    assert!(
+        String::from_utf8_lossy(&o.stdout).contains(&format!("note: pod {pod}: its namespace")),
+        "{}",
+        text(&o)
+    );
+    let o = nsfast(&["pod", "del", &pod, "--host", &host]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert_clean(&host, &pod, "del of a dead pod");
+}
+
 /// The scenario, for real: a host namespace with a pod is deleted without `pod del`;
 /// namespaces are made until one gets its inode (if the kernel does not hand it out within
 /// the bound, the dead host's state is renamed to that inode, which is what reuse looks like

@@ -28,6 +28,7 @@ pub mod state;
 
 pub use error::PodError;
 pub use pod::{
-    add, del, list, AddOptions, Added, AttachRequest, Listing, ModeRequest, PodAddrs, PodIp, PodIp6,
+    add, del, list, AddOptions, Added, AttachRequest, Listing, ModeRequest, PodAddrs, PodIp,
+    PodIp6, PodState,
 };
 pub use state::{AttachMethod, Datapath, Host, PodRecord, TcFilter};

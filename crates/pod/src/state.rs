@@ -297,6 +297,7 @@ impl Host {
             let held = lock.metadata().map(|m| m.ino()).ok();
             let now = fs::metadata(&path).map(|m| m.ino()).ok();
             if held.is_some() && held == now {
+                remove_stale_temps(&dir);
                 return Ok(HostLock { _lock: lock });
             }
         }
@@ -678,6 +679,25 @@ fn make_private_dir(dir: &Path) -> Result<(), (String, std::io::Error)> {
         }
     }
     Ok(())
+}
+
+/// Removes the temporary files ([`write_private`]'s `*.tmp`) in a host's state directory
+/// and its uplink directory. Called with the host's lock held: every writer holds it, so a
+/// temporary file seen then is what a killed writer left.
+fn remove_stale_temps(dir: &Path) {
+    for d in [dir.to_path_buf(), dir.join("uplinks")] {
+        let Ok(rd) = fs::read_dir(&d) else { continue };
+        for e in rd.flatten() {
+            let p = e.path();
+            if p.extension().is_some_and(|x| x == "tmp") && e.file_type().is_ok_and(|t| t.is_file())
+            {
+                match fs::remove_file(&p) {
+                    Ok(()) => tracing::info!("removed {}, left by a killed write", p.display()),
+                    Err(e) => tracing::warn!("stale {}: {e}", p.display()),
+                }
+            }
+        }
+    }
 }
 
 /// Writes `body` to `p` (in directory `dir`) so that a crash leaves the old or the new file,

@@ -324,18 +324,20 @@ fn run_inner(cmd: PodCmd) -> Result<()> {
                 .collect();
             nsfast_sys::outln!("host {}  uplinks: [{}]", l.host, ups.join(", "))?;
             nsfast_sys::outln!(
-                "{:<24} {:<34} {:<10} {:<7} {:<12} {}",
+                "{:<24} {:<8} {:<34} {:<10} {:<7} {:<12} {}",
                 "NAME",
+                "STATE",
                 "IP",
                 "MODE",
                 "ATTACH",
                 "HOST-IF",
                 "NETNS"
             )?;
-            for p in &l.pods {
+            for (p, st) in l.pods.iter().zip(&l.states) {
                 nsfast_sys::outln!(
-                    "{:<24} {:<34} {:<10} {:<7} {:<12} {}",
+                    "{:<24} {:<8} {:<34} {:<10} {:<7} {:<12} {}",
                     p.name,
+                    st.as_str(),
                     p.cidrs().join(","),
                     p.datapath.as_str(),
                     p.attach.as_str(),
@@ -347,13 +349,24 @@ fn run_inner(cmd: PodCmd) -> Result<()> {
                     }
                 )?;
             }
-            for p in l.pods.iter().filter(|p| p.pending) {
-                nsfast_sys::outln!(
-                    "note: pod {}: its add did not finish (killed?); `nsfast pod del {}` or \
-                     `nsfast pod add` again undoes what it made",
-                    p.name,
-                    p.name
-                )?;
+            for (p, st) in l.pods.iter().zip(&l.states) {
+                match st {
+                    nsfast_pod::PodState::Pending => nsfast_sys::outln!(
+                        "note: pod {}: an add or del of it did not finish (killed?); \
+                         `nsfast pod del {}` removes what is left, `nsfast pod add` again \
+                         undoes it and makes the pod anew",
+                        p.name,
+                        p.name
+                    )?,
+                    nsfast_pod::PodState::Dead => nsfast_sys::outln!(
+                        "note: pod {}: its namespace or host device {} is gone; \
+                         `nsfast pod del {}` removes what nsfast still holds for it",
+                        p.name,
+                        p.host_if,
+                        p.name
+                    )?,
+                    nsfast_pod::PodState::Ok => {}
+                }
             }
             let c: Vec<String> = l.counters.iter().map(|(k, v)| format!("{k}={v}")).collect();
             nsfast_sys::outln!("counters: {}", c.join(" "))?;

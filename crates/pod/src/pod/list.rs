@@ -10,12 +10,57 @@ use crate::datapath;
 use crate::error::PodError;
 use crate::state::{AttachMethod, Datapath, Host, PodRecord};
 
+/// What `pod list` sees of a pod.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PodState {
+    /// Its namespace and host-side device exist.
+    Ok,
+    /// An `add` or a `del` of it did not finish (killed?): `pod del` removes what is left,
+    /// `pod add` again undoes it and makes the pod anew.
+    Pending,
+    /// Its namespace or its host-side device is gone (deleted behind nsfast's back): `pod
+    /// del` removes its record, pins and endpoint.
+    Dead,
+}
+
+impl PodState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PodState::Ok => "ok",
+            PodState::Pending => "pending",
+            PodState::Dead => "dead",
+        }
+    }
+}
+
+/// The state of pod `r` of `host` ([`PodState`]).
+pub fn state(host: &Host, r: &PodRecord) -> PodState {
+    if r.pending {
+        return PodState::Pending;
+    }
+    let device = host
+        .netlink()
+        .ok()
+        .and_then(|nl| nl.link_index(&r.host_if).ok());
+    if device != Some(r.host_ifindex) || NetNs::open(&r.netns).is_err() {
+        return PodState::Dead;
+    }
+    PodState::Ok
+}
+
 /// `pod list` output for one host.
 #[derive(Debug, Clone, Serialize)]
 pub struct Listing {
     pub host: String,
-    #[serde(serialize_with = "crate::state::ser_records")]
+    #[serde(skip)]
     pub pods: Vec<PodRecord>,
+    /// Each pod's [`PodState`], in the order of `pods`.
+    #[serde(skip)]
+    pub states: Vec<PodState>,
+    /// `pods` as the JSON shows them: each record with its `state`.
+    #[serde(rename = "pods")]
+    pub listed: Vec<serde_json::Value>,
     pub uplinks: Vec<datapath::Uplink>,
     /// Datapath counters of the host (all its pods), by name.
     pub counters: std::collections::BTreeMap<String, u64>,
@@ -49,10 +94,24 @@ pub fn list(host: Option<&str>) -> Result<Listing, PodError> {
         .map(|s| s.to_string())
         .zip(datapath::counters(&host)?)
         .collect();
+    let states: Vec<PodState> = pods.iter().map(|r| state(&host, r)).collect();
+    let listed = pods
+        .iter()
+        .zip(&states)
+        .map(|(r, st)| {
+            let mut v = r.output_json();
+            if let Some(o) = v.as_object_mut() {
+                o.insert("state".into(), serde_json::json!(st));
+            }
+            v
+        })
+        .collect();
     Ok(Listing {
         host: host.display.clone(),
         uplinks: datapath::uplinks(&host),
         pods,
+        states,
+        listed,
         counters,
         policy_drops,
         shortcut_enabled: crate::shortcut::is_enabled(&host),

@@ -144,16 +144,32 @@ pub fn remove_orphaned_state() -> Result<Vec<PathBuf>, PodError> {
     Ok(gone)
 }
 
+/// The steps of a `del` (`nsfast pod del`, CNI DEL, GC) that [`CRASH_ENV`] can stop after:
+/// - `del-marked`: the record is marked pending, nothing else changed;
+/// - `del-endpoint`: the endpoint map no longer has the pod;
+/// - `del-attachments`: pins, filters, devices and the namespace nsfast made are gone, the
+///   record not yet.
+pub const DEL_STEPS: &[&str] = &["del-marked", "del-endpoint", "del-attachments"];
+
 /// Tears down what `r` describes (lock held); a pending record through [`undo_pending`].
+/// A complete record is marked pending first: a `del` killed part way leaves a record that
+/// says so (`pod list` shows it pending, never as a working pod), and the next `del` or an
+/// `add` of the name undoes the rest.
 fn remove(host: &Host, r: &PodRecord) -> Result<(), PodError> {
     if r.pending {
         undo_pending(host, r)?;
         return host.remove_record(&r.name);
     }
+    let mut marked = r.clone();
+    marked.pending = true;
+    host.write_record(&marked)?;
+    crash_point("del-marked");
     for ip in endpoint_keys(&r.addrs()) {
         datapath::endpoint_remove(host, ip, r.host_ifindex)?;
     }
+    crash_point("del-endpoint");
     remove_attachments(host, r)?;
+    crash_point("del-attachments");
     host.remove_record(&r.name)
 }
 
