@@ -46,9 +46,17 @@ pub fn is_broken_pipe(e: &(dyn Error + 'static)) -> bool {
     false
 }
 
-/// Writes one line to stderr, ignoring errors (a closed stderr is not worth a panic).
+/// Writes one error line to stderr, ignoring errors (a closed stderr is not worth a panic).
+/// When stderr is the journal the line starts with `<3>` (sd-daemon(3)): journald files it at
+/// priority error, as the log lines carry theirs (`crate::logging`).
 pub fn errln(line: &str) {
-    let _ = writeln!(std::io::stderr().lock(), "{line}");
+    static JOURNAL: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    let prefix = if *JOURNAL.get_or_init(crate::systemd::stderr_is_journal) {
+        "<3>"
+    } else {
+        ""
+    };
+    let _ = writeln!(std::io::stderr().lock(), "{prefix}{line}");
 }
 
 /// The version of the JSON documents the tools print and write. It rises when a field
