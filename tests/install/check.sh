@@ -94,9 +94,16 @@ for m in "$p"/share/man/man*/*; do
 	[ -z "$w" ] || fail "man -l $m warns: $w"
 	# grep -c reads everything: grep -q would SIGPIPE man, and pipefail would call that a failure.
 	[ "$(MANWIDTH=80 man -l "$m" 2>/dev/null | grep -c '^NAME')" -ge 1 ] || fail "$m renders without a NAME section"
+	for sec in 'EXIT STATUS' ENVIRONMENT; do
+		[ "$(MANWIDTH=80 man -l "$m" 2>/dev/null | grep -c "^$sec")" -ge 1 ] || fail "$m has no $sec section"
+	done
 	n=$((n + 1))
 done
-ok "$n man pages render without warnings"
+ok "$n man pages render without warnings, each with EXIT STATUS and ENVIRONMENT"
+for m in man8/nsfast-pod.8 man8/nsfast-pod-add.8 man8/nsfast-cni.8 man1/vpnrelay.1; do
+	[ "$(MANWIDTH=80 man -l "$p/share/man/$m" 2>/dev/null | grep -c '^FILES')" -ge 1 ] || fail "$m has no FILES section"
+done
+ok "the pod, CNI and vpnrelay pages name their FILES"
 bash -n "$p/share/bash-completion/completions/nsfast" || fail "bash completion does not parse"
 # The completion really completes: subcommands of nsfast.
 words=$(bash -c 'source "$1"; COMP_WORDS=(nsfast so); COMP_CWORD=1; COMP_LINE="nsfast so"; COMP_POINT=9; _nsfast nsfast so nsfast; printf "%s\n" "${COMPREPLY[@]}"' _ "$p/share/bash-completion/completions/nsfast")

@@ -135,6 +135,54 @@ pub fn roff_examples(examples: &[Example]) -> String {
     s
 }
 
+/// One entry of a man page's EXIT STATUS, ENVIRONMENT or FILES section: `name` (a code, a
+/// variable, a path) and what it means, on the pages of the commands under `scope` (a
+/// command path: `nsfast pod` is on `nsfast pod` and every page below it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Ref {
+    pub scope: &'static str,
+    pub name: &'static str,
+    pub what: &'static str,
+}
+
+/// A CLI's reference entries by section.
+#[derive(Debug, Clone, Copy)]
+pub struct Refs {
+    pub exit_status: &'static [Ref],
+    pub environment: &'static [Ref],
+    pub files: &'static [Ref],
+}
+
+/// Whether a command path lies under `scope`.
+pub fn in_scope(scope: &str, path: &str) -> bool {
+    path == scope || path.starts_with(&format!("{scope} "))
+}
+
+/// The EXIT STATUS, ENVIRONMENT and FILES sections of the page of `path`: each entry in
+/// scope as a tagged paragraph; a section without one is left out.
+pub fn roff_refs(refs: &Refs, path: &str) -> String {
+    let mut s = String::new();
+    for (title, rows) in [
+        ("EXIT STATUS", refs.exit_status),
+        ("ENVIRONMENT", refs.environment),
+        ("FILES", refs.files),
+    ] {
+        let rows: Vec<&Ref> = rows.iter().filter(|r| in_scope(r.scope, path)).collect();
+        if rows.is_empty() {
+            continue;
+        }
+        s.push_str(&format!(".SH \"{title}\"\n"));
+        for r in rows {
+            s.push_str(&format!(
+                ".TP\n.B {}\n{}\n",
+                roff_escape(r.name),
+                roff_escape(r.what)
+            ));
+        }
+    }
+    s
+}
+
 /// The SEE ALSO section: `pages` (`(name, section)`) as `name(section)` references, then
 /// `files` (documentation paths) one a line.
 pub fn roff_see_also(pages: &[(String, String)], files: &[String]) -> String {
@@ -161,6 +209,39 @@ mod tests {
             cmd: "x run --fast",
         }],
     )];
+
+    #[test]
+    fn reference_sections_hold_the_entries_in_scope() {
+        const R: Refs = Refs {
+            exit_status: &[Ref {
+                scope: "x",
+                name: "2",
+                what: "bad usage",
+            }],
+            environment: &[Ref {
+                scope: "x run",
+                name: "X_FAST",
+                what: "go-fast",
+            }],
+            files: &[],
+        };
+        let run = roff_refs(&R, "x run");
+        assert!(
+            run.contains(".SH \"EXIT STATUS\"\n.TP\n.B 2\nbad usage\n"),
+            "{run}"
+        );
+        assert!(
+            run.contains(".SH \"ENVIRONMENT\"\n.TP\n.B X_FAST\ngo\\-fast\n"),
+            "{run}"
+        );
+        assert!(!run.contains("FILES"), "{run}");
+        let stop = roff_refs(&R, "x stop");
+        assert!(
+            stop.contains("EXIT STATUS") && !stop.contains("ENVIRONMENT"),
+            "{stop}"
+        );
+        assert!(!in_scope("x run", "x runner") && in_scope("x", "x run"));
+    }
 
     #[test]
     fn renders_help_and_roff() {

@@ -317,6 +317,36 @@ const fn ex(what: &'static str, cmd: &'static str) -> nsfast_sys::helpdoc::Examp
 }
 
 /// EXAMPLES of every visible command, for `--help` and the man pages (vpnrelay(1)).
+/// vpnrelay's EXIT STATUS, ENVIRONMENT and FILES (man page sections; see
+/// [`nsfast_sys::helpdoc::Refs`]).
+pub const REFS: nsfast_sys::helpdoc::Refs = {
+    use nsfast_sys::helpdoc::Ref;
+    const fn r(scope: &'static str, name: &'static str, what: &'static str) -> Ref {
+        Ref { scope, name, what }
+    }
+    nsfast_sys::helpdoc::Refs {
+        exit_status: &[
+            r("vpnrelay", "0", "Done: a relay or supervisor stopped by SIGTERM or SIGINT, a cleanup, a status printed; a second supervisor that finds one running."),
+            r("vpnrelay", "1", "Failure: the command was valid and the system said no (no RootlessKit state, no permission, a lock held by a symbolic link); the last line on stderr says what failed."),
+            r("vpnrelay", "2", "Bad usage: a bad argument or VPNRELAY_* value, named with what is valid; nothing was changed."),
+            r("vpnrelay status", "1 (status --bridge)", "That bridge has no stats, or its relay does not run (its status is printed first)."),
+        ],
+        environment: &[
+            r("vpnrelay", "RUST_LOG", "Log filter; default info. Logs go to stderr."),
+            r("vpnrelay", "NSFAST_LOG_FORMAT", "text (the default) or json: one JSON object per log line."),
+            r("vpnrelay", "JOURNAL_STREAM", "Set by systemd. When it names stderr, log and error lines start with their syslog priority (<3> error, <4> warning, <6> info) and carry no time."),
+            r("vpnrelay", "XDG_RUNTIME_DIR", "The user's runtime directory: state and stats under it, in vpnrelay/."),
+            r("vpnrelay", "VPNRELAY_*", "The options' variables (VPNRELAY_RULE, VPNRELAY_SOCKBUF, VPNRELAY_IDLE_TIMEOUT, VPNRELAY_NO_GRO, VPNRELAY_NO_GSO, VPNRELAY_MAX_FLOWS_PER_CLIENT, VPNRELAY_DOCKER_STATE): see OPTIONS; an empty one is unset."),
+        ],
+        files: &[
+            r("vpnrelay", "$XDG_RUNTIME_DIR/vpnrelay/relay-BRIDGE.stats", "The relay's counters (JSON, 0600), read by vpnrelay status."),
+            r("vpnrelay", "$XDG_RUNTIME_DIR/vpnrelay/relay-BRIDGE.lock", "Held by the running relay (its PID inside); never followed through a symbolic link."),
+            r("vpnrelay", "$XDG_RUNTIME_DIR/dockerd-rootless/", "RootlessKit's state (child PID), unless VPNRELAY_DOCKER_STATE names another."),
+            r("vpnrelay", "~/.config/vpnrelay/BRIDGE.env", "PORTS=... for the user unit vpnrelay@BRIDGE.service."),
+        ],
+    }
+};
+
 pub const EXAMPLES: nsfast_sys::helpdoc::Table = &[
     (
         "vpnrelay",

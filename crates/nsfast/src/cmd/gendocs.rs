@@ -79,7 +79,8 @@ fn installed_doc_paths(page: &str, doc_dir: &str) -> String {
 }
 
 /// Writes one page for `cmd` and one per (non-hidden) subcommand at every depth, named
-/// like git's (`nsfast-pod-add.8`): clap_mangen's sections, then EXAMPLES (`examples`, also
+/// like git's (`nsfast-pod-add.8`): clap_mangen's sections, EXIT STATUS, ENVIRONMENT and
+/// FILES (`refs`, the entries in the command's scope), then EXAMPLES (`examples`, also
 /// `--help`'s) and SEE ALSO (the root, the parent, the subcommands, the other roots in
 /// `others`, and the part's documentation under `doc_dir`).
 fn man_pages(
@@ -87,6 +88,7 @@ fn man_pages(
     section: &str,
     dir: &Path,
     examples: nsfast_sys::helpdoc::Table,
+    refs: &nsfast_sys::helpdoc::Refs,
     others: &[(String, String)],
     doc_dir: &str,
 ) -> anyhow::Result<Vec<PathBuf>> {
@@ -94,6 +96,7 @@ fn man_pages(
         section: &'a str,
         dir: &'a Path,
         examples: nsfast_sys::helpdoc::Table,
+        refs: &'a nsfast_sys::helpdoc::Refs,
         others: &'a [(String, String)],
         doc_dir: &'a str,
         root: String,
@@ -159,6 +162,7 @@ fn man_pages(
             man.render_subcommands_section(&mut buf)?;
         }
         let mut page = installed_doc_paths(&String::from_utf8_lossy(&buf), cx.doc_dir);
+        page.push_str(&nsfast_sys::helpdoc::roff_refs(cx.refs, &path));
         if !examples.is_empty() {
             page.push_str(&nsfast_sys::helpdoc::roff_examples(examples));
         }
@@ -180,6 +184,7 @@ fn man_pages(
         section,
         dir,
         examples,
+        refs,
         others,
         doc_dir,
         root: page_name(&cmd),
@@ -227,6 +232,7 @@ pub fn run(args: GenDocsArgs, nsfast: Command) -> anyhow::Result<()> {
             "8",
             dir,
             crate::cmd::examples::EXAMPLES,
+            &crate::cmd::manref::REFS,
             &for_nsfast,
             &doc_dir,
         )?;
@@ -235,6 +241,7 @@ pub fn run(args: GenDocsArgs, nsfast: Command) -> anyhow::Result<()> {
             "1",
             dir,
             nsfast_vpnrelay::cli::EXAMPLES,
+            &nsfast_vpnrelay::cli::REFS,
             &for_vpnrelay,
             &doc_dir,
         )?);

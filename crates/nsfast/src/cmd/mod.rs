@@ -3,6 +3,7 @@
 pub mod bench;
 pub mod examples;
 pub mod gendocs;
+pub mod manref;
 pub mod metrics;
 pub mod output;
 pub mod pod;
