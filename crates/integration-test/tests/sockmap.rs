@@ -773,6 +773,44 @@ fn status_names_the_settings_run_was_given() {
     );
 }
 
+/// `sockmap status --cgroup PATH` is a check a script can test: exit 1 while nothing is
+/// attached to that cgroup, 0 once an instance is (listing only that cgroup's), 2 for a
+/// bad slice name.
+#[test]
+fn status_of_one_cgroup_exits_nonzero_unless_an_instance_is_attached_there() {
+    require_root();
+    let cg = TestCgroup::new();
+    let path = cg.path().to_string_lossy().into_owned();
+    let status = |args: &[&str]| {
+        let o = Command::new(nsfast_bin())
+            .args(args)
+            .output()
+            .expect("run nsfast");
+        (
+            o.status.code(),
+            String::from_utf8_lossy(&o.stdout).into_owned(),
+            String::from_utf8_lossy(&o.stderr).into_owned(),
+        )
+    };
+    let (code, _, err) = status(&["sockmap", "status", "--cgroup", &path]);
+    assert_eq!(code, Some(1), "{err}");
+    assert!(
+        err.contains("no nsfast sockmap instance is attached to"),
+        "{err}"
+    );
+    let (code, _, err) = status(&["sockmap", "status", "--slice", "bad/name"]);
+    assert_eq!(code, Some(2), "{err}");
+    let _sc = attach(&cg);
+    let (code, out, err) = status(&["-j", "sockmap", "status", "--cgroup", &path]);
+    assert_eq!(code, Some(0), "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let list = v["instances"].as_array().unwrap();
+    assert_eq!(list.len(), 1, "{v}");
+    assert_eq!(list[0]["cgroup_path"], path.as_str(), "{v}");
+    let (code, _, err) = status(&["sockmap", "status"]);
+    assert_eq!(code, Some(0), "{err}");
+}
+
 fn run_cli(args: &[&str]) -> (bool, String) {
     let out = Command::new(nsfast_bin())
         .args(args)

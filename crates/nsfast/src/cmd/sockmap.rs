@@ -72,8 +72,18 @@ pub enum SockmapCmd {
         metrics: crate::cmd::metrics::ListenArgs,
     },
     /// Show the instances loaded in the kernel: sockets in the map, messages and bytes
-    /// redirected and passed, and where they are attached.
-    Status,
+    /// redirected and passed, and where they are attached. With --cgroup or --slice, only
+    /// the instances of that cgroup, and exit 1 unless one is attached to it (a script's
+    /// check that the shortcut is on there).
+    #[command(group(clap::ArgGroup::new("which").args(["cgroup", "slice"])))]
+    Status {
+        /// Only the instances of this cgroup2 directory.
+        #[arg(long, value_name = "PATH")]
+        cgroup: Option<PathBuf>,
+        /// Only the instances of this systemd slice's cgroup, e.g. myapp.slice.
+        #[arg(long, value_name = "NAME.slice")]
+        slice: Option<String>,
+    },
 }
 
 pub fn run(cmd: SockmapCmd) -> anyhow::Result<()> {
@@ -91,24 +101,7 @@ pub fn run(cmd: SockmapCmd) -> anyhow::Result<()> {
             metrics,
         } => {
             metrics.check()?;
-            let cgroup = match slice {
-                Some(s) => {
-                    let p = nsfast_sockmap::slice_cgroup(&s).map_err(|e| match e {
-                        e @ nsfast_sockmap::SockmapError::BadSlice { .. } => {
-                            crate::usage(e.to_string())
-                        }
-                        e => e.into(),
-                    })?;
-                    if !p.exists() {
-                        anyhow::bail!(
-                            "slice {s} has no cgroup yet ({} does not exist): start it first (systemctl start {s}) or give --cgroup",
-                            p.display()
-                        );
-                    }
-                    Some(p)
-                }
-                None => cgroup,
-            };
+            let cgroup = target_cgroup(cgroup, slice)?;
             run_shortcut(
                 Options {
                     cgroup,
@@ -123,7 +116,7 @@ pub fn run(cmd: SockmapCmd) -> anyhow::Result<()> {
                 &metrics,
             )
         }
-        SockmapCmd::Status => status(),
+        SockmapCmd::Status { cgroup, slice } => status(cgroup, slice),
     }
 }
 
@@ -229,8 +222,62 @@ fn run_shortcut(
     Ok(())
 }
 
-fn status() -> anyhow::Result<()> {
-    let instances = nsfast_sockmap::instances().context("reading loaded BPF programs and maps")?;
+/// The cgroup `--cgroup` or `--slice` names (a slice's cgroup must exist), if either is given.
+fn target_cgroup(
+    cgroup: Option<PathBuf>,
+    slice: Option<String>,
+) -> anyhow::Result<Option<PathBuf>> {
+    let Some(s) = slice else {
+        return Ok(cgroup);
+    };
+    let p = nsfast_sockmap::slice_cgroup(&s).map_err(|e| match e {
+        e @ nsfast_sockmap::SockmapError::BadSlice { .. } => crate::usage(e.to_string()),
+        e => e.into(),
+    })?;
+    if !p.exists() {
+        anyhow::bail!(
+            "slice {s} has no cgroup yet ({} does not exist): start it first (systemctl start {s}) or give --cgroup",
+            p.display()
+        );
+    }
+    Ok(Some(p))
+}
+
+/// `sockmap status`: every instance, or (`--cgroup`/`--slice`) those of one cgroup, which
+/// fails unless one of them is attached.
+fn status(cgroup: Option<PathBuf>, slice: Option<String>) -> anyhow::Result<()> {
+    use std::os::unix::fs::MetadataExt;
+    let want = target_cgroup(cgroup, slice)?;
+    let mut instances =
+        nsfast_sockmap::instances().context("reading loaded BPF programs and maps")?;
+    // A cgroup's id is its directory's inode number on cgroup2.
+    let want = match want {
+        Some(p) => {
+            let id = std::fs::metadata(&p)
+                .with_context(|| format!("cgroup {}", p.display()))?
+                .ino();
+            instances.retain(|i| i.cgroup_id == id);
+            Some(p)
+        }
+        None => None,
+    };
+    let attached = instances.iter().any(|i| i.attached);
+    status_print(&instances)?;
+    match want {
+        Some(p) if !attached => anyhow::bail!(
+            "no nsfast sockmap instance is attached to {}{}",
+            p.display(),
+            if instances.is_empty() {
+                ""
+            } else {
+                " (only draining ones)"
+            }
+        ),
+        _ => Ok(()),
+    }
+}
+
+fn status_print(instances: &[nsfast_sockmap::Instance]) -> anyhow::Result<()> {
     if let Some(j) = crate::cmd::output::json() {
         j.print(&serde_json::json!({ "instances": instances }))?;
         return Ok(());
@@ -239,7 +286,7 @@ fn status() -> anyhow::Result<()> {
         nsfast_sys::outln!("no nsfast sockmap instance is loaded")?;
         return Ok(());
     }
-    for i in &instances {
+    for i in instances {
         nsfast_sys::outln!("{}", headline(i))?;
         if let Some(t) = &i.settings {
             nsfast_sys::outln!("  settings            {}", settings_line(t))?;
