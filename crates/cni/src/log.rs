@@ -15,6 +15,11 @@
 //! more than one name (a hard link) is refused before anything is written.
 //! Each line is one `write(2)` to an `O_APPEND` file, so concurrent invocations interleave
 //! whole lines.
+//!
+//! `logMaxSize` (bytes, or with a suffix: `"10M"`; default 10 MiB, at least 64 KiB) bounds
+//! the file: an invocation that finds it at that size or more renames it to `<logFile>.1`
+//! (replacing the one before) and starts a new one, under an exclusive `flock` of the file so
+//! that concurrent invocations rotate it once. The log then takes at most about twice that.
 
 use std::fs::File;
 use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
@@ -58,10 +63,27 @@ impl Level {
 }
 
 /// The log settings of one invocation.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Settings {
     pub file: Option<PathBuf>,
     pub level: Option<Level>,
+    /// `logMaxSize`: the size at which the file is rotated.
+    pub max_size: u64,
+}
+
+/// Default `logMaxSize`.
+pub const DEFAULT_MAX_SIZE: u64 = 10 << 20;
+/// Smallest `logMaxSize`.
+pub const MIN_MAX_SIZE: u64 = 64 << 10;
+
+impl Default for Settings {
+    fn default() -> Self {
+        Self {
+            file: None,
+            level: None,
+            max_size: DEFAULT_MAX_SIZE,
+        }
+    }
 }
 
 fn bad(conf: &Value, msg: String, details: &str) -> CniError {
@@ -118,8 +140,67 @@ impl Settings {
                 ))
             }
         };
-        Ok(Self { file, level })
+        let max_size = match conf.get("logMaxSize") {
+            None | Some(Value::Null) => DEFAULT_MAX_SIZE,
+            Some(v) => {
+                let text = match v {
+                    Value::String(s) => s.clone(),
+                    Value::Number(n) => n.to_string(),
+                    other => other.to_string(),
+                };
+                nsfast_sys::args::size::parse_in("logMaxSize", &text, MIN_MAX_SIZE, 1 << 40)
+                    .map_err(|e| {
+                        bad(
+                            conf,
+                            format!("invalid \"logMaxSize\" {v}: {e}"),
+                            "bytes, or a size such as \"10M\"; the log is rotated to logFile.1 there",
+                        )
+                    })?
+            }
+        };
+        Ok(Self {
+            file,
+            level,
+            max_size,
+        })
     }
+}
+
+/// [`open_log_file`], rotated first when it has reached `max_size` (see the module's
+/// documentation). A rotation that fails (`<path>.1` is a directory, say) leaves the file to
+/// grow rather than fail the invocation: it is logged on stderr.
+pub fn open_rotated(path: &Path, max_size: u64) -> Result<File, CniError> {
+    use std::os::unix::fs::MetadataExt;
+    let file = open_log_file(path)?;
+    let full = |f: &File| f.metadata().is_ok_and(|m| m.len() >= max_size);
+    if !full(&file) {
+        return Ok(file);
+    }
+    let Ok(locked) = nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusive) else {
+        return open_log_file(path);
+    };
+    // Still the file at `path`, and still full: another invocation may have rotated it while
+    // this one waited for the lock.
+    let same = std::fs::symlink_metadata(path)
+        .ok()
+        .zip(locked.metadata().ok())
+        .is_some_and(|(p, f)| p.ino() == f.ino() && p.dev() == f.dev());
+    if same && full(&locked) {
+        let mut old = path.as_os_str().to_owned();
+        old.push(".1");
+        if let Err(e) = std::fs::rename(path, &old) {
+            nsfast_sys::out::errln(&format!(
+                "nsfast-cni: rotating \"logFile\" {} to {}: {e}; appending to it",
+                path.display(),
+                PathBuf::from(&old).display()
+            ));
+            return locked.unlock().map_err(|(_, e)| {
+                CniError::new(code::IO_FAILURE, format!("unlock the log: {e}"), "")
+            });
+        }
+    }
+    drop(locked);
+    open_log_file(path)
 }
 
 /// Opens `path` for appending log lines: created 0600 if missing; a symbolic link (last
@@ -219,7 +300,7 @@ pub fn init(s: &Settings) -> Result<(), CniError> {
     let file = match &s.file {
         Some(p) => Some(
             tracing_subscriber::fmt::layer()
-                .with_writer(std::sync::Mutex::new(open_log_file(p)?))
+                .with_writer(std::sync::Mutex::new(open_rotated(p, s.max_size)?))
                 .with_ansi(false)
                 .with_target(false)
                 .with_filter(s.level.unwrap_or(Level::Info).filter()),
@@ -312,6 +393,50 @@ mod tests {
         );
         writeln!(open_log_file(&p).unwrap(), "two").unwrap();
         assert_eq!(std::fs::read_to_string(&p).unwrap(), "one\ntwo\n");
+    }
+
+    #[test]
+    fn a_full_log_is_rotated_once_to_dot_1() {
+        let d = Dir::new("rotate");
+        let p = d.0.join("cni.log");
+        let max = MIN_MAX_SIZE;
+        std::fs::write(&p, vec![b'a'; max as usize - 3]).unwrap();
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600)).unwrap();
+        // Below the bound: appended.
+        writeln!(open_rotated(&p, max).unwrap(), "bc").unwrap();
+        assert_eq!(std::fs::metadata(&p).unwrap().len(), max);
+        // At it: the file goes to .1 and a new one starts.
+        writeln!(open_rotated(&p, max).unwrap(), "new").unwrap();
+        let old = d.0.join("cni.log.1");
+        assert_eq!(std::fs::metadata(&old).unwrap().len(), max);
+        assert_eq!(std::fs::read_to_string(&p).unwrap(), "new\n");
+        assert_eq!(
+            std::fs::metadata(&p).unwrap().permissions().mode() & 0o7777,
+            0o600
+        );
+        // Full again: the older .1 is replaced, never a third file.
+        std::fs::write(&p, vec![b'z'; max as usize]).unwrap();
+        writeln!(open_rotated(&p, max).unwrap(), "newer").unwrap();
+        assert_eq!(std::fs::read(&old).unwrap(), vec![b'z'; max as usize]);
+        assert_eq!(std::fs::read_to_string(&p).unwrap(), "newer\n");
+        assert_eq!(std::fs::read_dir(&d.0).unwrap().count(), 2);
+    }
+
+    #[test]
+    fn log_max_size_is_checked_naming_the_bad_value() {
+        let s = Settings::from_conf(&conf(r#","logMaxSize":"1M""#)).unwrap();
+        assert_eq!(s.max_size, 1 << 20);
+        let s = Settings::from_conf(&conf(r#","logMaxSize":131072"#)).unwrap();
+        assert_eq!(s.max_size, 131072);
+        assert_eq!(
+            Settings::from_conf(&conf("")).unwrap().max_size,
+            DEFAULT_MAX_SIZE
+        );
+        for bad in [r#""1K""#, r#""lots""#, "true", "-5"] {
+            let e = Settings::from_conf(&conf(&format!(r#","logMaxSize":{bad}"#))).unwrap_err();
+            assert_eq!(e.code, code::INVALID_CONFIG, "{bad}");
+            assert!(e.msg.contains("logMaxSize"), "{bad}: {e:?}");
+        }
     }
 
     #[test]
