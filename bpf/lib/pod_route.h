@@ -527,14 +527,14 @@ NSF_INLINE long nsf_from_pod6(struct __sk_buff *skb, __u32 l2, int netkit, long 
 	}
 
 	/* NetworkPolicy, as for IPv4 (every destination but the pod's own link). */
-	if (!nsf_pol_check6(skb, l2, ip6, 1, nsf_endpoint6(&ip6->daddr) != 0))
+	ep = nsf_endpoint6(&ip6->daddr);
+	if (!nsf_pol_check6(skb, l2, ip6, 1, ep != 0))
 		return NSF_DROP;
 	data = (void *)(long)skb->data;
 	data_end = (void *)(long)skb->data_end;
 	ip6 = data + l2;
 	if ((void *)(ip6 + 1) > data_end)
 		return NSF_DROP;
-	ep = nsf_endpoint6(&ip6->daddr);
 	if (ep) {
 		if ((src->flags | ep->flags) & NSF_EP_HOST_FW) {
 			nsf_count(NSF_CNT_POD_TO_STACK);
@@ -674,16 +674,15 @@ NSF_INLINE long nsf_from_pod(struct __sk_buff *skb, __u32 l2, int netkit, long p
 	}
 
 	/* NetworkPolicy: the source's egress, and the destination's ingress if it is a local
-	 * pod (lib/pod_policy.h). Every destination: pods, the wire and the host alike. (The
-	 * endpoint is looked up again after: a map value kept across the check does not verify.) */
-	if (!nsf_pol_check4(skb, l2, ip, 1, nsf_endpoint(ip->daddr) != 0))
+	 * pod (lib/pod_policy.h). Every destination: pods, the wire and the host alike. */
+	ep = nsf_endpoint(ip->daddr);
+	if (!nsf_pol_check4(skb, l2, ip, 1, ep != 0))
 		return NSF_DROP;
 	data = (void *)(long)skb->data;
 	data_end = (void *)(long)skb->data_end;
 	ip = data + l2;
 	if ((void *)(ip + 1) > data_end)
 		return NSF_DROP;
-	ep = nsf_endpoint(ip->daddr);
 	if (ep) {
 		if ((src->flags | ep->flags) & NSF_EP_HOST_FW) {
 			nsf_count(NSF_CNT_POD_TO_STACK);
