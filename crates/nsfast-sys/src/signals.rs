@@ -22,6 +22,35 @@ pub fn wait_termination() -> nix::Result<Signal> {
     termination_set().wait()
 }
 
+/// [`wait_termination_timeout`] for a daemon (a relay, the bridge, `sockmap run`, vpnrelay):
+/// SIGHUP (a terminal's hang-up, `systemctl reload`) is logged and changes nothing, and only
+/// SIGINT or SIGTERM is returned. A daemon's options are fixed at start, so there is nothing
+/// to re-read, and stopping would exit 0, which `Restart=on-failure` does not restart: the
+/// service would be gone for good.
+pub fn wait_stop_timeout(timeout: std::time::Duration) -> Option<Signal> {
+    match wait_termination_timeout(timeout) {
+        Some(Signal::SIGHUP) => {
+            tracing::info!("received SIGHUP: nothing to reload, still running (SIGTERM stops)");
+            None
+        }
+        other => other,
+    }
+}
+
+/// [`wait_stop_timeout`] without a bound: waits for SIGINT or SIGTERM.
+pub fn wait_stop() -> Signal {
+    loop {
+        if let Some(s) = wait_stop_timeout(std::time::Duration::from_secs(3600)) {
+            return s;
+        }
+    }
+}
+
+/// [`wait_stop_timeout`] without waiting: a pending SIGINT or SIGTERM.
+pub fn pending_stop() -> Option<Signal> {
+    wait_stop_timeout(std::time::Duration::ZERO)
+}
+
 /// Returns a termination signal if one is pending, without waiting.
 pub fn pending_termination() -> Option<Signal> {
     wait_termination_timeout(std::time::Duration::ZERO)

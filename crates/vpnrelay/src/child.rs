@@ -904,7 +904,7 @@ fn serve(r: &mut Relay<'_>, listeners: &[UdpSocket]) -> nix::sys::signal::Signal
     let mut rx = udp::RecvBatch::new(8);
     let mut next_report = Instant::now();
     loop {
-        if let Some(sig) = nsfast_sys::signals::pending_termination() {
+        if let Some(sig) = nsfast_sys::signals::pending_stop() {
             return sig;
         }
         let mut pfds: Vec<PollFd<'_>> = listeners

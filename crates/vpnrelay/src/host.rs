@@ -249,7 +249,8 @@ fn kill_and_wait(child: &mut Child, grace: Duration) -> io::Result<ExitStatus> {
     }
 }
 
-/// `vpnrelay transparent`: the relay in the foreground until SIGTERM/SIGINT/SIGHUP.
+/// `vpnrelay transparent`: the relay in the foreground until SIGTERM/SIGINT (SIGHUP is logged
+/// and changes nothing).
 pub fn transparent(cfg: &Config) -> anyhow::Result<()> {
     let rl = Rootless::find()?;
     let lock_path = state::lock_path("relay", &cfg.bridge);
@@ -280,7 +281,7 @@ pub fn transparent(cfg: &Config) -> anyhow::Result<()> {
         .name("host-sockets".into())
         .spawn(move || serve(ctl, c2, off.gro))?;
     let result = loop {
-        if let Some(sig) = nsfast_sys::signals::pending_termination() {
+        if let Some(sig) = nsfast_sys::signals::pending_stop() {
             tracing::info!("{sig}: stopping the relay");
             let status = kill_and_wait(&mut st.child, Duration::from_secs(10))?;
             if !status.success() {

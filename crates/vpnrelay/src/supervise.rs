@@ -18,7 +18,7 @@ pub(crate) const BACKOFF_MAX: Duration = Duration::from_secs(60);
 fn sleep_or_signal(d: Duration) -> Option<nix::sys::signal::Signal> {
     let until = Instant::now() + d;
     while Instant::now() < until {
-        if let Some(s) = nsfast_sys::signals::pending_termination() {
+        if let Some(s) = nsfast_sys::signals::pending_stop() {
             return Some(s);
         }
         std::thread::sleep(Duration::from_millis(100));
@@ -79,7 +79,7 @@ pub fn supervise(cfg: &Config, metrics: Option<std::net::SocketAddr>) -> anyhow:
         let mut child = cmd.spawn().context("starting vpnrelay transparent")?;
         let pid = nix::unistd::Pid::from_raw(child.id() as i32);
         let status = loop {
-            if let Some(sig) = nsfast_sys::signals::pending_termination() {
+            if let Some(sig) = nsfast_sys::signals::pending_stop() {
                 tracing::info!("{sig}: stopping");
                 let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
                 let until = Instant::now() + Duration::from_secs(15);

@@ -175,15 +175,9 @@ fn run_shortcut(
     };
     let mut next_stats = std::time::Instant::now() + stats_interval;
     let signal = loop {
-        match nsfast_sys::signals::wait_termination_timeout(Duration::from_secs(1)) {
-            // A terminal hang-up or `systemctl reload`: the options are fixed at attach, so
-            // there is nothing to re-read, and detaching would stop the shortcut for good
-            // (exit 0 is no failure to Restart=on-failure).
-            Some(sig) if sig.as_str() == "SIGHUP" => {
-                info!("received SIGHUP: nothing to reload, the shortcut keeps running");
-            }
-            Some(sig) => break sig,
-            None => {}
+        // SIGHUP is logged and changes nothing: the options are fixed at attach.
+        if let Some(sig) = nsfast_sys::signals::wait_stop_timeout(Duration::from_secs(1)) {
+            break sig;
         }
         log_kept(&shortcut);
         if !stats_interval.is_zero() && std::time::Instant::now() >= next_stats {

@@ -401,9 +401,9 @@ pub fn run(cmd: VsockCmd) -> anyhow::Result<()> {
 }
 
 /// Runs the relay. A listening first address is opened here, then the relay serves in its
-/// own thread while this one waits for SIGINT/SIGTERM/SIGHUP (blocked before any thread starts,
-/// so only this thread takes them): on one, the listening socket file is removed and the
-/// process exits 0. A relay that ends by itself (one connection served, an accept error)
+/// own thread while this one waits for SIGINT/SIGTERM (blocked before any thread starts, so
+/// only this thread takes them; SIGHUP is logged and changes nothing): on one, the listening
+/// socket file is removed and the process exits 0. A relay that ends by itself (one connection served, an accept error)
 /// returns its result.
 fn run_relay(
     a: &Address,
@@ -423,9 +423,8 @@ fn run_relay(
                 };
             }
             // Bounded waits so that a relay which ended by itself is noticed soon after.
-            if let Some(sig) =
-                nsfast_sys::signals::wait_termination_timeout(Duration::from_millis(50))
-            {
+            // SIGHUP is logged and changes nothing (nsfast_sys::signals::wait_stop_timeout).
+            if let Some(sig) = nsfast_sys::signals::wait_stop_timeout(Duration::from_millis(50)) {
                 info!("received {sig}, stopping the relay");
                 r.remove_socket();
                 // Threads blocked in accept or a transfer are not joined: the process ends.
@@ -532,7 +531,8 @@ fn run_bridge(
             }
         })
         .context("starting the bridge thread")?;
-    let sig = nsfast_sys::signals::wait_termination().context("waiting for SIGINT/SIGTERM")?;
+    // SIGHUP is logged and changes nothing: the groups are fixed at start.
+    let sig = nsfast_sys::signals::wait_stop();
     info!("received {sig}, stopping the bridge");
     b.remove_sockets();
     Ok(())

@@ -1,7 +1,10 @@
-//! Log lines under systemd: when stderr is the journal (`$JOURNAL_STREAM` names it, as
-//! systemd sets it for a service), each line carries its syslog priority, so `journalctl -p
-//! warning` finds warnings; `NSFAST_LOG_FORMAT=json` writes one JSON object per line. The
-//! relay's failed connection is the warning: loopback TCP only, no privileges.
+//! The daemons' logs and signals, on `nsfast vsock relay` over loopback TCP (no privileges).
+//! Under systemd (stderr is the journal: `$JOURNAL_STREAM` names it, as systemd sets it for a
+//! service) each line carries its syslog priority, so `journalctl -p warning` finds warnings;
+//! `NSFAST_LOG_FORMAT=json` writes one JSON object per line; the relay's failed connection is
+//! the warning. A daemon stops on SIGTERM or SIGINT only: SIGHUP (a terminal's hang-up,
+//! `systemctl reload`) is logged and changes nothing, since stopping would exit 0 and
+//! `Restart=on-failure` would not restart it (`sockmap run`: integration-test sockmap.rs).
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -9,6 +12,9 @@ use std::os::unix::fs::MetadataExt;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
+
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
 
 /// A loopback port nothing listens on (bound, then closed).
 fn free_port() -> u16 {
@@ -86,11 +92,7 @@ fn relay_log(journal: bool, format: Option<&str>, fork: bool) -> (String, Option
             std::thread::sleep(Duration::from_millis(20));
         }
         // Ours, ended by its PID.
-        nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(child.id() as i32),
-            nix::sys::signal::Signal::SIGTERM,
-        )
-        .unwrap();
+        kill(Pid::from_raw(child.id() as i32), Signal::SIGTERM).unwrap();
     }
     let st = child.wait().unwrap();
     (std::fs::read_to_string(&log).unwrap(), st.code())
@@ -144,4 +146,73 @@ fn elsewhere_lines_have_no_priority_and_json_is_one_object_per_line() {
                 .contains("connection 1")),
         "{text}"
     );
+}
+
+/// One round trip through the relay to the echo server behind it.
+fn round_trip(port: u16, deadline: Instant) {
+    let mut s = loop {
+        match TcpStream::connect(("127.0.0.1", port)) {
+            Ok(s) => break s,
+            Err(e) => {
+                assert!(Instant::now() < deadline, "the relay does not listen: {e}");
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+    };
+    s.write_all(b"ping").unwrap();
+    let mut b = [0u8; 4];
+    s.read_exact(&mut b).unwrap();
+    assert_eq!(&b, b"ping");
+}
+
+#[test]
+fn a_relay_keeps_serving_after_sighup_and_stops_on_sigterm() {
+    let echo = TcpListener::bind("127.0.0.1:0").unwrap();
+    let echo_port = echo.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for c in echo.incoming().flatten() {
+            std::thread::spawn(move || {
+                let mut c = c;
+                let mut b = [0u8; 64];
+                while let Ok(n) = c.read(&mut b) {
+                    if n == 0 || c.write_all(&b[..n]).is_err() {
+                        break;
+                    }
+                }
+            });
+        }
+    });
+    let listen = free_port();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_nsfast"))
+        .args([
+            "vsock",
+            "relay",
+            &format!("tcp-listen:{listen},bind=127.0.0.1"),
+            &format!("tcp:127.0.0.1:{echo_port}"),
+            "--fork",
+        ])
+        .env("RUST_LOG", "info")
+        .env_remove("JOURNAL_STREAM")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = Pid::from_raw(child.id() as i32);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    round_trip(listen, deadline);
+    kill(pid, Signal::SIGHUP).unwrap();
+    // Still serving after the hang-up; the round trip also orders it after the signal's
+    // handling as far as the relay's log shows (read below, after it ends).
+    round_trip(listen, deadline);
+    assert!(
+        child.try_wait().unwrap().is_none(),
+        "the relay ended on SIGHUP"
+    );
+    kill(pid, Signal::SIGTERM).unwrap();
+    let out = child.wait_with_output().unwrap();
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{log}");
+    assert!(log.contains("received SIGHUP: nothing to reload"), "{log}");
+    assert!(log.contains("received SIGTERM"), "{log}");
 }
