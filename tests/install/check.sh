@@ -109,6 +109,14 @@ bash -n "$p/share/bash-completion/completions/nsfast" || fail "bash completion d
 words=$(bash -c 'source "$1"; COMP_WORDS=(nsfast so); COMP_CWORD=1; COMP_LINE="nsfast so"; COMP_POINT=9; _nsfast nsfast so nsfast; printf "%s\n" "${COMPREPLY[@]}"' _ "$p/share/bash-completion/completions/nsfast")
 grep -qx sockmap <<<"$words" || fail "bash completion of 'nsfast so' gave: $words"
 ok "bash completion parses and completes 'nsfast so' to sockmap"
+# Hidden commands are never offered.
+words=$(bash -c 'source "$1"; COMP_WORDS=(nsfast ""); COMP_CWORD=1; COMP_LINE="nsfast "; COMP_POINT=7; _nsfast nsfast "" nsfast; printf "%s\n" "${COMPREPLY[@]}"' _ "$p/share/bash-completion/completions/nsfast")
+grep -qx pod <<<"$words" || fail "bash completion of 'nsfast ' gave: $words"
+if grep -qx -e bench-worker -e __gen-docs <<<"$words"; then fail "bash completion offers hidden commands: $words"; fi
+for f in "$p/share/bash-completion/completions/nsfast" "$p/share/zsh/vendor-completions/_nsfast" "$p/share/fish/vendor_completions.d/nsfast.fish"; do
+	if grep -q -e bench-worker -e __gen-docs "$f"; then fail "$f names a hidden command"; fi
+done
+ok "completions offer no hidden command"
 if command -v zsh >/dev/null; then
 	zsh -n "$p/share/zsh/vendor-completions/_nsfast" && zsh -n "$p/share/zsh/vendor-completions/_vpnrelay" || fail "zsh completion"
 	ok "zsh completions parse"

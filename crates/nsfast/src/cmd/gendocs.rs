@@ -194,7 +194,28 @@ fn man_pages(
     Ok(out)
 }
 
-fn completions(mut cmd: Command, dir: &Path) -> anyhow::Result<()> {
+/// `cmd` without its hidden subcommands, at every depth: clap_complete's generators offer
+/// hidden subcommands (`bench-worker`, `__gen-docs`) as completions, hidden arguments not.
+fn without_hidden_subcommands(cmd: &Command) -> Command {
+    let subs: Vec<Command> = cmd
+        .get_subcommands()
+        .filter(|s| !s.is_hide_set())
+        .map(without_hidden_subcommands)
+        .collect();
+    // The generator runs once per process: leaking the few names is simpler than clap's
+    // `string` feature for owned names.
+    let name: &'static str = Box::leak(cmd.get_name().to_string().into_boxed_str());
+    let mut c = Command::new(name)
+        .args(cmd.get_arguments().cloned())
+        .subcommands(subs);
+    if let Some(a) = cmd.get_about() {
+        c = c.about(a.clone());
+    }
+    c
+}
+
+fn completions(cmd: Command, dir: &Path) -> anyhow::Result<()> {
+    let mut cmd = without_hidden_subcommands(&cmd);
     let name = cmd.get_name().to_string();
     // File names as each shell's completion directory expects them (bash-completion loads
     // `completions/<cmd>` on demand).
