@@ -46,6 +46,21 @@ impl Drop for Cleanup {
     }
 }
 
+/// A throwaway host namespace `<unique>-h` with names `<unique>-<suffix>` for its pods, all
+/// removed on drop (also on panic); the namespace is made after its cleanup is armed.
+fn throwaway_host(tag: &str, pods: &[&str]) -> (String, Vec<String>, Cleanup) {
+    let p = unique(tag);
+    let host = format!("{p}-h");
+    let names: Vec<String> = pods.iter().map(|s| format!("{p}-{s}")).collect();
+    let c = Cleanup {
+        hosts: vec![host.clone()],
+        names: names.clone(),
+        dirs: vec![],
+    };
+    NetNs::create(&host).unwrap().persist();
+    (host, names, c)
+}
+
 #[test]
 fn pod_list_refuses_a_host_that_is_not_a_network_namespace() {
     require_root();
@@ -105,15 +120,8 @@ fn assert_clean(host: &str, pod: &str, when: &str) {
 #[test]
 fn pod_add_killed_after_each_step_then_del_and_add_work_and_nothing_is_left() {
     require_root();
-    let p = unique("pk");
-    let host = format!("{p}-h");
-    let pod = format!("{p}-k");
-    let _c = Cleanup {
-        hosts: vec![host.clone()],
-        names: vec![pod.clone()],
-        dirs: vec![],
-    };
-    NetNs::create(&host).unwrap().persist();
+    let (host, pods, _c) = throwaway_host("pk", &["k"]);
+    let pod = pods[0].clone();
     let mode = pod_mode();
     let add = [
         "pod",
@@ -214,15 +222,8 @@ fn listed_state(host: &str, pod: &str) -> String {
 #[test]
 fn pod_del_killed_after_each_step_leaves_a_pending_pod_that_del_removes() {
     require_root();
-    let p = unique("pd");
-    let host = format!("{p}-h");
-    let pod = format!("{p}-k");
-    let _c = Cleanup {
-        hosts: vec![host.clone()],
-        names: vec![pod.clone()],
-        dirs: vec![],
-    };
-    NetNs::create(&host).unwrap().persist();
+    let (host, pods, _c) = throwaway_host("pd", &["k"]);
+    let pod = pods[0].clone();
     let mode = pod_mode();
     let add = [
         "pod",
@@ -264,15 +265,8 @@ fn pod_del_killed_after_each_step_leaves_a_pending_pod_that_del_removes() {
 #[test]
 fn temporary_files_a_killed_write_left_go_with_the_next_operation() {
     require_root();
-    let p = unique("pt");
-    let host = format!("{p}-h");
-    let (a, b) = (format!("{p}-a"), format!("{p}-b"));
-    let _c = Cleanup {
-        hosts: vec![host.clone()],
-        names: vec![a.clone(), b.clone()],
-        dirs: vec![],
-    };
-    NetNs::create(&host).unwrap().persist();
+    let (host, pods, _c) = throwaway_host("pt", &["a", "b"]);
+    let (a, b) = (pods[0].clone(), pods[1].clone());
     let add = |pod: &str, ip: &str| {
         let o = nsfast(&[
             "pod", "add", pod, "--ip", ip, "--host", &host, "--mode", "veth",
@@ -302,15 +296,8 @@ fn temporary_files_a_killed_write_left_go_with_the_next_operation() {
 #[test]
 fn a_pod_whose_namespace_is_gone_is_listed_dead_and_del_removes_it() {
     require_root();
-    let p = unique("pz");
-    let host = format!("{p}-h");
-    let pod = format!("{p}-z");
-    let _c = Cleanup {
-        hosts: vec![host.clone()],
-        names: vec![pod.clone()],
-        dirs: vec![],
-    };
-    NetNs::create(&host).unwrap().persist();
+    let (host, pods, _c) = throwaway_host("pz", &["z"]);
+    let pod = pods[0].clone();
     let o = nsfast(&[
         "pod",
         "add",

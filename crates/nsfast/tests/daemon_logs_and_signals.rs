@@ -70,15 +70,7 @@ fn relay_log(journal: bool, format: Option<&str>, fork: bool) -> (String, Option
     };
     let mut child = cmd.spawn().unwrap();
     let deadline = Instant::now() + Duration::from_secs(20);
-    let mut s = loop {
-        match TcpStream::connect(("127.0.0.1", listen)) {
-            Ok(s) => break s,
-            Err(e) => {
-                assert!(Instant::now() < deadline, "the relay never listened: {e}");
-                std::thread::sleep(Duration::from_millis(20));
-            }
-        }
-    };
+    let mut s = connect_when_listening(listen, deadline);
     let _ = s.write_all(b"x");
     let mut rest = Vec::new();
     let _ = s.read_to_end(&mut rest);
@@ -148,17 +140,22 @@ fn elsewhere_lines_have_no_priority_and_json_is_one_object_per_line() {
     );
 }
 
-/// One round trip through the relay to the echo server behind it.
-fn round_trip(port: u16, deadline: Instant) {
-    let mut s = loop {
+/// A connection to the relay on loopback `port`, once it listens (bounded by `deadline`).
+fn connect_when_listening(port: u16, deadline: Instant) -> TcpStream {
+    loop {
         match TcpStream::connect(("127.0.0.1", port)) {
-            Ok(s) => break s,
+            Ok(s) => return s,
             Err(e) => {
                 assert!(Instant::now() < deadline, "the relay does not listen: {e}");
                 std::thread::sleep(Duration::from_millis(20));
             }
         }
-    };
+    }
+}
+
+/// One round trip through the relay to the echo server behind it.
+fn round_trip(port: u16, deadline: Instant) {
+    let mut s = connect_when_listening(port, deadline);
     s.write_all(b"ping").unwrap();
     let mut b = [0u8; 4];
     s.read_exact(&mut b).unwrap();
